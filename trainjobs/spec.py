@@ -1,0 +1,395 @@
+"""The job spec: what a user asks for, validated before anything is stored or paid for.
+
+Imports only Pydantic, so the API, the worker and the agent on the accelerator VM share it.
+Every contradiction we can see at submit time is rejected here with the field that is wrong
+(`loc`) and the reason, so a job never fails later for a reason we could have checked.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _fail(field: str, msg: str) -> PydanticCustomError:
+    """A validation error that remembers which field is wrong, even when raised by a model validator."""
+    return PydanticCustomError("invalid_spec", msg, {"field": field})
+
+
+def describe_errors(errors: list[dict[str, Any]], strip: tuple[str, ...] = ()) -> list[dict[str, str]]:
+    """Pydantic errors -> [{field: 'accelerator.tpu_type', reason: ...}] for humans and the API."""
+    out = []
+    for err in errors:
+        loc = [str(p) for p in err.get("loc", ()) if str(p) not in strip]
+        # A discriminated union adds its tag to the path (accelerator.tpu.tpu_type); users never wrote it.
+        loc = [p for i, p in enumerate(loc) if not (i and loc[i - 1] == "accelerator" and p in ("tpu", "gpu", "cpu"))]
+        field = (err.get("ctx") or {}).get("field")
+        if field and (not loc or loc[-1] != field):
+            loc.append(field)
+        out.append({"field": ".".join(loc) or "body", "reason": err.get("msg", "invalid")})
+    return out
+
+
+# --- accelerators -------------------------------------------------------------------------------
+
+# Cloud TPU generations: how the number in `v4-8` counts, and how many of them sit on one host.
+# v2/v3/v4/v5p name TensorCores; v5e (v5litepod) and v6e name chips. TPUStrategy gets one
+# replica per TensorCore on v2/v3 and one per chip on megacore (v4, v5p) and single-core chips.
+_TPU_GENERATIONS: dict[str, tuple[int, int]] = {
+    # generation: (suffix units per replica, replicas per host)
+    "v2": (1, 8),
+    "v3": (1, 8),
+    "v4": (2, 4),
+    "v5p": (2, 4),
+    "v5litepod": (1, 8),
+    "v6e": (1, 8),
+}
+_TPU_TYPE = re.compile(r"^(v2|v3|v4|v5p|v5litepod|v6e)-(\d{1,4})$")
+
+
+class TpuAccelerator(_Strict):
+    type: Literal["tpu"]
+    tpu_type: str = Field(description="Cloud TPU accelerator type, e.g. v4-8, v5litepod-8, v6e-16.")
+    runtime_version: str = Field(
+        default="tpu-vm-tf-2.18.0-pjrt", min_length=1, max_length=100,
+        description="TPU VM software version (image).",
+    )
+    topology: str | None = Field(default=None, pattern=r"^\d{1,3}x\d{1,3}(x\d{1,3})?$")
+    spot: bool = False
+
+    @field_validator("tpu_type")
+    @classmethod
+    def _known_type(cls, v: str) -> str:
+        m = _TPU_TYPE.match(v)
+        if not m:
+            raise _fail("tpu_type", f"unknown TPU type {v!r}: expected e.g. v4-8, v5litepod-8, v6e-8")
+        gen, n = m.group(1), int(m.group(2))
+        units, _ = _TPU_GENERATIONS[gen]
+        if n < units or n % units or n & (n - 1):
+            raise _fail("tpu_type", f"{v!r} is not a TPU size Google sells (sizes are powers of two)")
+        return v
+
+    @property
+    def replicas(self) -> int:
+        gen, n = self.tpu_type.rsplit("-", 1)
+        return int(n) // _TPU_GENERATIONS[gen][0]
+
+    @property
+    def hosts(self) -> int:
+        gen = self.tpu_type.rsplit("-", 1)[0]
+        return max(1, self.replicas // _TPU_GENERATIONS[gen][1])
+
+
+# GPU types Compute Engine offers, with their CUDA compute capability (decides `precision: auto`)
+# and the attachment counts GCE allows per VM.
+GPU_TYPES: dict[str, tuple[float, tuple[int, ...]]] = {
+    "nvidia-tesla-t4": (7.5, (1, 2, 4)),
+    "nvidia-tesla-v100": (7.0, (1, 2, 4, 8)),
+    "nvidia-tesla-p100": (6.0, (1, 2, 4)),
+    "nvidia-tesla-p4": (6.1, (1, 2, 4)),
+    "nvidia-l4": (8.9, (1, 2, 4, 8)),
+    "nvidia-tesla-a100": (8.0, (1, 2, 4, 8, 16)),
+    "nvidia-a100-80gb": (8.0, (1, 2, 4, 8)),
+    "nvidia-h100-80gb": (9.0, (1, 2, 4, 8)),
+    "nvidia-h100-mega-80gb": (9.0, (8,)),
+    "nvidia-h200-141gb": (9.0, (8,)),
+}
+
+
+class GpuAccelerator(_Strict):
+    type: Literal["gpu"]
+    gpu_type: str
+    count: int = Field(default=1, ge=1, le=16)
+    machine_type: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9]*(-[a-z0-9]+)+$")
+    spot: bool = False
+
+    @field_validator("gpu_type")
+    @classmethod
+    def _known_gpu(cls, v: str) -> str:
+        if v not in GPU_TYPES:
+            raise _fail("gpu_type", f"unknown GPU type {v!r}; known: {', '.join(sorted(GPU_TYPES))}")
+        return v
+
+    @model_validator(mode="after")
+    def _count_allowed(self) -> GpuAccelerator:
+        allowed = GPU_TYPES[self.gpu_type][1]
+        if self.count not in allowed:
+            raise _fail("count", f"{self.gpu_type} attaches in counts of {list(allowed)}, not {self.count}")
+        return self
+
+    @property
+    def compute_capability(self) -> float:
+        return GPU_TYPES[self.gpu_type][0]
+
+    @property
+    def replicas(self) -> int:
+        return self.count
+
+
+class CpuAccelerator(_Strict):
+    type: Literal["cpu"]
+    replicas: int = Field(default=1, ge=1, le=64, description="CPU devices to train over (logical devices locally).")
+
+
+Accelerator = Annotated[TpuAccelerator | GpuAccelerator | CpuAccelerator, Field(discriminator="type")]
+
+# --- data, model, training, export ----------------------------------------------------------------
+
+DatasetFormat = Literal["auto", "npz", "csv", "tfrecord", "image_folder"]
+_SOURCE = re.compile(r"^(gs://[a-z0-9][a-z0-9._-]{1,220}/.+|https://\S+|http://\S+|file://\S+|dataset:[0-9a-f]{64}|sklearn:(digits|iris|wine|breast_cancer)|[^:]+)$")
+
+
+class DatasetOptions(_Strict):
+    validation_split: float = Field(default=0.2, ge=0.0, le=0.5)
+    label_column: str | None = Field(default=None, min_length=1, description="csv: the label column (default 'label').")
+    x_key: str | None = Field(default=None, min_length=1, description="npz: the features array (default 'x').")
+    y_key: str | None = Field(default=None, min_length=1, description="npz: the labels array (default 'y').")
+    image_size: tuple[Annotated[int, Field(ge=8, le=1024)], Annotated[int, Field(ge=8, le=1024)]] | None = None
+    shard_examples: int = Field(default=4096, ge=64, le=1_000_000, description="examples per staged TFRecord shard")
+
+
+class DatasetSpec(_Strict):
+    source: str = Field(
+        min_length=1, max_length=2048,
+        description="A path on the worker host, file://, https://, gs://BUCKET/PATH, dataset:<sha256> "
+        "(uploaded through POST /v1/datasets) or sklearn:digits (bundled data).",
+    )
+    format: DatasetFormat = "auto"
+    options: DatasetOptions = DatasetOptions()
+
+    @field_validator("source")
+    @classmethod
+    def _source_shape(cls, v: str) -> str:
+        if not _SOURCE.match(v):
+            raise _fail("source", f"unsupported dataset source {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _options_match_format(self) -> DatasetSpec:
+        o, f = self.options, self.format
+        if o.label_column is not None and f not in ("auto", "csv"):
+            raise _fail("options", f"label_column applies to csv data, not {f}")
+        if (o.x_key or o.y_key) and f not in ("auto", "npz"):
+            raise _fail("options", f"x_key/y_key apply to npz data, not {f}")
+        if o.image_size is not None and f not in ("auto", "image_folder"):
+            raise _fail("options", f"image_size applies to image_folder data, not {f}")
+        return self
+
+
+BUILTIN_MODELS = ("mlp", "cnn", "resnet")
+
+
+class ModelSpec(_Strict):
+    name: str | None = Field(
+        default=None, description="mlp, cnn, resnet, or a keras.applications architecture (random init)."
+    )
+    module: str | None = Field(
+        default=None, description="Your model: a .py file or package path, gs:// URI or upload:<sha256>."
+    )
+    function: str = Field(default="build_model", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSpec:
+        if (self.name is None) == (self.module is None):
+            raise _fail("module", "give exactly one of model.name (built-in) or model.module (your code)")
+        if self.name is not None and self.name not in BUILTIN_MODELS and not re.fullmatch(r"[A-Z][A-Za-z0-9]+", self.name):
+            raise _fail("name", f"unknown model {self.name!r}: use {', '.join(BUILTIN_MODELS)} or a keras.applications name")
+        return self
+
+
+class TrainingSpec(_Strict):
+    epochs: int = Field(default=10, ge=1, le=10_000)
+    per_replica_batch_size: int | None = Field(default=None, ge=1, le=65_536)
+    global_batch_size: int | None = Field(default=None, ge=1, le=1_048_576)
+    optimizer: Literal["adam", "adamw", "sgd", "rmsprop"] = "adam"
+    learning_rate: float = Field(default=1e-3, gt=0.0, le=10.0)
+    lr_scaling: Literal["none", "linear", "sqrt"] = "none"
+    lr_base_batch_size: int = Field(default=256, ge=1, le=1_048_576, description="batch the learning rate was tuned for")
+    warmup_epochs: float = Field(default=0.0, ge=0.0, le=1000.0)
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    checkpoint_every_epochs: int = Field(default=1, ge=1, le=10_000)
+    cache_dataset: bool = False
+
+    @model_validator(mode="after")
+    def _one_batch(self) -> TrainingSpec:
+        if self.per_replica_batch_size is not None and self.global_batch_size is not None:
+            raise _fail("global_batch_size", "give per_replica_batch_size or global_batch_size, not both")
+        if self.warmup_epochs > self.epochs:
+            raise _fail("warmup_epochs", f"warmup of {self.warmup_epochs} epochs is longer than training ({self.epochs})")
+        return self
+
+
+class TfliteExport(_Strict):
+    quantization: Literal["none", "dynamic", "float16", "int8"] = "none"
+    calibration_examples: int = Field(default=200, ge=0, le=100_000, description="int8: representative training examples")
+
+    @model_validator(mode="after")
+    def _int8_needs_data(self) -> TfliteExport:
+        if self.quantization == "int8" and self.calibration_examples == 0:
+            raise _fail("calibration_examples", "int8 quantization needs calibration data: calibration_examples must be > 0")
+        return self
+
+
+class ExportSpec(_Strict):
+    saved_model: Literal[True] = Field(default=True, description="A SavedModel is always exported.")
+    tflite: TfliteExport | None = None
+
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d)$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class LimitsSpec(_Strict):
+    max_runtime: timedelta = Field(default=timedelta(hours=24), description="'90m', '2h', seconds, or ISO 8601")
+    max_retries: int = Field(default=2, ge=0, le=20)
+    max_cost_usd: float | None = Field(default=None, gt=0, le=1_000_000)
+
+    @field_validator("max_runtime", mode="before")
+    @classmethod
+    def _parse_duration(cls, v: Any) -> Any:
+        if isinstance(v, str) and (m := _DURATION.match(v.strip())):
+            return timedelta(seconds=float(m.group(1)) * _UNIT_SECONDS[m.group(2)])
+        return v
+
+    @field_validator("max_runtime")
+    @classmethod
+    def _sane_runtime(cls, v: timedelta) -> timedelta:
+        if v <= timedelta(0) or v > timedelta(days=14):
+            raise _fail("max_runtime", "max_runtime must be between 1 second and 14 days")
+        return v
+
+
+# GCP label rules (https://cloud.google.com/compute/docs/labeling-resources): at most 64 labels;
+# keys 1-63 chars starting with a lowercase letter; keys and values use lowercase letters, digits,
+# '_' and '-'; values may be empty. We copy labels onto VMs, so we refuse what GCP would refuse.
+_LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
+RESERVED_LABEL_PREFIX = "trainjobs-"
+
+Strategy = Literal["auto", "default", "one_device", "mirrored", "multi_worker_mirrored", "tpu"]
+Precision = Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"]
+
+
+class JobSpec(_Strict):
+    name: str = Field(default="job", pattern=r"^[A-Za-z0-9][A-Za-z0-9._ -]{0,127}$")
+    accelerator: Accelerator = CpuAccelerator(type="cpu")
+    workers: int = Field(default=1, ge=1, le=64, description="hosts training together")
+    strategy: Strategy = "auto"
+    precision: Precision = "auto"
+    steps_per_execution: int | Literal["auto"] = "auto"
+    dataset: DatasetSpec
+    model: ModelSpec
+    training: TrainingSpec = TrainingSpec()
+    export: ExportSpec = ExportSpec()
+    limits: LimitsSpec = LimitsSpec()
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("steps_per_execution")
+    @classmethod
+    def _spe_range(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and not 1 <= v <= 10_000:
+            raise _fail("steps_per_execution", "steps_per_execution must be between 1 and 10000, or 'auto'")
+        return v
+
+    @field_validator("labels")
+    @classmethod
+    def _gcp_labels(cls, v: dict[str, str]) -> dict[str, str]:
+        if len(v) > 32:
+            raise _fail("labels", "at most 32 labels (GCP allows 64; trainjobs adds its own)")
+        for key, value in v.items():
+            if not _LABEL_KEY.match(key):
+                raise _fail("labels", f"label key {key!r} is not a GCP label key: lowercase letters, digits, '_' or '-', starting with a letter, at most 63")
+            if key.startswith(RESERVED_LABEL_PREFIX):
+                raise _fail("labels", f"label key {key!r}: the prefix {RESERVED_LABEL_PREFIX!r} is reserved")
+            if not _LABEL_VALUE.match(value):
+                raise _fail("labels", f"label value {value!r} for {key!r} is not a GCP label value: lowercase letters, digits, '_' or '-', at most 63")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JobSpec:
+        check_consistency(self)
+        return self
+
+    # --- derived facts shared by the validator, the worker and the agent ---
+
+    @property
+    def replicas_per_worker(self) -> int:
+        if self.resolved_strategy in ("one_device", "default"):
+            return 1
+        return self.accelerator.replicas
+
+    @property
+    def num_replicas(self) -> int:
+        return self.replicas_per_worker * self.workers
+
+    @property
+    def resolved_strategy(self) -> str:
+        return resolve_strategy(self)
+
+    @property
+    def global_batch_size(self) -> int:
+        t = self.training
+        if t.global_batch_size is not None:
+            return t.global_batch_size
+        return (t.per_replica_batch_size or 32) * self.num_replicas
+
+    @property
+    def scaled_learning_rate(self) -> float:
+        t = self.training
+        ratio = self.global_batch_size / t.lr_base_batch_size
+        factor = {"none": 1.0, "linear": ratio, "sqrt": ratio**0.5}[t.lr_scaling]
+        return t.learning_rate * factor
+
+
+def resolve_strategy(spec: JobSpec) -> str:
+    """`auto` as the issue defines it: TPU -> tpu, several workers -> multi-worker, several devices -> mirrored,
+    one GPU -> one_device, else the default strategy."""
+    if spec.strategy != "auto":
+        return spec.strategy
+    acc = spec.accelerator
+    if isinstance(acc, TpuAccelerator):
+        return "tpu"
+    if spec.workers > 1:
+        return "multi_worker_mirrored"
+    if acc.replicas > 1:
+        return "mirrored"
+    if isinstance(acc, GpuAccelerator):
+        return "one_device"
+    return "default"
+
+
+def check_consistency(spec: JobSpec) -> None:
+    acc, strategy = spec.accelerator, spec.strategy
+    is_tpu = isinstance(acc, TpuAccelerator)
+    if strategy == "tpu" and not is_tpu:
+        raise _fail("strategy", f"strategy 'tpu' needs a TPU accelerator, got {acc.type}")
+    if is_tpu and strategy not in ("auto", "tpu"):
+        raise _fail("strategy", f"a TPU trains under strategy 'tpu' (or 'auto'), not {strategy!r}")
+    if is_tpu and spec.precision == "mixed_float16":
+        raise _fail("precision", "TPUs compute in bfloat16: use mixed_bfloat16 (or auto), not mixed_float16")
+    if is_tpu and spec.workers != 1:
+        raise _fail("workers", "a TPU slice brings its own hosts: choose a bigger tpu_type instead of workers > 1")
+    if strategy == "multi_worker_mirrored" and spec.workers < 2:
+        raise _fail("workers", "multi_worker_mirrored needs workers >= 2; use mirrored for one machine")
+    if spec.workers > 1 and strategy not in ("auto", "multi_worker_mirrored"):
+        raise _fail("strategy", f"{spec.workers} workers train together only under multi_worker_mirrored, not {strategy!r}")
+    if strategy in ("one_device", "default") and acc.replicas > 1:
+        raise _fail("strategy", f"{strategy!r} uses one device but the accelerator has {acc.replicas}; use mirrored or fewer devices")
+    if isinstance(acc, GpuAccelerator) and spec.precision == "mixed_float16" and acc.compute_capability < 6.0:
+        raise _fail("precision", f"{acc.gpu_type} has no fast float16")
+    if spec.precision == "mixed_bfloat16" and isinstance(acc, GpuAccelerator) and acc.compute_capability < 8.0:
+        raise _fail("precision", f"{acc.gpu_type} (compute capability {acc.compute_capability}) has no bfloat16 support; use mixed_float16")
+    t = spec.training
+    if t.global_batch_size is not None and t.global_batch_size % spec.num_replicas:
+        raise _fail("training.global_batch_size", f"global batch {t.global_batch_size} does not divide evenly over {spec.num_replicas} replicas")
+    if spec.global_batch_size > 1_048_576:
+        raise _fail("training.per_replica_batch_size", f"global batch {spec.global_batch_size} is absurd (max 1048576)")

@@ -1,0 +1,184 @@
+"""Google Cloud Storage access and the job directory layout.
+
+Everything that crosses between the worker, the agent on the accelerator VM and the API goes
+through GCS with the real `google-cloud-storage` client. TensorFlow's own `gs://` filesystem ignores
+`STORAGE_EMULATOR_HOST`, so nothing here hands a `gs://` path to TensorFlow: the agent downloads
+shards to local disk and uploads what it writes. Tests and production run the same code.
+
+Layout of one job, `gs://BUCKET/jobs/<job id>/`:
+
+    spec.json                 the validated spec plus the worker's plan (dataset manifest URI, attempt)
+    status.json               the agent's state: starting|running|succeeded|failed, heartbeat, progress,
+                              runtime choices (strategy, replicas, precision, batch, lr), error
+    metrics.json              per-epoch metrics so far (rewritten each epoch)
+    logs/agent-<attempt>-<task>.log
+    checkpoints/              tf.train.Checkpoint files, mirrored from the agent's disk
+    tensorboard/              TensorBoard event files
+    artifacts/manifest.json   every artifact: path, size, sha256
+    artifacts/saved_model/    artifacts/model.tflite  artifacts/metrics.json  artifacts/history.json
+
+Datasets live apart from jobs, content-addressed: `gs://BUCKET/datasets/<sha256>/manifest.json`
+and `.../shards/*.tfrecord`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+DEFAULT_BUCKET = "trainjobs-local"
+
+
+def bucket_name() -> str:
+    return os.environ.get("TRAINJOBS_BUCKET", DEFAULT_BUCKET)
+
+
+@lru_cache(maxsize=4)
+def _client(emulator: str | None, project: str | None) -> Any:
+    from google.cloud import storage
+
+    if emulator:
+        # The client reads STORAGE_EMULATOR_HOST itself; anonymous credentials keep it from looking
+        # for Application Default Credentials that a laptop or CI machine does not have.
+        from google.auth.credentials import AnonymousCredentials
+
+        return storage.Client(project=project or "trainjobs-local", credentials=AnonymousCredentials())
+    return storage.Client(project=project)
+
+
+def client() -> Any:
+    """The process-wide storage client (thread-safe for requests)."""
+    return _client(os.environ.get("STORAGE_EMULATOR_HOST"), os.environ.get("TRAINJOBS_GCP_PROJECT"))
+
+
+def bucket(name: str | None = None) -> Any:
+    return client().bucket(name or bucket_name())
+
+
+def ensure_bucket(name: str | None = None) -> None:
+    from google.api_core.exceptions import Conflict
+
+    b = bucket(name)
+    if not b.exists():
+        try:
+            client().create_bucket(b)
+        except Conflict:  # created by a concurrent process
+            pass
+
+
+def split_uri(uri: str) -> tuple[str, str]:
+    """'gs://b/some/key' -> ('b', 'some/key')."""
+    if not uri.startswith("gs://"):
+        raise ValueError(f"not a gs:// URI: {uri!r}")
+    rest = uri[5:]
+    name, _, key = rest.partition("/")
+    return name, key
+
+
+def blob(uri: str) -> Any:
+    name, key = split_uri(uri)
+    return bucket(name).blob(key)
+
+
+def write_json(uri: str, data: Any) -> None:
+    blob(uri).upload_from_string(json.dumps(data, default=str), content_type="application/json")
+
+
+def read_json(uri: str) -> Any | None:
+    from google.api_core.exceptions import NotFound
+
+    try:
+        return json.loads(blob(uri).download_as_bytes())
+    except NotFound:
+        return None
+
+
+def list_uris(prefix_uri: str) -> list[str]:
+    name, prefix = split_uri(prefix_uri)
+    return [f"gs://{name}/{b.name}" for b in client().list_blobs(name, prefix=prefix)]
+
+
+def download_prefix(prefix_uri: str, local_dir: Path, workers: int = 8) -> list[Path]:
+    """Copy every object under a prefix to local_dir, keeping relative paths; parallel."""
+    from google.cloud.storage import transfer_manager
+
+    name, prefix = split_uri(prefix_uri.rstrip("/") + "/")
+    blobs = list(client().list_blobs(name, prefix=prefix))
+    if not blobs:
+        return []
+    rel = [b.name[len(prefix):] for b in blobs]
+    local_dir.mkdir(parents=True, exist_ok=True)
+    results = transfer_manager.download_many_to_path(
+        bucket(name), rel, destination_directory=str(local_dir), blob_name_prefix=prefix,
+        max_workers=workers, worker_type=transfer_manager.THREAD, raise_exception=True,
+    )
+    del results
+    return [local_dir / r for r in rel]
+
+
+def upload_dir(local_dir: Path, prefix_uri: str, workers: int = 8) -> list[str]:
+    """Upload every file under local_dir to prefix_uri/<relative path>; parallel."""
+    from google.cloud.storage import transfer_manager
+
+    name, prefix = split_uri(prefix_uri.rstrip("/") + "/")
+    files = sorted(str(p.relative_to(local_dir)) for p in local_dir.rglob("*") if p.is_file())
+    if files:
+        transfer_manager.upload_many_from_filenames(
+            bucket(name), files, source_directory=str(local_dir), blob_name_prefix=prefix,
+            max_workers=workers, worker_type=transfer_manager.THREAD, raise_exception=True,
+        )
+    return [f"gs://{name}/{prefix}{f}" for f in files]
+
+
+@dataclass(frozen=True)
+class JobPaths:
+    """The `gs://` URIs of one job's directory (see the module docstring)."""
+
+    root: str  # gs://bucket/jobs/<id>
+
+    @classmethod
+    def for_job(cls, job_id: str, bucket: str | None = None) -> JobPaths:
+        return cls(f"gs://{bucket or bucket_name()}/jobs/{job_id}")
+
+    def key(self, rel: str) -> str:
+        return f"{self.root}/{rel}"
+
+    @property
+    def spec(self) -> str:
+        return self.key("spec.json")
+
+    @property
+    def status(self) -> str:
+        return self.key("status.json")
+
+    @property
+    def metrics(self) -> str:
+        return self.key("metrics.json")
+
+    @property
+    def logs(self) -> str:
+        return self.key("logs")
+
+    @property
+    def checkpoints(self) -> str:
+        return self.key("checkpoints")
+
+    @property
+    def tensorboard(self) -> str:
+        return self.key("tensorboard")
+
+    @property
+    def artifacts(self) -> str:
+        return self.key("artifacts")
+
+    @property
+    def artifact_manifest(self) -> str:
+        return self.key("artifacts/manifest.json")
+
+
+def dataset_uri(sha256: str, bucket: str | None = None) -> str:
+    return f"gs://{bucket or bucket_name()}/datasets/{sha256}"
