@@ -1,0 +1,140 @@
+"""Data functions for jobs. Each takes the session first, flushes, never commits."""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select, text, tuple_
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from service.db import queue
+from service.db.jobstate import CANCELLABLE, JobStatus, transition
+from service.db.models import IdempotencyKey, Job, JobEvent
+
+
+class IdempotencyConflict(Exception):
+    """Same Idempotency-Key, different body."""
+
+
+class JobFinished(Exception):
+    """The job already ended; it cannot be cancelled."""
+
+
+class BadCursor(ValueError):
+    pass
+
+
+def create_job(
+    session: Session, project_id: uuid.UUID, spec: dict[str, Any], *, idempotency_key: str | None, request_hash: bytes
+) -> tuple[Job, bool]:
+    """Insert a queued job; with an idempotency key, return the first job made with it instead.
+    Returns (job, created)."""
+    if idempotency_key is not None and (job := _job_for_key(session, project_id, idempotency_key, request_hash)):
+        return job, False
+    # A savepoint, so that losing the race for the key undoes only our job row, not the caller's transaction.
+    with session.begin_nested() as savepoint:
+        job = Job(id=uuid.uuid4(), project_id=project_id, name=spec["name"], spec=spec, labels=spec.get("labels", {}),
+                  status=JobStatus.QUEUED, attempt=0)
+        session.add(job)
+        session.flush()
+        session.add(JobEvent(job_id=job.id, from_status=None, to_status=JobStatus.QUEUED, reason="submitted"))
+        if idempotency_key is not None:
+            # ON CONFLICT waits for a concurrent inserter of the same key to commit, then does nothing:
+            # exactly one of two racing requests creates the job.
+            won = session.execute(
+                insert(IdempotencyKey).values(project_id=project_id, key=idempotency_key, request_hash=request_hash,
+                                              job_id=job.id).on_conflict_do_nothing().returning(IdempotencyKey.key)
+            ).first()
+            if won is None:
+                savepoint.rollback()
+                session.expunge_all()
+                winner = _job_for_key(session, project_id, idempotency_key, request_hash)
+                assert winner is not None
+                return winner, False
+        queue.notify_queued(session, job.id)
+    return job, True
+
+
+def _job_for_key(session: Session, project_id: uuid.UUID, key: str, request_hash: bytes) -> Job | None:
+    row = session.get(IdempotencyKey, (project_id, key))
+    if row is None:
+        return None
+    if row.request_hash != request_hash:
+        raise IdempotencyConflict(f"Idempotency-Key {key!r} was already used with a different request body")
+    return session.get(Job, row.job_id)
+
+
+def get_job(session: Session, project_id: uuid.UUID, job_id: uuid.UUID, *, lock: bool = False) -> Job | None:
+    stmt = select(Job).where(Job.id == job_id, Job.project_id == project_id)
+    if lock:
+        stmt = stmt.with_for_update()
+    return session.scalars(stmt).first()
+
+
+def encode_cursor(job: Job) -> str:
+    raw = json.dumps([job.created_at.isoformat(), str(job.id)]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+    try:
+        created, job_id = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        return datetime.fromisoformat(created), uuid.UUID(job_id)
+    except (ValueError, TypeError) as exc:
+        raise BadCursor("cursor is not one this API returned") from exc
+
+
+def list_jobs(
+    session: Session, project_id: uuid.UUID, *, statuses: list[JobStatus], labels: dict[str, str], limit: int,
+    cursor: str | None,
+) -> tuple[list[Job], str | None]:
+    """Newest first, keyset-paginated on (created_at, id): a page boundary is a position in that order,
+    so jobs submitted while a client pages appear before its cursor and never shift later pages."""
+    stmt = select(Job).where(Job.project_id == project_id)
+    if statuses:
+        stmt = stmt.where(Job.status.in_(statuses))
+    if labels:
+        stmt = stmt.where(Job.labels.contains(labels))
+    if cursor:
+        created, job_id = decode_cursor(cursor)
+        stmt = stmt.where(tuple_(Job.created_at, Job.id) < tuple_(created, job_id))
+    jobs = list(session.scalars(stmt.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)))
+    next_cursor = encode_cursor(jobs[limit - 1]) if len(jobs) > limit else None
+    return jobs[:limit], next_cursor
+
+
+def request_cancel(session: Session, project_id: uuid.UUID, job_id: uuid.UUID) -> Job | None:
+    """Cancel is idempotent: a queued job ends at once; a started one goes CANCELLING and its worker
+    tears the machine down. Raises JobFinished for a job that already succeeded or failed."""
+    job = get_job(session, project_id, job_id, lock=True)  # row lock: no worker transition interleaves
+    if job is None:
+        return None
+    if job.status in (JobStatus.CANCELLING, JobStatus.CANCELLED):
+        return job
+    if job.status not in CANCELLABLE:
+        raise JobFinished(f"job already {job.status.value}")
+    target = JobStatus.CANCELLED if job.status == JobStatus.QUEUED else JobStatus.CANCELLING
+    transition(session, job.id, job.status, target, reason="cancel requested by user")
+    session.refresh(job)
+    return job
+
+
+def list_events(session: Session, job_id: uuid.UUID) -> list[JobEvent]:
+    return list(session.scalars(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)))
+
+
+def record_progress(session: Session, job_id: uuid.UUID, owner: str, **fields: Any) -> None:
+    """Copy what the agent reports (progress, metrics, runtime, machine, dataset) onto the row."""
+    allowed = {"progress", "metrics", "runtime", "machine", "dataset_uri", "error"}
+    assert fields.keys() <= allowed, fields.keys() - allowed
+    sets = ", ".join(
+        f"{k} = CAST(:{k} AS jsonb)" if k in ("metrics", "runtime", "machine") else f"{k} = :{k}" for k in fields
+    )
+    params = {k: json.dumps(v) if k in ("metrics", "runtime", "machine") and v is not None else v for k, v in fields.items()}
+    session.execute(text(f"UPDATE jobs SET {sets}, updated_at = now() WHERE id = :id AND lease_owner = :owner"),
+                    {**params, "id": job_id, "owner": owner})

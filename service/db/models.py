@@ -1,0 +1,95 @@
+"""ORM tables. API schemas live in service/schemas.py; these are storage only."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import BigInteger, DateTime, Enum, ForeignKey, Index, Integer, LargeBinary, String, Text, func, text
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from service.db.jobstate import JobStatus
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+JOB_STATUS = Enum(JobStatus, name="job_status", values_callable=lambda e: [m.value for m in e])
+
+
+class Project(Base):
+    __tablename__ = "projects"
+    id: Mapped[uuid.UUID] = mapped_column(UUID, primary_key=True, server_default=text("gen_random_uuid()"))
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+    id: Mapped[uuid.UUID] = mapped_column(UUID, primary_key=True, server_default=text("gen_random_uuid()"))
+    project_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), index=True)
+    # sha256 of the secret: keys are 256-bit random, so a fast hash is enough and lookups stay O(1).
+    key_hash: Mapped[bytes] = mapped_column(LargeBinary(32), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))  # shown in listings so users can tell keys apart
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    id: Mapped[uuid.UUID] = mapped_column(UUID, primary_key=True, server_default=text("gen_random_uuid()"))
+    project_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(128))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    labels: Mapped[dict[str, str]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
+    status: Mapped[JobStatus] = mapped_column(JOB_STATUS, server_default=JobStatus.QUEUED.value)
+    attempt: Mapped[int] = mapped_column(Integer, server_default="0")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    staging_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    provisioning_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    running_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    error: Mapped[str | None] = mapped_column(Text)
+    progress: Mapped[float | None] = mapped_column()
+    metrics: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    runtime: Mapped[dict[str, Any] | None] = mapped_column(JSONB)  # strategy, replicas, batch, lr chosen
+    machine: Mapped[dict[str, Any] | None] = mapped_column(JSONB)  # provisioner handle, for adoption
+    dataset_uri: Mapped[str | None] = mapped_column(Text)
+    lease_owner: Mapped[str | None] = mapped_column(String(200))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    __table_args__ = (
+        # The claim scans queued jobs oldest first; a partial index keeps that O(queued), not O(all jobs).
+        Index("ix_jobs_queued", "created_at", postgresql_where=text("status = 'QUEUED'")),
+        # Lease takeover looks only at leased jobs whose lease ran out.
+        Index("ix_jobs_lease", "lease_expires_at", postgresql_where=text("lease_owner IS NOT NULL")),
+        # Listing: a project's jobs newest first, optionally by status; keyset on (created_at, id).
+        Index("ix_jobs_project_created", "project_id", text("created_at DESC"), text("id DESC")),
+        Index("ix_jobs_project_status_created", "project_id", "status", text("created_at DESC"), text("id DESC")),
+        Index("ix_jobs_labels", "labels", postgresql_using="gin"),
+    )
+
+
+class JobEvent(Base):
+    __tablename__ = "job_events"
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    from_status: Mapped[JobStatus | None] = mapped_column(JOB_STATUS)
+    to_status: Mapped[JobStatus] = mapped_column(JOB_STATUS)
+    reason: Mapped[str] = mapped_column(Text)
+    worker: Mapped[str | None] = mapped_column(String(200))
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class IdempotencyKey(Base):
+    __tablename__ = "idempotency_keys"
+    project_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    request_hash: Mapped[bytes] = mapped_column(LargeBinary(32))
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

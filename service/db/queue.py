@@ -1,0 +1,103 @@
+"""The queue's SQL, each statement named: claim, lease renewal, release. Every statement here is one
+round trip; callers own the transaction."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from service.db.jobstate import JobStatus
+
+NOTIFY_CHANNEL_QUEUED = "trainjobs_job_queued"
+NOTIFY_CHANNEL_CHANGED = "trainjobs_job_changed"
+
+# claim_next_job: one statement takes the oldest queued job, or a job whose worker's lease ran out.
+CLAIM_SQL = text("""
+WITH expired AS (
+    -- Jobs whose worker stopped heartbeating come first: their machines may be billing with nobody
+    -- watching. Partial index ix_jobs_lease holds only leased rows, so this probe is cheap.
+    SELECT id, status FROM jobs
+     WHERE lease_owner IS NOT NULL AND lease_expires_at < now()
+     ORDER BY lease_expires_at LIMIT 1 FOR UPDATE SKIP LOCKED
+),
+queued AS (
+    -- Otherwise the oldest queued job (partial index ix_jobs_queued). SKIP LOCKED lets concurrent
+    -- workers pass over each other's rows instead of queueing behind them; LIMIT 1 locks one row.
+    SELECT id, status FROM jobs
+     WHERE status = 'QUEUED' AND NOT EXISTS (SELECT 1 FROM expired)
+     ORDER BY created_at LIMIT 1 FOR UPDATE SKIP LOCKED
+),
+candidate AS (SELECT * FROM expired UNION ALL SELECT * FROM queued),
+claimed AS (
+    -- A queued job starts STAGING; a taken-over job goes to RECOVERING so the new owner adopts or
+    -- re-creates whatever the dead worker had provisioned (a half-done cancel stays CANCELLING).
+    UPDATE jobs j SET
+        status = CASE WHEN c.status = 'QUEUED' THEN 'STAGING'::job_status
+                      WHEN c.status = 'CANCELLING' THEN 'CANCELLING'::job_status
+                      ELSE 'RECOVERING'::job_status END,
+        staging_at = CASE WHEN c.status = 'QUEUED' THEN now() ELSE j.staging_at END,
+        attempt = CASE WHEN c.status = 'QUEUED' THEN 1 ELSE j.attempt END,
+        lease_owner = :owner,
+        lease_expires_at = now() + make_interval(secs => :lease_s),
+        heartbeat_at = now(),
+        updated_at = now()
+    FROM candidate c WHERE j.id = c.id
+    RETURNING j.id, c.status AS from_status, j.status AS to_status
+),
+event AS (
+    -- The claim is a state transition like any other: it gets its event row in the same statement.
+    INSERT INTO job_events (job_id, from_status, to_status, reason, worker)
+    SELECT id, from_status, to_status,
+           CASE WHEN from_status = 'QUEUED' THEN 'claimed' ELSE 'lease expired; taken over' END, :owner
+      FROM claimed
+)
+SELECT id, from_status, to_status FROM claimed
+""")
+
+
+@dataclass(frozen=True)
+class Claim:
+    job_id: uuid.UUID
+    from_status: JobStatus
+    to_status: JobStatus
+
+    @property
+    def takeover(self) -> bool:
+        return self.from_status != JobStatus.QUEUED
+
+
+def claim_next_job(session: Session, owner: str, lease_s: float) -> Claim | None:
+    row = session.execute(CLAIM_SQL, {"owner": owner, "lease_s": lease_s}).first()
+    if row is None:
+        return None
+    return Claim(row.id, JobStatus(row.from_status), JobStatus(row.to_status))
+
+
+def renew_leases(session: Session, owner: str, lease_s: float) -> dict[uuid.UUID, JobStatus]:
+    """Heartbeat every job this worker holds; returns their current statuses, so the caller also
+    learns of cancels. A job missing from the result is no longer ours."""
+    rows = session.execute(
+        text("""UPDATE jobs SET lease_expires_at = now() + make_interval(secs => :lease_s), heartbeat_at = now()
+                WHERE lease_owner = :owner RETURNING id, status"""),
+        {"owner": owner, "lease_s": lease_s},
+    ).all()
+    return {r.id: JobStatus(r.status) for r in rows}
+
+
+def release_lease(session: Session, job_id: uuid.UUID, owner: str, expire_now: bool = False) -> None:
+    """Give a job back on shutdown: its lease expires at once so the next worker takes it over
+    immediately instead of waiting out the lease."""
+    session.execute(
+        text("UPDATE jobs SET lease_expires_at = now() - interval '1 second' WHERE id = :id AND lease_owner = :owner")
+        if expire_now else
+        text("UPDATE jobs SET lease_owner = NULL, lease_expires_at = NULL WHERE id = :id AND lease_owner = :owner"),
+        {"id": job_id, "owner": owner},
+    )
+
+
+def notify_queued(session: Session, job_id: uuid.UUID) -> None:
+    # Delivered at commit, so a woken worker always finds the row.
+    session.execute(text(f"SELECT pg_notify('{NOTIFY_CHANNEL_QUEUED}', :id)"), {"id": str(job_id)})

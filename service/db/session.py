@@ -1,0 +1,68 @@
+"""Engine, sessions and migrations. The caller owns the transaction: data functions flush, never commit."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import lru_cache
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.orm import Session, sessionmaker
+
+MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+
+
+class NotMigrated(RuntimeError):
+    pass
+
+
+@lru_cache(maxsize=8)
+def get_engine(url: str, pool_size: int = 10) -> Engine:
+    return create_engine(url, pool_size=pool_size, max_overflow=20, pool_pre_ping=True)
+
+
+def session_factory(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+@contextmanager
+def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
+    """One unit of work: commit on success, roll back on any exception."""
+    with factory() as session, session.begin():
+        yield session
+
+
+def _alembic_config(url: str):  # type: ignore[no-untyped-def]
+    from alembic.config import Config
+
+    cfg = Config(str(MIGRATIONS_DIR / "alembic.ini"))
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+def upgrade(url: str) -> None:
+    from alembic import command
+
+    command.upgrade(_alembic_config(url), "head")
+
+
+def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(_alembic_config("postgresql://")).get_current_head()
+    assert head is not None
+    return head
+
+
+def check_migrated(engine: Engine) -> None:
+    """Fail fast, with the fix in the message, when the schema is missing or behind."""
+    with engine.connect() as conn:
+        exists = conn.execute(text("SELECT to_regclass('alembic_version')")).scalar()
+        current = conn.execute(text("SELECT version_num FROM alembic_version")).scalar() if exists else None
+    if current != head_revision():
+        raise NotMigrated(
+            f"database schema is at {current or 'nothing'}, this build needs {head_revision()}: "
+            "run `trainjobs db upgrade` (or start with --migrate)"
+        )

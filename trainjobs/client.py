@@ -1,0 +1,115 @@
+"""Python client for the trainjobs API."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from trainjobs.config import load_client_config
+
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, body: dict[str, Any]):
+        err = body.get("error", {}) if isinstance(body, dict) else {}
+        self.status, self.code = status, err.get("error", "error")
+        self.message, self.details = err.get("message", str(body)), err.get("details", [])
+        super().__init__(f"{status} {self.code}: {self.message}")
+
+
+class Client:
+    def __init__(self, api_url: str | None = None, api_key: str | None = None, timeout: float = 30.0):
+        cfg = load_client_config()
+        self.api_url = (api_url or cfg.api_url).rstrip("/")
+        key = api_key or cfg.api_key
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._http = httpx.Client(base_url=self.api_url, headers=headers, timeout=timeout)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _call(self, method: str, path: str, **kw: Any) -> Any:
+        r = self._http.request(method, path, **kw)
+        if r.status_code >= 400:
+            try:
+                body = r.json()
+            except ValueError:
+                body = {"error": {"error": "http", "message": r.text}}
+            raise ApiError(r.status_code, body)
+        return r.json() if r.content and r.headers.get("content-type", "").startswith("application/json") else r.content
+
+    def submit(self, spec: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        return self._call("POST", "/v1/jobs", json=spec, headers=headers)  # type: ignore[no-any-return]
+
+    def get(self, job_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/jobs/{job_id}")  # type: ignore[no-any-return]
+
+    def list(self, status: list[str] | None = None, labels: dict[str, str] | None = None, limit: int = 50,
+             cursor: str | None = None) -> dict[str, Any]:
+        params: list[tuple[str, str | int]] = [("limit", limit)]
+        params += [("status", s) for s in status or []]
+        params += [("label", f"{k}={v}") for k, v in (labels or {}).items()]
+        if cursor:
+            params.append(("cursor", cursor))
+        return self._call("GET", "/v1/jobs", params=params)  # type: ignore[no-any-return]
+
+    def iter_jobs(self, **kw: Any) -> Iterator[dict[str, Any]]:
+        cursor = None
+        while True:
+            page = self.list(cursor=cursor, **kw)
+            yield from page["jobs"]
+            if not (cursor := page["next_cursor"]):
+                return
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return self._call("POST", f"/v1/jobs/{job_id}/cancel")  # type: ignore[no-any-return]
+
+    def events(self, job_id: str) -> list[dict[str, Any]]:
+        return self._call("GET", f"/v1/jobs/{job_id}/events")["events"]  # type: ignore[no-any-return]
+
+    def logs(self, job_id: str) -> str:
+        return self._call("GET", f"/v1/jobs/{job_id}/logs")["text"]  # type: ignore[no-any-return]
+
+    def artifacts(self, job_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/jobs/{job_id}/artifacts")  # type: ignore[no-any-return]
+
+    def download_artifacts(self, job_id: str, dest: Path) -> list[Path]:
+        out = []
+        for item in self.artifacts(job_id)["artifacts"]:
+            target = (dest / item["path"]).resolve()
+            if not target.is_relative_to(dest.resolve()):
+                raise ValueError(f"artifact path {item['path']!r} leaves {dest}")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            url = item["download_url"]
+            # Signed URLs go straight to GCS; API links need our key.
+            with (self._http.stream("GET", url) if url.startswith("/") else httpx.stream("GET", url)) as r:
+                r.raise_for_status()
+                with target.open("wb") as f:
+                    for chunk in r.iter_bytes(1 << 20):
+                        f.write(chunk)
+            out.append(target)
+        return out
+
+    def upload_dataset(self, path: Path) -> dict[str, Any]:
+        with path.open("rb") as f:
+            return self._call("POST", "/v1/datasets", files={"file": (path.name, f)}, timeout=None)  # type: ignore[no-any-return]
+
+    def wait(self, job_id: str, timeout: float = 3600, poll: float = 1.0, on_update: Any = None) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        last = None
+        while True:
+            job = self.get(job_id)
+            if on_update and (job["status"], job.get("progress")) != last:
+                on_update(job)
+                last = (job["status"], job.get("progress"))
+            if job["status"] in TERMINAL:
+                return job
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still {job['status']} after {timeout:.0f}s")
+            time.sleep(poll)

@@ -1,0 +1,196 @@
+"""Drives one claimed job through its states, one step per wake-up.
+
+Each step reads the row, does the outside-world work for the current status (stage, provision,
+watch, tear down), then moves the job with one conditional transition. If the transition finds the
+job changed underneath (a cancel, a lost lease) it raises `StaleTransition` and the next step
+re-reads. A step never holds a database transaction open across a cloud call.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.db import jobs as jobdata
+from service.db.jobstate import TERMINAL, JobStatus, StaleTransition, transition
+from service.db.models import Job
+from service.db.session import transaction
+from trainjobs.spec import JobSpec
+from worker.pricing import hourly_price_usd
+from worker.provisioner import (
+    LABEL_JOB, AgentState, DatasetError, JobChannel, MachineRequest, MachineState, Provisioner, Stager,
+)
+
+log = logging.getLogger("trainjobs.worker")
+S = JobStatus
+
+
+@dataclass
+class DriverConfig:
+    poll_s: float = 1.0  # how often a running job's machine and agent are checked
+    agent_stale_s: float = 120.0  # a READY machine whose agent is silent this long is treated as lost
+    boot_timeout_s: float = 900.0  # a machine that never reports is replaced
+
+
+class JobDriver:
+    def __init__(self, job_id: uuid.UUID, owner: str, factory: sessionmaker[Session], provisioner: Provisioner,
+                 channel: JobChannel, stager: Stager, config: DriverConfig, stop: threading.Event,
+                 wake: threading.Event):
+        self.job_id, self.owner, self.factory = job_id, owner, factory
+        self.provisioner, self.channel, self.stager, self.config = provisioner, channel, stager, config
+        self.stop, self.wake = stop, wake
+
+    def run(self) -> None:
+        """Step until the job is terminal, no longer ours, or the worker is stopping."""
+        while not self.stop.is_set():
+            job = self._load()
+            if job is None or job.lease_owner != self.owner or job.status in TERMINAL:
+                return
+            try:
+                if self._step(job):
+                    continue  # moved: take the next step at once
+            except StaleTransition as exc:
+                log.info("job %s moved underneath us (%s); re-reading", self.job_id, exc)
+                continue
+            self.wake.wait(self.config.poll_s)
+            self.wake.clear()
+
+    # --- one step per status; return True when the job moved ---
+
+    def _step(self, job: Job) -> bool:
+        spec = JobSpec.model_validate(job.spec)
+        match job.status:
+            case S.STAGING:
+                return self._stage(job, spec)
+            case S.PROVISIONING:
+                return self._provision(job, spec)
+            case S.RUNNING:
+                return self._watch(job, spec)
+            case S.RECOVERING:
+                return self._recover(job, spec)
+            case S.CANCELLING:
+                self._delete_machines(job)
+                return self._move(job, S.CANCELLED, "machine deleted after cancel")
+            case _:
+                return False
+
+    def _stage(self, job: Job, spec: JobSpec) -> bool:
+        try:
+            uri = self.stager(spec, str(job.id))
+        except DatasetError as exc:
+            return self._move(job, S.FAILED, "dataset rejected", error=f"dataset: {exc}")
+        self._record(dataset_uri=uri)
+        return self._move(job, S.PROVISIONING, f"dataset staged at {uri}")
+
+    def _provision(self, job: Job, spec: JobSpec) -> bool:
+        request = self._request(job, spec)
+        machine = self.provisioner.get(request.name)
+        if machine is None:
+            self.channel.prepare(str(job.id), job.attempt, spec, job.dataset_uri or "")
+            try:
+                machine = self.provisioner.create(request)
+            except Exception as exc:  # quota, stockout, bad request: the cloud's message is the reason
+                log.warning("creating %s failed: %s", request.name, exc)
+                return self._move(job, S.RECOVERING, f"create failed: {exc}")
+            self._record(machine={"name": machine.name, "provisioner": self.provisioner.kind})
+        if machine.state in (MachineState.PREEMPTED, MachineState.STOPPED):
+            return self._move(job, S.RECOVERING, f"machine {machine.state.value.lower()} while starting")
+        status = self.channel.read_status(str(job.id), job.attempt)
+        if status is not None:
+            if status.state in (AgentState.RUNNING, AgentState.SUCCEEDED):
+                self._record(runtime=status.runtime)
+                return self._move(job, S.RUNNING, f"agent {status.state.value} on {machine.name}")
+            if status.state == AgentState.FAILED:
+                return self._finish_failed(job, status.error)
+        if _age(job.provisioning_at) > self.config.boot_timeout_s:
+            return self._move(job, S.RECOVERING, f"agent did not report within {self.config.boot_timeout_s:.0f}s")
+        return False
+
+    def _watch(self, job: Job, spec: JobSpec) -> bool:
+        request = self._request(job, spec)
+        if (limit := self._limit_exceeded(job, spec)) is not None:
+            self._delete_machines(job)
+            return self._move(job, S.FAILED, limit, error=limit)
+        status = self.channel.read_status(str(job.id), job.attempt)
+        if status is not None:
+            self._record(progress=status.progress, metrics=status.metrics, runtime=status.runtime)
+            if status.state == AgentState.SUCCEEDED:
+                self._record(metrics=self.channel.final_metrics(str(job.id)) or status.metrics)
+                self._delete_machines(job)
+                return self._move(job, S.SUCCEEDED, "agent finished; machine deleted")
+            if status.state == AgentState.FAILED:
+                return self._finish_failed(job, status.error)
+        machine = self.provisioner.get(request.name)
+        if machine is None or machine.state in (MachineState.PREEMPTED, MachineState.STOPPED):
+            what = "gone" if machine is None else machine.state.value.lower()
+            return self._move(job, S.RECOVERING, f"machine {request.name} {what} before the agent finished")
+        if status is not None and _age(status.heartbeat_at) > self.config.agent_stale_s:
+            return self._move(job, S.RECOVERING, f"agent silent for {_age(status.heartbeat_at):.0f}s")
+        return False
+
+    def _recover(self, job: Job, spec: JobSpec) -> bool:
+        """After a lost machine or a dead worker: adopt what still runs, else start a new attempt."""
+        request = self._request(job, spec)
+        machine = self.provisioner.get(request.name) if job.attempt else None
+        status = self.channel.read_status(str(job.id), job.attempt) if machine else None
+        if machine and machine.state == MachineState.READY and status and _age(status.heartbeat_at) < self.config.agent_stale_s:
+            if status.state in (AgentState.RUNNING, AgentState.SUCCEEDED):
+                return self._move(job, S.RUNNING, f"adopted running machine {machine.name}")
+        if job.dataset_uri is None:
+            return self._move(job, S.STAGING, "restaging: the previous worker had not finished staging")
+        self._delete_machines(job)
+        if job.attempt > spec.limits.max_retries:
+            return self._move(job, S.FAILED, "retries exhausted",
+                              error=f"machine lost {job.attempt} times; limits.max_retries is {spec.limits.max_retries}")
+        return self._move(job, S.PROVISIONING, f"starting attempt {job.attempt + 1}", bump_attempt=True)
+
+    # --- helpers ---
+
+    def _finish_failed(self, job: Job, error: dict | None) -> bool:
+        err = error or {}
+        message = f"{err.get('type', 'Error')}: {err.get('message', 'the agent failed without a message')}"
+        self._delete_machines(job)
+        return self._move(job, S.FAILED, "agent failed", error=message)
+
+    def _limit_exceeded(self, job: Job, spec: JobSpec) -> str | None:
+        elapsed = timedelta(seconds=_age(job.provisioning_at))
+        if elapsed > spec.limits.max_runtime:
+            return f"exceeded limits.max_runtime ({spec.limits.max_runtime})"
+        if spec.limits.max_cost_usd is not None:
+            cost = hourly_price_usd(spec) * elapsed.total_seconds() / 3600
+            if cost > spec.limits.max_cost_usd:
+                return f"exceeded limits.max_cost_usd ({cost:.2f} > {spec.limits.max_cost_usd:.2f} USD)"
+        return None
+
+    def _request(self, job: Job, spec: JobSpec) -> MachineRequest:
+        return MachineRequest(str(job.id), max(job.attempt, 1), spec, self.channel.job_dir(str(job.id)))
+
+    def _delete_machines(self, job: Job) -> None:
+        # By label, not just the recorded name: a worker that died between create and record leaves
+        # a machine only the label finds.
+        for m in self.provisioner.list({LABEL_JOB: str(job.id)}):
+            self.provisioner.delete(m.name)
+
+    def _load(self) -> Job | None:
+        with transaction(self.factory) as session:
+            return session.get(Job, self.job_id)
+
+    def _record(self, **fields: object) -> None:
+        with transaction(self.factory) as session:
+            jobdata.record_progress(session, self.job_id, self.owner, **fields)
+
+    def _move(self, job: Job, to: JobStatus, reason: str, *, error: str | None = None, bump_attempt: bool = False) -> bool:
+        with transaction(self.factory) as session:
+            transition(session, job.id, job.status, to, reason=reason, owner=self.owner, error=error,
+                       bump_attempt=bump_attempt)
+        log.info("job %s: %s -> %s (%s)", job.id, job.status.value, to.value, reason)
+        return True
+
+
+def _age(t: datetime | None) -> float:
+    return 0.0 if t is None else (datetime.now(UTC) - t).total_seconds()

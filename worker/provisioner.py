@@ -1,0 +1,122 @@
+"""The ports between the worker and the outside world. Imports no cloud SDK and nothing heavy.
+
+- `Provisioner`: creates, inspects, lists and deletes the machine a job trains on (Cloud TPU VM,
+  GPU VM, a local process, or memory in tests). Each cloud's own state names are mapped onto
+  `MachineState` inside its module, and only there.
+- `JobChannel`: how the worker hands a job to the agent on that machine and hears back from it
+  (GCS objects in production and locally; memory in tests). The worker learns what training is
+  doing only through this, never through a process handle, exactly as it would with a real VM.
+- `Stager`: pushes a job's dataset to where the machine reads it; raises `DatasetError` for bad data.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from trainjobs.spec import JobSpec
+
+# Labels every machine carries, so inventory can be searched like a cloud's (orphan checks, adoption).
+LABEL_MANAGED = "trainjobs-managed"
+LABEL_JOB = "trainjobs-job"
+LABEL_ATTEMPT = "trainjobs-attempt"
+
+
+class MachineState(str, enum.Enum):
+    CREATING = "CREATING"  # requested, booting
+    READY = "READY"  # up; the agent runs on it
+    PREEMPTED = "PREEMPTED"  # the cloud took it back (spot / preemptible)
+    STOPPED = "STOPPED"  # exists but not running (agent exited, VM terminated or failed)
+    DELETING = "DELETING"
+
+
+@dataclass(frozen=True)
+class MachineRequest:
+    job_id: str
+    attempt: int
+    spec: JobSpec
+    job_dir: str  # where the agent finds spec.json and writes status (gs://... or mem://...)
+
+    @property
+    def name(self) -> str:
+        # Deterministic per (job, attempt): creating twice is idempotent, and a new owner finds it.
+        return f"tj-{self.job_id.replace('-', '')[:20]}-a{self.attempt}"
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {**self.spec.labels, LABEL_MANAGED: "true", LABEL_JOB: self.job_id, LABEL_ATTEMPT: str(self.attempt)}
+
+
+@dataclass(frozen=True)
+class MachineInfo:
+    name: str
+    state: MachineState
+    labels: dict[str, str] = field(default_factory=dict)
+    detail: str | None = None  # the provider's own words (e.g. a health description)
+
+
+class Provisioner(Protocol):
+    kind: str  # "memory", "local", "gcp-tpu", "gcp-gpu"
+
+    def create(self, request: MachineRequest) -> MachineInfo:
+        """Create the machine and start the agent on it. Idempotent for the same request.name."""
+        ...
+
+    def get(self, name: str) -> MachineInfo | None:
+        """The machine's liveness, or None if it does not exist."""
+        ...
+
+    def delete(self, name: str) -> None:
+        """Tear it down. Idempotent: deleting a missing machine is fine."""
+        ...
+
+    def list(self, labels: dict[str, str]) -> list[MachineInfo]:
+        """Machines carrying all these labels."""
+        ...
+
+
+class AgentState(str, enum.Enum):
+    STARTING = "starting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TERMINATED = "terminated"  # stopped by a signal (preemption, delete) before finishing
+
+
+@dataclass(frozen=True)
+class AgentStatus:
+    state: AgentState
+    attempt: int
+    heartbeat_at: datetime
+    progress: float | None = None
+    metrics: dict[str, Any] | None = None
+    runtime: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+
+
+class JobChannel(Protocol):
+    def job_dir(self, job_id: str) -> str: ...
+
+    def prepare(self, job_id: str, attempt: int, spec: JobSpec, dataset_uri: str) -> None:
+        """Write what the agent needs before the machine boots (spec.json)."""
+        ...
+
+    def read_status(self, job_id: str, attempt: int) -> AgentStatus | None:
+        """The agent's latest report for this attempt, or None if it has not reported yet."""
+        ...
+
+    def final_metrics(self, job_id: str) -> dict[str, Any] | None:
+        """Metrics from the finished job's artifacts, if any."""
+        ...
+
+
+class DatasetError(Exception):
+    """The data is unusable; the message says why, for the user."""
+
+
+class Stager(Protocol):
+    def __call__(self, spec: JobSpec, job_id: str) -> str:
+        """Stage the job's dataset; return its URI. Raise DatasetError for bad data."""
+        ...
