@@ -35,7 +35,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        details = describe_errors(list(exc.errors()), strip=("body",))
+        details = describe_errors(list(exc.errors()), strip=("body", "query", "path", "header"))
         summary = "; ".join(f"{d['field']}: {d['reason']}" for d in details[:5])
         return error_response(422, "invalid_spec", f"invalid request: {summary}", details)
 

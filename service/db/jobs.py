@@ -37,26 +37,26 @@ def create_job(
     if idempotency_key is not None and (job := _job_for_key(session, project_id, idempotency_key, request_hash)):
         return job, False
     # A savepoint, so that losing the race for the key undoes only our job row, not the caller's transaction.
-    with session.begin_nested() as savepoint:
-        job = Job(id=uuid.uuid4(), project_id=project_id, name=spec["name"], spec=spec, labels=spec.get("labels", {}),
-                  status=JobStatus.QUEUED, attempt=0)
-        session.add(job)
-        session.flush()
-        session.add(JobEvent(job_id=job.id, from_status=None, to_status=JobStatus.QUEUED, reason="submitted"))
-        if idempotency_key is not None:
-            # ON CONFLICT waits for a concurrent inserter of the same key to commit, then does nothing:
-            # exactly one of two racing requests creates the job.
-            won = session.execute(
-                insert(IdempotencyKey).values(project_id=project_id, key=idempotency_key, request_hash=request_hash,
-                                              job_id=job.id).on_conflict_do_nothing().returning(IdempotencyKey.key)
-            ).first()
-            if won is None:
-                savepoint.rollback()
-                session.expunge_all()
-                winner = _job_for_key(session, project_id, idempotency_key, request_hash)
-                assert winner is not None
-                return winner, False
-        queue.notify_queued(session, job.id)
+    savepoint = session.begin_nested()
+    job = Job(id=uuid.uuid4(), project_id=project_id, name=spec["name"], spec=spec, labels=spec.get("labels", {}),
+              status=JobStatus.QUEUED, attempt=0)
+    session.add(job)
+    session.flush()
+    session.add(JobEvent(job_id=job.id, from_status=None, to_status=JobStatus.QUEUED, reason="submitted"))
+    if idempotency_key is not None:
+        # ON CONFLICT waits for a concurrent inserter of the same key to commit, then does nothing:
+        # exactly one of two racing requests creates the job.
+        won = session.execute(
+            insert(IdempotencyKey).values(project_id=project_id, key=idempotency_key, request_hash=request_hash,
+                                          job_id=job.id).on_conflict_do_nothing().returning(IdempotencyKey.key)
+        ).first()
+        if won is None:
+            savepoint.rollback()
+            winner = _job_for_key(session, project_id, idempotency_key, request_hash)
+            assert winner is not None
+            return winner, False
+    queue.notify_queued(session, job.id)
+    savepoint.commit()
     return job, True
 
 

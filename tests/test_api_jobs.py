@@ -1,0 +1,174 @@
+"""The jobs API over real HTTP and real PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import httpx
+import pytest
+
+from tests.conftest import digits_spec, make_key
+
+
+def test_submit_then_read_back(api):
+    r = api.post("/v1/jobs", json=digits_spec(labels={"team": "vision"}))
+    assert r.status_code == 201
+    job = r.json()
+    assert r.headers["location"] == f"/v1/jobs/{job['id']}"
+    got = api.get(f"/v1/jobs/{job['id']}").json()
+    assert got["status"] == "QUEUED" and got["attempt"] == 0
+    assert got["spec"]["training"]["epochs"] == 2 and got["labels"] == {"team": "vision"}
+    events = api.get(f"/v1/jobs/{job['id']}/events").json()["events"]
+    assert [(e["from_status"], e["to_status"]) for e in events] == [(None, "QUEUED")]
+
+
+def test_idempotency_key_replays_same_job(api):
+    headers = {"Idempotency-Key": "abc-1"}
+    first = api.post("/v1/jobs", json=digits_spec(), headers=headers)
+    again = api.post("/v1/jobs", json=digits_spec(), headers=headers)
+    assert first.status_code == 201 and again.status_code == 200
+    assert again.headers["idempotent-replayed"] == "true"
+    assert first.json()["id"] == again.json()["id"]
+
+
+def test_idempotency_key_with_different_body_is_409(api):
+    api.post("/v1/jobs", json=digits_spec(), headers={"Idempotency-Key": "k"})
+    r = api.post("/v1/jobs", json=digits_spec(name="other"), headers={"Idempotency-Key": "k"})
+    assert r.status_code == 409 and r.json()["error"]["error"] == "idempotency_conflict"
+
+
+def test_concurrent_duplicates_create_one_job(api, api_url):
+    barrier = threading.Barrier(16)
+    ids: list[str] = []
+    codes: list[int] = []
+
+    def post() -> None:
+        with httpx.Client(base_url=api_url, headers=dict(api.headers)) as c:
+            barrier.wait()
+            r = c.post("/v1/jobs", json=digits_spec(), headers={"Idempotency-Key": "race"})
+            codes.append(r.status_code)
+            ids.append(r.json()["id"])
+
+    threads = [threading.Thread(target=post) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(ids)) == 1
+    assert sorted(codes) == [200] * 15 + [201]
+    assert len(api.get("/v1/jobs").json()["jobs"]) == 1
+
+
+def test_list_filters_by_status_and_label(api):
+    a = api.post("/v1/jobs", json=digits_spec(labels={"team": "a"})).json()
+    b = api.post("/v1/jobs", json=digits_spec(labels={"team": "b", "env": "dev"})).json()
+    api.post(f"/v1/jobs/{a['id']}/cancel")
+    by_label = api.get("/v1/jobs", params={"label": "team=b"}).json()["jobs"]
+    assert [j["id"] for j in by_label] == [b["id"]]
+    assert api.get("/v1/jobs", params=[("label", "team=b"), ("label", "env=prod")]).json()["jobs"] == []
+    cancelled = api.get("/v1/jobs", params={"status": "CANCELLED"}).json()["jobs"]
+    assert [j["id"] for j in cancelled] == [a["id"]]
+    both = api.get("/v1/jobs", params=[("status", "CANCELLED"), ("status", "QUEUED")]).json()["jobs"]
+    assert {j["id"] for j in both} == {a["id"], b["id"]}
+
+
+def test_pagination_is_stable_while_jobs_arrive(api):
+    before = [api.post("/v1/jobs", json=digits_spec(name=f"j{i}")).json()["id"] for i in range(25)]
+    seen: list[str] = []
+    cursor = None
+    while True:
+        params = {"limit": 7, **({"cursor": cursor} if cursor else {})}
+        page = api.get("/v1/jobs", params=params).json()
+        seen += [j["id"] for j in page["jobs"]]
+        api.post("/v1/jobs", json=digits_spec(name="late"))  # arrives between pages
+        if not (cursor := page["next_cursor"]):
+            break
+    assert seen == list(reversed(before))  # every earlier job once, newest first, no late ones mixed in
+
+
+@pytest.mark.parametrize("params,field", [({"limit": 201}, "limit"), ({"limit": 0}, "limit"),
+                                          ({"cursor": "garbage!"}, "cursor"), ({"status": "DONE"}, "status"),
+                                          ({"label": "novalue"}, "label")])
+def test_bad_list_parameters_are_422(api, params, field):
+    r = api.get("/v1/jobs", params=params)
+    assert r.status_code == 422
+    assert any(d["field"].split(".")[0] == field for d in r.json()["error"]["details"])
+
+
+def test_cancel_queued_job_is_immediate_and_idempotent(api):
+    job = api.post("/v1/jobs", json=digits_spec()).json()
+    first = api.post(f"/v1/jobs/{job['id']}/cancel")
+    second = api.post(f"/v1/jobs/{job['id']}/cancel")
+    assert first.status_code == second.status_code == 202
+    assert second.json()["status"] == "CANCELLED"
+    events = api.get(f"/v1/jobs/{job['id']}/events").json()["events"]
+    assert [e["to_status"] for e in events] == ["QUEUED", "CANCELLED"]
+
+
+def test_cancel_finished_job_is_409(api, db):
+    from service.db.jobstate import JobStatus
+    from service.db.models import Job
+    from service.db.session import transaction
+
+    job = api.post("/v1/jobs", json=digits_spec()).json()
+    with transaction(db) as s:
+        s.get(Job, uuid.UUID(job["id"])).status = JobStatus.SUCCEEDED
+    r = api.post(f"/v1/jobs/{job['id']}/cancel")
+    assert r.status_code == 409 and r.json()["error"]["error"] == "job_finished"
+
+
+def test_project_isolation(api, api_url, db):
+    mine = api.post("/v1/jobs", json=digits_spec()).json()
+    other_key = make_key(db, "beta")
+    with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {other_key}"}) as other:
+        assert other.get(f"/v1/jobs/{mine['id']}").status_code == 404
+        assert other.get(f"/v1/jobs/{mine['id']}/events").status_code == 404
+        assert other.post(f"/v1/jobs/{mine['id']}/cancel").status_code == 404
+        assert other.get("/v1/jobs").json()["jobs"] == []
+    assert api.get(f"/v1/jobs/{mine['id']}").json()["status"] == "QUEUED"  # B's cancel did nothing
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic abc"}])
+def test_requests_without_a_valid_key_are_401(api_url, db, headers):
+    r = httpx.get(f"{api_url}/v1/jobs", headers=headers)
+    assert r.status_code == 401
+    assert set(r.json()["error"]) == {"error", "message", "details"}
+
+
+def test_unknown_job_and_bad_id_share_the_error_shape(api):
+    missing = api.get(f"/v1/jobs/{uuid.uuid4()}")
+    bad = api.get("/v1/jobs/not-a-uuid")
+    assert missing.status_code == 404 and bad.status_code == 422
+    for r in (missing, bad, api.get("/v1/nowhere")):
+        assert set(r.json()["error"]) == {"error", "message", "details"}
+
+
+def test_health_and_readiness(api_url):
+    assert httpx.get(f"{api_url}/healthz").json() == {"status": "ok"}
+    assert httpx.get(f"{api_url}/readyz").json() == {"status": "ready"}
+    assert "/v1/jobs" in httpx.get(f"{api_url}/openapi.json").json()["paths"]
+
+
+def test_api_refuses_to_start_on_unmigrated_database(database_url):
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    from service.app import create_app
+    from service.db.session import NotMigrated
+
+    url = make_url(database_url)
+    empty = f"{url.database}_empty"
+    admin = url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{empty}"')
+        conn.execute(f'CREATE DATABASE "{empty}"')
+    try:
+        with pytest.raises(NotMigrated, match="trainjobs db upgrade"):
+            create_app(url.set(database=empty).render_as_string(hide_password=False))
+    finally:
+        from service.db.session import get_engine
+
+        get_engine(url.set(database=empty).render_as_string(hide_password=False)).dispose()
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{empty}" WITH (FORCE)')

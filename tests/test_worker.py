@@ -1,0 +1,237 @@
+"""The worker against real PostgreSQL with the in-memory cloud standing in for GCP."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import Counter
+
+import pytest
+from sqlalchemy import select, text
+
+from service.db import jobs as jobdata
+from service.db.jobstate import JobStatus
+from service.db.models import Job, JobEvent
+from service.db.projects import ensure_project
+from service.db.session import get_engine, transaction
+from tests.conftest import digits_spec
+from trainjobs.spec import JobSpec
+from worker.driver import DriverConfig
+from worker.loop import Worker, WorkerConfig
+from worker.provisioner import LABEL_JOB, DatasetError
+from worker.provisioners.memory import MemoryCloud, memory_stager
+
+S = JobStatus
+FAST = dict(lease_s=2.0, heartbeat_s=0.3, poll_s=0.2)
+
+
+def submit(factory, n: int = 1, **overrides) -> list[uuid.UUID]:
+    spec = JobSpec.model_validate(digits_spec(**overrides)).model_dump(mode="json")
+    with transaction(factory) as s:
+        project = ensure_project(s, "p")
+        return [jobdata.create_job(s, project, spec, idempotency_key=None, request_hash=b"")[0].id for _ in range(n)]
+
+
+def make_worker(database_url, cloud, name, stager=memory_stager, concurrency=4, **cfg) -> Worker:
+    config = WorkerConfig(concurrency=concurrency, name=name, driver=DriverConfig(poll_s=0.05), **{**FAST, **cfg})
+    return Worker(get_engine(database_url), cloud, cloud, stager, config)
+
+
+def wait_for(factory, job_id, statuses, timeout=15.0) -> Job:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with transaction(factory) as s:
+            job = s.get(Job, job_id)
+            if job.status in statuses:
+                return job
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} stuck in {job.status}")
+
+
+def path(factory, job_id) -> list[str]:
+    with transaction(factory) as s:
+        return [e.to_status.value for e in s.scalars(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id))]
+
+
+@pytest.fixture
+def running_workers():
+    started: list[Worker] = []
+    yield started
+    for w in started:
+        if not w.stopping.is_set():
+            w.shutdown(timeout=5)
+
+
+def test_job_runs_through_every_phase(db, database_url, running_workers):
+    cloud = MemoryCloud()
+    w = make_worker(database_url, cloud, "w1")
+    running_workers.append(w)
+    w.start()
+    [job_id] = submit(db)
+    job = wait_for(db, job_id, {S.SUCCEEDED})
+    assert path(db, job_id) == ["QUEUED", "STAGING", "PROVISIONING", "RUNNING", "SUCCEEDED"]
+    assert job.attempt == 1 and job.metrics == {"val_accuracy": 0.99}
+    assert job.staging_at <= job.provisioning_at <= job.running_at <= job.finished_at
+    assert job.lease_owner is None
+    assert cloud.list({LABEL_JOB: str(job_id)}) == []  # machine torn down
+
+
+def test_two_workers_claim_100_jobs_exactly_once(db, database_url):
+    ids = submit(db, 100)
+    owners: Counter[str] = Counter()
+    lock = threading.Lock()
+    workers = [make_worker(database_url, MemoryCloud(), f"w{i}") for i in range(2)]
+
+    def drain(w: Worker) -> None:
+        while True:
+            with transaction(w.factory) as s:
+                from service.db.queue import claim_next_job
+
+                claim = claim_next_job(s, w.name, 60)
+            if claim is None:
+                return
+            with lock:
+                owners[str(claim.job_id)] += 1
+
+    threads = [threading.Thread(target=drain, args=(w,)) for w in workers for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(owners) == sorted(map(str, ids)) and set(owners.values()) == {1}
+    with transaction(db) as s:
+        claimed_events = s.execute(text("SELECT count(*) FROM job_events WHERE reason = 'claimed'")).scalar()
+        by_owner = dict(s.execute(text("SELECT lease_owner, count(*) FROM jobs GROUP BY lease_owner")).all())
+    assert claimed_events == 100
+    assert sum(by_owner.values()) == 100 and all(by_owner.values())
+
+
+def test_notify_wakes_an_idle_worker_quickly(db, database_url, running_workers):
+    w = make_worker(database_url, MemoryCloud(train_s=5), "w1", poll_s=30)  # polling alone would take 30 s
+    running_workers.append(w)
+    w.start()
+    time.sleep(0.3)
+    [job_id] = submit(db)
+    wait_for(db, job_id, {S.STAGING, S.PROVISIONING, S.RUNNING}, timeout=3)
+
+
+def test_lease_expiry_hands_the_job_to_another_worker_which_adopts_the_machine(db, database_url, running_workers):
+    cloud = MemoryCloud(train_s=2.0)
+    dead = make_worker(database_url, cloud, "dead")
+    dead.start()
+    [job_id] = submit(db)
+    wait_for(db, job_id, {S.RUNNING})
+    # Simulate a crash: threads stop without releasing anything; the lease just runs out.
+    dead.stopping.set()
+    time.sleep(0.3)
+    heir = make_worker(database_url, cloud, "heir")
+    running_workers.append(heir)
+    heir.start()
+    job = wait_for(db, job_id, {S.SUCCEEDED}, timeout=20)
+    assert path(db, job_id)[-3:] == ["RECOVERING", "RUNNING", "SUCCEEDED"]
+    assert cloud.created == [f"tj-{str(job_id).replace('-', '')[:20]}-a1"]  # adopted, not re-created
+    assert job.attempt == 1
+
+
+def test_sigterm_shutdown_releases_jobs_for_immediate_takeover(db, database_url, running_workers):
+    cloud = MemoryCloud(train_s=3.0)
+    first = make_worker(database_url, cloud, "first", lease_s=60)
+    first.start()
+    [job_id] = submit(db)
+    wait_for(db, job_id, {S.RUNNING})
+    t0 = time.monotonic()
+    first.shutdown(timeout=5)
+    assert time.monotonic() - t0 < 5
+    second = make_worker(database_url, cloud, "second", lease_s=60)
+    running_workers.append(second)
+    second.start()
+    wait_for(db, job_id, {S.SUCCEEDED}, timeout=10)  # far sooner than the 60 s lease
+
+
+def test_cancel_of_running_job_deletes_machine(db, database_url, running_workers, api):
+    cloud = MemoryCloud(train_s=30)
+    w = make_worker(database_url, cloud, "w1")
+    running_workers.append(w)
+    w.start()
+    job_id = api.post("/v1/jobs", json=digits_spec()).json()["id"]
+    wait_for(db, uuid.UUID(job_id), {S.RUNNING})
+    assert api.post(f"/v1/jobs/{job_id}/cancel").json()["status"] == "CANCELLING"
+    wait_for(db, uuid.UUID(job_id), {S.CANCELLED}, timeout=5)
+    assert path(db, uuid.UUID(job_id))[-2:] == ["CANCELLING", "CANCELLED"]
+    assert cloud.list({LABEL_JOB: job_id}) == []
+
+
+def test_preempted_machine_is_replaced_with_a_new_attempt(db, database_url, running_workers):
+    cloud = MemoryCloud(train_s=1.0)
+    w = make_worker(database_url, cloud, "w1")
+    running_workers.append(w)
+    w.start()
+    [job_id] = submit(db)
+    wait_for(db, job_id, {S.RUNNING})
+    cloud.preempt(cloud.created[0])
+    job = wait_for(db, job_id, {S.SUCCEEDED}, timeout=10)
+    assert job.attempt == 2 and len(cloud.created) == 2
+    assert "RECOVERING" in path(db, job_id)
+
+
+def test_retries_exhausted_fails_the_job(db, database_url, running_workers):
+    cloud = MemoryCloud(train_s=30)
+    w = make_worker(database_url, cloud, "w1")
+    running_workers.append(w)
+    w.start()
+    [job_id] = submit(db, limits={"max_retries": 1})
+    for attempt in (1, 2):
+        deadline = time.monotonic() + 10
+        while len(cloud.created) < attempt and time.monotonic() < deadline:
+            time.sleep(0.05)
+        wait_for(db, job_id, {S.RUNNING})
+        cloud.preempt(cloud.created[attempt - 1])
+    job = wait_for(db, job_id, {S.FAILED})
+    assert "max_retries is 1" in job.error
+
+
+def test_agent_failure_is_reported_and_machine_deleted(db, database_url, running_workers):
+    cloud = MemoryCloud(fail_next=["ValueError: shapes (3,) and (4,) not aligned"])
+    w = make_worker(database_url, cloud, "w1")
+    running_workers.append(w)
+    w.start()
+    [job_id] = submit(db)
+    job = wait_for(db, job_id, {S.FAILED})
+    assert "shapes (3,) and (4,) not aligned" in job.error
+    assert cloud.list({}) == []
+
+
+def test_bad_dataset_fails_before_any_machine(db, database_url, running_workers):
+    def reject(spec, job_id):
+        raise DatasetError("column 'label' not found; columns are a, b")
+
+    cloud = MemoryCloud()
+    w = make_worker(database_url, cloud, "w1", stager=reject)
+    running_workers.append(w)
+    w.start()
+    [job_id] = submit(db)
+    job = wait_for(db, job_id, {S.FAILED})
+    assert "column 'label' not found" in job.error and cloud.created == []
+    assert path(db, job_id) == ["QUEUED", "STAGING", "FAILED"]
+
+
+def test_max_runtime_stops_the_job(db, database_url, running_workers):
+    cloud = MemoryCloud(train_s=30)
+    w = make_worker(database_url, cloud, "w1")
+    running_workers.append(w)
+    w.start()
+    [job_id] = submit(db, limits={"max_runtime": "1s"})
+    job = wait_for(db, job_id, {S.FAILED})
+    assert "max_runtime" in job.error and cloud.list({}) == []
+
+
+def test_worker_drives_several_jobs_at_once(db, database_url, running_workers):
+    cloud = MemoryCloud(train_s=1.0)
+    w = make_worker(database_url, cloud, "w1", concurrency=4)
+    running_workers.append(w)
+    w.start()
+    ids = submit(db, 4)
+    jobs = [wait_for(db, job_id, {S.SUCCEEDED}) for job_id in ids]
+    # All four were running at one moment: the last to start began before the first finished.
+    assert max(j.running_at for j in jobs) < min(j.finished_at for j in jobs)

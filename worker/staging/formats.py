@@ -1,0 +1,104 @@
+"""Which format a local file or folder is in, and reading it into Examples.
+
+`format: auto` guesses from the extension of a file (.npz, .csv, .tfrecord/.tfrecords/.tfr) or the
+shape of a folder (only TFRecord files -> tfrecord; class sub-folders -> image_folder; a single data
+file -> that file). Archives (.zip, .tar, .tar.gz, .tgz) are unpacked first, so an image folder can
+arrive as one upload or one URL.
+"""
+
+from __future__ import annotations
+
+import tarfile
+import zipfile
+from pathlib import Path
+
+from worker.staging.errors import DatasetError
+from worker.staging.examples import Examples, make_examples
+from worker.staging.options import ConversionOptions
+from worker.staging.read_images import read_image_folder, visible
+from worker.staging.read_tabular import read_csv, read_npz
+from worker.staging.tfrecord import read_examples as read_tfrecords
+
+ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz")
+
+
+def is_tfrecord_name(name: str) -> bool:
+    """train.tfrecord, x.tfrecords, x.tfr, and TFDS-style train.tfrecord-00000-of-00008."""
+    lower = name.lower()
+    return ".tfrecord" in lower or lower.endswith(".tfr")
+
+
+def file_format(path: Path) -> str | None:
+    lower = path.name.lower()
+    if lower.endswith(".npz"):
+        return "npz"
+    if lower.endswith(".csv"):
+        return "csv"
+    if is_tfrecord_name(lower):
+        return "tfrecord"
+    return None
+
+
+def read_local(path: Path, requested: str, options: ConversionOptions, scratch: Path) -> tuple[str, Examples]:
+    """(the format read, its Examples) for a file or folder on local disk."""
+    if path.is_file() and path.name.lower().endswith(ARCHIVE_SUFFIXES) and requested != "tfrecord":
+        path = _unpack(path, scratch / "unpacked")
+    path = _unwrap(path)
+    fmt = requested if requested != "auto" else _guess(path)
+    if fmt in ("npz", "csv") and not path.is_file():
+        raise DatasetError(f"format {fmt} needs a single .{fmt} file, but the source is a folder")
+    if fmt == "image_folder" and not path.is_dir():
+        raise DatasetError("format image_folder needs a folder with one sub-folder of images per class")
+    if fmt == "npz":
+        return fmt, read_npz(path, options.x_key, options.y_key)
+    if fmt == "csv":
+        return fmt, read_csv(path, options.label_column)
+    if fmt == "image_folder":
+        return fmt, read_image_folder(path, options.image_size)
+    files = [path] if path.is_file() else [p for p in visible(list(path.rglob("*"))) if p.is_file()]
+    x, y = read_tfrecords(files, path)
+    return fmt, make_examples(x, y, path.name)
+
+
+def _guess(path: Path) -> str:
+    if path.is_file():
+        fmt = file_format(path)
+        if fmt is None:
+            raise DatasetError(f"cannot tell the format of {path.name!r} from its name; set dataset.format (npz, csv, tfrecord, image_folder)")
+        return fmt
+    entries = visible(list(path.iterdir()))
+    files = [p for p in entries if p.is_file()]
+    if files and all(is_tfrecord_name(p.name) for p in files):
+        return "tfrecord"
+    if any(p.is_dir() for p in entries):
+        return "image_folder"
+    raise DatasetError(f"cannot tell the format of folder {path.name!r}: expected TFRecord files or one sub-folder of images per class")
+
+
+def _unwrap(path: Path) -> Path:
+    """Step into a folder that only wraps the data: one data file, or one folder of class folders."""
+    while path.is_dir():
+        entries = visible(list(path.iterdir()))
+        if len(entries) != 1:
+            return path
+        (inner,) = entries
+        if inner.is_file() and file_format(inner) is None:
+            return path
+        if inner.is_dir() and not all(p.is_dir() for p in visible(list(inner.iterdir()))):
+            return path
+        path = inner
+    return path
+
+
+def _unpack(archive: Path, into: Path) -> Path:
+    into.mkdir(parents=True)
+    try:
+        if archive.name.lower().endswith(".zip"):
+            with zipfile.ZipFile(archive) as z:
+                z.extractall(into)  # ZipFile drops absolute paths and '..' from member names
+        else:
+            with tarfile.open(archive) as t:
+                t.extractall(into, filter="data")  # refuses links and paths that escape `into`
+    except (zipfile.BadZipFile, tarfile.TarError, OSError, EOFError) as exc:
+        raise DatasetError(f"{archive.name} is not a readable archive ({exc})") from None
+    return into
