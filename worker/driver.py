@@ -23,7 +23,7 @@ from service.db.session import transaction
 from trainjobs.spec import JobSpec
 from worker.pricing import hourly_price_usd
 from worker.provisioner import (
-    LABEL_JOB, AgentState, DatasetError, JobChannel, MachineRequest, MachineState, Provisioner, Stager,
+    LABEL_JOB, AgentState, DatasetError, JobChannel, MachineRequest, MachineState, NoCapacity, Provisioner, Stager,
 )
 
 log = logging.getLogger("trainjobs.worker")
@@ -94,6 +94,9 @@ class JobDriver:
             self.channel.prepare(str(job.id), job.attempt, spec, job.dataset_uri or "")
             try:
                 machine = self.provisioner.create(request)
+            except NoCapacity as exc:
+                log.info("job %s waits for capacity: %s", job.id, exc)
+                return False
             except Exception as exc:  # quota, stockout, bad request: the cloud's message is the reason
                 log.warning("creating %s failed: %s", request.name, exc)
                 return self._move(job, S.RECOVERING, f"create failed: {exc}")

@@ -15,7 +15,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import psycopg
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.db import queue
@@ -48,6 +49,7 @@ class Worker:
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(self.config.concurrency, thread_name_prefix="job")
         self._threads: list[threading.Thread] = []
+        self._claim_conn: Connection | None = None
 
     @property
     def name(self) -> str:
@@ -82,6 +84,8 @@ class Worker:
                 queue.release_lease(session, job_id, self.name, expire_now=True)
         for t in self._threads:
             t.join(timeout)
+        if self._claim_conn is not None:
+            self._claim_conn.close()
         log.info("worker %s stopped; released %d job(s)", self.name, len(active))
 
     # --- loops ---
@@ -99,8 +103,7 @@ class Worker:
                 self._wake.clear()
 
     def claim_one(self) -> bool:
-        with transaction(self.factory) as session:
-            claim = queue.claim_next_job(session, self.name, self.config.lease_s)
+        claim = self._claim()
         if claim is None:
             return False
         log.info("claimed job %s (%s -> %s)", claim.job_id, claim.from_status.value, claim.to_status.value)
@@ -111,6 +114,19 @@ class Worker:
             future = self._pool.submit(self._drive, driver)
             self._active[claim.job_id] = (future, wake)
         return True
+
+    def _claim(self) -> queue.Claim | None:
+        # The claim loop is one thread; it keeps one autocommit connection, so a claim costs one
+        # round trip (no pool checkout ping, no BEGIN/COMMIT around a single atomic statement).
+        if self._claim_conn is None:
+            self._claim_conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        try:
+            return queue.claim_next_job(self._claim_conn, self.name, self.config.lease_s)
+        except DBAPIError:
+            self._claim_conn.invalidate()
+            self._claim_conn.close()
+            self._claim_conn = None
+            raise
 
     def _drive(self, driver: JobDriver) -> None:
         try:

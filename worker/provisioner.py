@@ -112,6 +112,10 @@ class JobChannel(Protocol):
         ...
 
 
+class NoCapacity(Exception):
+    """No machine can be had right now (quota, stockout, local slots busy); try again later."""
+
+
 class DatasetError(Exception):
     """The data is unusable; the message says why, for the user."""
 

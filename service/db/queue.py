@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from sqlalchemy import text
+from sqlalchemy import Connection, text
 from sqlalchemy.orm import Session
 
 from service.db.jobstate import JobStatus
@@ -69,8 +69,9 @@ class Claim:
         return self.from_status != JobStatus.QUEUED
 
 
-def claim_next_job(session: Session, owner: str, lease_s: float) -> Claim | None:
-    row = session.execute(CLAIM_SQL, {"owner": owner, "lease_s": lease_s}).first()
+def claim_next_job(conn: Session | Connection, owner: str, lease_s: float) -> Claim | None:
+    """Atomic on its own, so the worker runs it on an autocommit connection: one round trip."""
+    row = conn.execute(CLAIM_SQL, {"owner": owner, "lease_s": lease_s}).first()
     if row is None:
         return None
     return Claim(row.id, JobStatus(row.from_status), JobStatus(row.to_status))

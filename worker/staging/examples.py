@@ -69,7 +69,7 @@ def _features(x: object, what: str) -> np.ndarray:
         arr = arr[:, None]
     if len(arr) and arr[0].size == 0:
         raise DatasetError(f"{what}: each example needs at least one feature, got shape {list(arr.shape)}")
-    finite = np.isfinite(arr.reshape(len(arr), -1)).all(axis=1)
+    finite = np.isfinite(arr.reshape(len(arr), -1)).all(axis=1) if arr.size else np.ones(0, bool)
     if not finite.all():
         raise DatasetError(f"{what}: example {int(np.argmin(finite))} has a NaN or infinite feature")
     return arr

@@ -44,7 +44,12 @@ def read_csv(path: Path, label_column: str) -> Examples:
             if label_column not in header:
                 raise DatasetError(f"{path.name} has no label column {label_column!r}; its columns are: {', '.join(header)}")
             at = header.index(label_column)
-            labels = [row[at].strip() if at < len(row) else "" for row in reader if row]
+            labels = []
+            for row in reader:
+                if row and len(row) != len(header):
+                    raise DatasetError(f"{path.name} is not a well-formed CSV file: line {reader.line_num} has {len(row)} fields, the header {len(header)}")
+                if row:
+                    labels.append(row[at].strip())
     except UnicodeDecodeError:
         raise DatasetError(f"{path.name} is not a UTF-8 text CSV file") from None
     feature_cols = [i for i in range(len(header)) if i != at]

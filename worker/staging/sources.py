@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
 
 from worker.staging.content_hash import SourceFile, local_files
-from worker.staging.errors import DatasetError, short
+from worker.staging.errors import DatasetError
 from worker.staging.examples import Examples
 from worker.staging.formats import read_local
 from worker.staging.options import ConversionOptions
@@ -121,7 +121,7 @@ def open_source(source: str, *, bucket: str, scratch: Path) -> Source:
         sha = source.removeprefix("dataset:")
         blob = find_upload(sha, bucket=bucket)
         if blob is None:
-            raise DatasetError(f"no uploaded dataset {short(sha, 70)} in gs://{bucket}/uploads/; upload it first (POST /v1/datasets)")
+            raise DatasetError(f"no uploaded dataset {sha} in gs://{bucket}/uploads/; upload it first (POST /v1/datasets)")
         return StoredUploadSource(sha, blob, scratch)
     if source.startswith("gs://"):
         from worker.staging.gcs_source import GcsSource

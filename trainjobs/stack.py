@@ -1,0 +1,91 @@
+"""Wiring: which database, which storage, which provisioner. The one place adapters meet."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainjobs.config import database_url_from_env, home
+
+log = logging.getLogger("trainjobs")
+
+
+def default_data_dir() -> Path:
+    return Path(os.environ.get("TRAINJOBS_DATA_DIR", home() / "data"))
+
+
+def resolve_database_url(data_dir: Path) -> str:
+    """TRAINJOBS_DATABASE_URL, else an embedded PostgreSQL kept in data_dir/postgres."""
+    url = database_url_from_env()
+    if url:
+        return url
+    from trainjobs.embedded import start_embedded_postgres
+
+    url = start_embedded_postgres(data_dir / "postgres")
+    log.info("embedded PostgreSQL at %s", data_dir / "postgres")
+    return url
+
+
+@dataclass
+class StorageHandle:
+    emulator: object | None = None  # GcsEmulator we started, to stop on exit
+
+    def stop(self) -> None:
+        if self.emulator is not None:
+            self.emulator.stop()  # type: ignore[attr-defined]
+
+
+def resolve_storage(data_dir: Path) -> StorageHandle:
+    """A real bucket when TRAINJOBS_BUCKET is set without an emulator; an emulator the user runs when
+    STORAGE_EMULATOR_HOST is set; otherwise start our own emulator with its data in data_dir/gcs."""
+    from trainjobs import storage
+
+    if os.environ.get("STORAGE_EMULATOR_HOST"):
+        storage.ensure_bucket()
+        return StorageHandle()
+    if os.environ.get("TRAINJOBS_BUCKET"):
+        return StorageHandle()
+    from trainjobs.embedded import start_gcs_emulator, use_emulator
+
+    emu = start_gcs_emulator(data_dir / "gcs", bucket=storage.DEFAULT_BUCKET)
+    use_emulator(emu, storage.DEFAULT_BUCKET)
+    log.info("GCS emulator at %s (bucket %s)", emu.url, storage.DEFAULT_BUCKET)
+    return StorageHandle(emu)
+
+
+@dataclass
+class WorkerRuntime:
+    provisioner: object
+    channel: object
+    stager: object
+    closers: list[object] = field(default_factory=list)
+
+
+def build_runtime(kind: str, data_dir: Path, *, local_devices: int = 2, local_slots: int = 2) -> WorkerRuntime:
+    """The provisioner, job channel and stager for a worker of this kind."""
+    if kind == "memory":
+        from worker.provisioners.memory import MemoryCloud, memory_stager
+
+        cloud = MemoryCloud(boot_s=0.5, train_s=3.0)
+        return WorkerRuntime(cloud, cloud, memory_stager)
+    from worker.gcs_channel import GcsJobChannel
+    from worker.staging_adapter import GcsStager
+
+    stager = GcsStager(work_dir=data_dir / "staging")
+    channel = GcsJobChannel()
+    if kind == "local":
+        from worker.provisioners.local import LocalProvisioner
+
+        return WorkerRuntime(LocalProvisioner(data_dir / "machines", devices=local_devices, slots=local_slots),
+                             channel, stager)
+    if kind == "gcp-tpu":
+        from worker.provisioners.gcp_tpu import TpuVmProvisioner
+
+        return WorkerRuntime(TpuVmProvisioner.from_env(), channel, stager)
+    if kind == "gcp-gpu":
+        from worker.provisioners.gcp_gpu import GpuVmProvisioner
+
+        return WorkerRuntime(GpuVmProvisioner.from_env(), channel, stager)
+    raise ValueError(f"unknown provisioner {kind!r}: memory, local, gcp-tpu or gcp-gpu")

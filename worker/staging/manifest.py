@@ -1,0 +1,51 @@
+"""manifest.json: what the training agent reads to find and parse a staged dataset.
+
+    {"format_version": 1, "sha256": "...", "source": "sklearn:digits", "num_classes": 10,
+     "class_names": ["0", ...],
+     "feature": {"key": "x", "shape": [8, 8, 1], "dtype": "float32"},
+     "label": {"key": "y", "dtype": "int64"},
+     "splits": {"train": {"examples": 1438, "shards": ["shards/train-00000-of-00001.tfrecord"]},
+                "validation": {"examples": 359, "shards": [...]}},
+     "in_place": false, "source_format": "sklearn", "options": {...}}
+
+Shard paths are relative to the manifest's folder, or absolute gs:// URIs when the data is used in
+place. Each record is a tf.train.Example in our schema (example_proto.py): parse 'x' as
+FixedLenFeature([prod(shape)], float32) and reshape to `shape`; 'y' as FixedLenFeature([1], int64).
+A validation split may hold 0 examples and no shards (validation_split 0). The manifest is
+written last: when it exists, every shard it names exists too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from worker.staging.options import ConversionOptions
+
+MANIFEST_NAME = "manifest.json"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Split:
+    examples: int
+    shards: list[str]
+
+
+def build_manifest(
+    *, sha256: str, source: str, source_format: str, class_names: list[str], feature_shape: list[int],
+    splits: dict[str, Split], options: ConversionOptions, in_place: bool,
+) -> dict[str, Any]:
+    return {
+        "format_version": FORMAT_VERSION,
+        "sha256": sha256,
+        "source": source,
+        "num_classes": len(class_names),
+        "class_names": class_names,
+        "feature": {"key": "x", "shape": feature_shape, "dtype": "float32"},
+        "label": {"key": "y", "dtype": "int64"},
+        "splits": {name: {"examples": s.examples, "shards": s.shards} for name, s in splits.items()},
+        "in_place": in_place,
+        "source_format": source_format,
+        "options": options.as_dict(),
+    }

@@ -1,0 +1,38 @@
+"""Examples -> train and validation TFRecord shards on local disk, ready to upload."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from worker.staging.examples import Examples
+from worker.staging.manifest import Split
+from worker.staging.options import SHUFFLE_SEED, ConversionOptions
+from worker.staging.tfrecord import write_examples
+
+SHARD_DIR = "shards"
+
+
+def split_indices(n: int, validation_split: float) -> dict[str, np.ndarray]:
+    """A deterministic shuffle, then the first round(n * split) examples (never all) are validation."""
+    order = np.random.default_rng(SHUFFLE_SEED).permutation(n)
+    n_val = min(n - 1, round(n * validation_split))
+    return {"train": order[n_val:], "validation": order[:n_val]}
+
+
+def write_splits(examples: Examples, options: ConversionOptions, out_dir: Path) -> dict[str, Split]:
+    """Write shards/<split>-NNNNN-of-MMMMM.tfrecord under out_dir; paths in the result are relative to it."""
+    (out_dir / SHARD_DIR).mkdir(parents=True, exist_ok=True)
+    splits: dict[str, Split] = {}
+    for name, rows in split_indices(len(examples.y), options.validation_split).items():
+        count = math.ceil(len(rows) / options.shard_examples)
+        shards = []
+        for k in range(count):
+            part = rows[k * options.shard_examples : (k + 1) * options.shard_examples]
+            rel = f"{SHARD_DIR}/{name}-{k:05d}-of-{count:05d}.tfrecord"
+            write_examples(out_dir / rel, examples.x[part], examples.y[part])
+            shards.append(rel)
+        splits[name] = Split(int(len(rows)), shards)
+    return splits

@@ -1,0 +1,74 @@
+"""stage_dataset: any supported source -> sharded TFRecords and a manifest at gs://BUCKET/datasets/<sha256>/."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainjobs import storage
+from trainjobs.spec import DatasetSpec
+from worker.staging.content_hash import dataset_sha256
+from worker.staging.gcs_source import GcsSource
+from worker.staging.in_place import scan_in_place
+from worker.staging.manifest import MANIFEST_NAME, build_manifest
+from worker.staging.options import ConversionOptions
+from worker.staging.shards import write_splits
+from worker.staging.sources import open_source
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StagedDataset:
+    uri: str  # gs://BUCKET/datasets/<sha256>
+    sha256: str
+    manifest: dict[str, Any]
+    uploaded_objects: int  # 0 when the dataset was already staged
+
+    @property
+    def manifest_uri(self) -> str:
+        return f"{self.uri}/{MANIFEST_NAME}"
+
+
+def stage_dataset(ds: DatasetSpec, *, bucket: str | None = None, work_dir: Path) -> StagedDataset:
+    """Stage ds once: a dataset whose content hash already has a manifest is reused, uploading nothing.
+
+    Raises DatasetError for data we cannot use; its message is meant for the user.
+    """
+    started = time.monotonic()
+    bucket = bucket or storage.bucket_name()
+    options = ConversionOptions.from_spec(ds.options)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=work_dir, prefix="staging-") as tmp:
+        scratch = Path(tmp)
+        source = open_source(ds.source, bucket=bucket, scratch=scratch)
+        sha = dataset_sha256(ds.format, options, source.files())
+        uri = storage.dataset_uri(sha, bucket)
+        existing = storage.read_json(f"{uri}/{MANIFEST_NAME}")
+        if existing is not None:
+            log.info("dataset %s is already staged at %s", ds.source, uri)
+            return StagedDataset(uri, sha, existing, 0)
+
+        in_place = source.tfrecord_blobs(ds.format) if isinstance(source, GcsSource) else []
+        if in_place:
+            class_names, shape, splits = scan_in_place(in_place, [source.uri(b) for b in in_place], options.validation_split)
+            source_format, uploaded = "tfrecord", 0
+        else:
+            source_format, examples = source.read(ds.format, options, scratch)
+            class_names, shape = examples.class_names, examples.feature_shape
+            splits = write_splits(examples, options, scratch / "out")
+            uploaded = len(storage.upload_dir(scratch / "out", uri))
+        manifest = build_manifest(
+            sha256=sha, source=ds.source, source_format=source_format, class_names=class_names,
+            feature_shape=shape, splits=splits, options=options, in_place=bool(in_place),
+        )
+        # Last, and only after every shard: a manifest is the promise that the dataset is complete.
+        # Two workers staging the same content write identical bytes, so the race is harmless.
+        storage.write_json(f"{uri}/{MANIFEST_NAME}", manifest)
+    log.info("staged %s as %s: %s in %.1f s", ds.source, uri,
+             {k: v.examples for k, v in splits.items()}, time.monotonic() - started)
+    return StagedDataset(uri, sha, manifest, uploaded + 1)

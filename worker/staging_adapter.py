@@ -1,0 +1,26 @@
+"""Adapts dataset staging (worker/staging) to the worker's Stager port."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trainjobs.spec import JobSpec
+from worker import provisioner
+from worker.staging import DatasetError, stage_dataset
+
+
+class GcsStager:
+    def __init__(self, work_dir: Path, bucket: str | None = None):
+        self.work_dir, self.bucket = work_dir, bucket
+
+    def __call__(self, spec: JobSpec, job_id: str) -> str:
+        work = self.work_dir / job_id
+        work.mkdir(parents=True, exist_ok=True)
+        try:
+            return stage_dataset(spec.dataset, bucket=self.bucket, work_dir=work).uri
+        except DatasetError as exc:
+            raise provisioner.DatasetError(str(exc)) from exc
+        finally:
+            import shutil
+
+            shutil.rmtree(work, ignore_errors=True)  # downloads and shards; GCS has them now
