@@ -6,7 +6,7 @@ from fastapi import FastAPI
 
 from service import errors
 from service.db.session import check_migrated, get_engine, session_factory
-from service.routes import health, jobs
+from service.routes import artifacts, datasets, health, jobs
 
 
 def create_app(database_url: str, *, check_schema: bool = True) -> FastAPI:
@@ -19,4 +19,6 @@ def create_app(database_url: str, *, check_schema: bool = True) -> FastAPI:
     errors.install(app)
     app.include_router(health.router)
     app.include_router(jobs.router)
+    app.include_router(artifacts.router)
+    app.include_router(datasets.router)
     return app

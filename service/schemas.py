@@ -66,3 +66,27 @@ class ErrorBody(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorBody
+
+
+class ArtifactPublic(BaseModel):
+    path: str  # relative to the job's artifacts/ directory
+    size: int
+    sha256: str
+    uri: str  # gs://BUCKET/jobs/<id>/artifacts/<path>
+    download_url: str  # a V4 signed URL (15 minutes) or an API path that streams it
+
+
+class ArtifactList(BaseModel):
+    artifacts: list[ArtifactPublic]
+    signed: bool
+
+
+class JobLogs(BaseModel):
+    text: str
+
+
+class DatasetPublic(BaseModel):
+    dataset: str  # use as dataset.source in a job spec
+    sha256: str
+    size: int
+    filename: str

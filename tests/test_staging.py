@@ -65,7 +65,7 @@ def test_sklearn_digits_stages_with_the_right_counts_and_shape(bucket: str, tmp_
     assert m["splits"]["train"] == {"examples": 1438, "shards": ["shards/train-00000-of-00001.tfrecord"]}
     assert m["splits"]["validation"] == {"examples": 359, "shards": ["shards/validation-00000-of-00001.tfrecord"]}
     x, y = read_split(staged, "train")
-    assert x.shape == (1438, 64) and 0.0 <= x.min() and x.max() <= 1.0 and set(y) == set(range(10))
+    assert x.shape == (1438, 64) and x.min() >= 0.0 and x.max() <= 1.0 and set(y) == set(range(10))
     assert storage.read_json(f"{staged.uri}/manifest.json") == m
     assert staged.uploaded_objects == 3
 
@@ -136,7 +136,9 @@ def _zipped_image_folder(tmp: Path) -> str:
     ("make_source", "spec", "examples", "class_names", "shape"),
     [
         pytest.param(_npz, {"options": {"x_key": "features", "y_key": "target"}}, 50, ["0", "1", "2", "3", "4"], [4, 3], id="npz"),
-        pytest.param(_csv_with_string_labels, {"options": {"label_column": "kind"}}, 30, ["bird", "cat", "dog"], [2], id="csv-string-labels"),
+        pytest.param(
+            _csv_with_string_labels, {"options": {"label_column": "kind"}}, 30, ["bird", "cat", "dog"], [2], id="csv-string-labels"
+        ),
         pytest.param(_image_folder, {"options": {"image_size": (16, 8)}}, 12, ["blue", "red"], [16, 8, 3], id="image-folder"),
         pytest.param(_tfrecord_dir, {}, 40, ["0", "1", "2", "3"], [6], id="tfrecord"),
         pytest.param(_zipped_image_folder, {}, 12, ["blue", "red"], [32, 32, 3], id="zipped-image-folder"),
@@ -182,6 +184,16 @@ def test_gcs_tfrecord_prefix_is_used_in_place_without_copying(bucket: str, tmp_p
     assert m["splits"]["validation"] == {"examples": 10, "shards": [f"gs://{bucket}/raw/validation-0.tfrecord"]}
     assert objects(bucket) == sorted(before + [f"{staged.uri}/manifest.json"])
     assert staged.uploaded_objects == 1
+
+
+def test_gcs_object_that_is_not_tfrecord_is_downloaded_and_converted(bucket: str, tmp_path: Path) -> None:
+    storage.blob(f"gs://{bucket}/raw/pets.csv").upload_from_filename(_csv_with_string_labels(tmp_path).removeprefix("file://"))
+
+    staged = stage(f"gs://{bucket}/raw/pets.csv", bucket, tmp_path / "work", options={"label_column": "kind"})
+
+    assert staged.manifest["in_place"] is False and staged.manifest["source_format"] == "csv"
+    assert staged.manifest["splits"]["train"]["shards"] == ["shards/train-00000-of-00001.tfrecord"]
+    assert f"{staged.uri}/shards/train-00000-of-00001.tfrecord" in objects(bucket)
 
 
 def test_uploaded_file_stages_as_dataset_sha(bucket: str, tmp_path: Path) -> None:

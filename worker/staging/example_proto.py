@@ -75,7 +75,7 @@ def encode_examples(x: np.ndarray, y: np.ndarray) -> list[bytes]:
         for k in range(vlen):
             byte = (labels >> np.uint64(7 * k)) & np.uint64(0x7F)
             body[:, at + len(y_head) + k] = byte | np.uint64(0x80 if k < vlen - 1 else 0)
-        for i, row in zip(rows.tolist(), body):
+        for i, row in zip(rows.tolist(), body, strict=True):
             out[i] = row.tobytes()
     return out
 

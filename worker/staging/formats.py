@@ -41,7 +41,7 @@ def file_format(path: Path) -> str | None:
 
 def read_local(path: Path, requested: str, options: ConversionOptions, scratch: Path) -> tuple[str, Examples]:
     """(the format read, its Examples) for a file or folder on local disk."""
-    if path.is_file() and path.name.lower().endswith(ARCHIVE_SUFFIXES) and requested != "tfrecord":
+    if path.is_file() and path.name.lower().endswith(ARCHIVE_SUFFIXES):
         path = _unpack(path, scratch / "unpacked")
     path = _unwrap(path)
     fmt = requested if requested != "auto" else _guess(path)
@@ -64,7 +64,9 @@ def _guess(path: Path) -> str:
     if path.is_file():
         fmt = file_format(path)
         if fmt is None:
-            raise DatasetError(f"cannot tell the format of {path.name!r} from its name; set dataset.format (npz, csv, tfrecord, image_folder)")
+            raise DatasetError(
+                f"cannot tell the format of {path.name!r} from its name; set dataset.format (npz, csv, tfrecord, image_folder)"
+            )
         return fmt
     entries = visible(list(path.iterdir()))
     files = [p for p in entries if p.is_file()]

@@ -60,13 +60,13 @@ class GcsSource:
     def files(self) -> list[SourceFile]:
         return [SourceFile(self.uri(b), int(b.size), f"crc32c:{b.crc32c}") for b in self.blobs]
 
-    def tfrecord_blobs(self, requested: str) -> list[Any]:
-        """The objects to use in place, or [] when this source must be downloaded and converted."""
+    def in_place_shards(self, requested: str) -> list[tuple[Any, str]]:
+        """(blob, gs:// URI) of the objects to use in place, or [] when this source must be converted."""
         if requested not in ("auto", "tfrecord"):
             return []
         data = [b for b in self.blobs if self.single or not _is_sidecar(b.name)]
         if data and (requested == "tfrecord" or all(is_tfrecord_name(b.name) for b in data)):
-            return data
+            return [(b, self.uri(b)) for b in data]
         return []
 
     def read(self, requested: str, options: ConversionOptions, scratch: Path) -> tuple[str, Examples]:

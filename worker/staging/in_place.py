@@ -46,10 +46,11 @@ def scan_shard(blob: Any, uri: str) -> ShardScan:
     return ShardScan(uri, count, size, frozenset(labels))
 
 
-def scan_in_place(blobs: list[Any], uris: list[str], validation_split: float) -> tuple[list[str], list[int], dict[str, Split]]:
-    """(class names, feature shape, splits) for TFRecord objects used in place."""
+def scan_in_place(shards: list[tuple[Any, str]], validation_split: float) -> tuple[list[str], list[int], dict[str, Split]]:
+    """(class names, feature shape, splits) for TFRecord objects, given as (blob, gs:// URI), used in place."""
     with ThreadPoolExecutor(max_workers=8) as pool:
-        scans = list(pool.map(scan_shard, blobs, uris))
+        scans = list(pool.map(lambda shard: scan_shard(*shard), shards))
+    uris = [uri for _, uri in shards]
     sizes = {s.feature_size for s in scans if s.feature_size is not None}
     if not sizes:
         raise DatasetError(f"the TFRecord files at {uris[0].rsplit('/', 1)[0]}/ hold no examples")
@@ -69,8 +70,8 @@ def _assign_splits(scans: list[ShardScan], validation_split: float) -> dict[str,
     if not any(named) and len(scans) >= 2:
         held = min(len(scans) - 1, round(len(scans) * validation_split))
         named = [i >= len(scans) - held for i in range(len(scans))]
-    train = [s for s, v in zip(scans, named) if not v]
-    validation = [s for s, v in zip(scans, named) if v]
+    train = [s for s, v in zip(scans, named, strict=True) if not v]
+    validation = [s for s, v in zip(scans, named, strict=True) if v]
     if not sum(s.examples for s in train):
         raise DatasetError("every TFRecord file with examples is named as validation data; there is nothing to train on")
     return {

@@ -47,7 +47,9 @@ def read_csv(path: Path, label_column: str) -> Examples:
             labels = []
             for row in reader:
                 if row and len(row) != len(header):
-                    raise DatasetError(f"{path.name} is not a well-formed CSV file: line {reader.line_num} has {len(row)} fields, the header {len(header)}")
+                    raise DatasetError(
+                        f"{path.name} is not a well-formed CSV file: line {reader.line_num} has {len(row)} fields, the header {len(header)}"
+                    )
                 if row:
                     labels.append(row[at].strip())
     except UnicodeDecodeError:

@@ -53,9 +53,9 @@ def stage_dataset(ds: DatasetSpec, *, bucket: str | None = None, work_dir: Path)
             log.info("dataset %s is already staged at %s", ds.source, uri)
             return StagedDataset(uri, sha, existing, 0)
 
-        in_place = source.tfrecord_blobs(ds.format) if isinstance(source, GcsSource) else []
+        in_place = source.in_place_shards(ds.format) if isinstance(source, GcsSource) else []
         if in_place:
-            class_names, shape, splits = scan_in_place(in_place, [source.uri(b) for b in in_place], options.validation_split)
+            class_names, shape, splits = scan_in_place(in_place, options.validation_split)
             source_format, uploaded = "tfrecord", 0
         else:
             source_format, examples = source.read(ds.format, options, scratch)

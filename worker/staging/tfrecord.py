@@ -24,7 +24,7 @@ _WRITE_BATCH = 1024  # examples encoded at once: bounds the byte matrices encode
 
 
 def masked_crc(data: bytes) -> int:
-    crc = google_crc32c.value(data)
+    crc = int(google_crc32c.value(data))
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 

@@ -7,6 +7,7 @@ server-side to their content key. A job names the file as `dataset:<sha256>`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import uuid
@@ -66,7 +67,5 @@ def _rewrite(source: Any, dest: Any) -> None:
 def _delete_quietly(blob: Any) -> None:
     from google.api_core.exceptions import NotFound
 
-    try:
+    with contextlib.suppress(NotFound):  # an empty upload may never have created the object
         blob.delete()
-    except NotFound:  # an empty upload may never have created the object
-        pass

@@ -1,0 +1,109 @@
+"""A job's outputs in GCS: artifacts (listing + download), logs, per-epoch metrics."""
+
+from __future__ import annotations
+
+import posixpath
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+from fastapi import APIRouter, Query
+from fastapi.responses import StreamingResponse
+
+from service.db import jobs as data
+from service.db.session import transaction
+from service.deps import Factory, ProjectId
+from service.errors import ApiError
+from service.schemas import ArtifactList, ArtifactPublic, JobLogs
+from trainjobs import storage
+
+router = APIRouter(prefix="/v1/jobs", tags=["artifacts"])
+SIGNED_URL_TTL = timedelta(minutes=15)
+
+
+def _paths(factory: Factory, project: uuid.UUID, job_id: uuid.UUID) -> storage.JobPaths:
+    with transaction(factory) as session:
+        if data.get_job(session, project, job_id) is None:
+            raise ApiError(404, f"job {job_id} not found")
+    return storage.JobPaths.for_job(str(job_id))
+
+
+def _manifest(paths: storage.JobPaths) -> list[dict[str, Any]]:
+    manifest = storage.read_json(paths.artifact_manifest)
+    if manifest is None:
+        return []
+    return manifest["artifacts"] if isinstance(manifest, dict) else manifest  # type: ignore[no-any-return]
+
+
+def safe_artifact_path(path: str) -> str:
+    """A relative path that stays inside the job's artifacts/ directory, or ApiError 400."""
+    norm = posixpath.normpath(path)
+    if path.startswith("/") or "\\" in path or norm.startswith("..") or norm in (".", "") or "\x00" in path:
+        raise ApiError(400, f"artifact path {path!r} leaves the job's artifact directory", "bad_path")
+    return norm
+
+
+def _signer(paths: storage.JobPaths):  # type: ignore[no-untyped-def]
+    """Signed V4 URLs when the credentials can sign (a service account key, or IAM signBlob);
+    None when they cannot (the emulator's anonymous credentials, user credentials)."""
+    def sign(rel: str) -> str:
+        return storage.blob(paths.key(f"artifacts/{rel}")).generate_signed_url(  # type: ignore[no-any-return]
+            version="v4", expiration=SIGNED_URL_TTL, method="GET")
+    try:
+        sign("manifest.json")
+    except Exception:  # AttributeError / google.auth errors: these credentials cannot sign
+        return None
+    return sign
+
+
+@router.get("/{job_id}/artifacts", response_model=ArtifactList)
+def list_artifacts(job_id: uuid.UUID, project: ProjectId, factory: Factory) -> ArtifactList:
+    paths = _paths(factory, project, job_id)
+    items = _manifest(paths)
+    sign = _signer(paths) if items else None
+    out = []
+    for item in items:
+        rel = safe_artifact_path(item["path"])
+        url = sign(rel) if sign else f"/v1/jobs/{job_id}/artifacts/{rel}"
+        out.append(ArtifactPublic(path=rel, size=item["size"], sha256=item["sha256"],
+                                  uri=paths.key(f"artifacts/{rel}"), download_url=url))
+    return ArtifactList(artifacts=out, signed=sign is not None)
+
+
+@router.get("/{job_id}/artifacts/{path:path}")
+def download_artifact(job_id: uuid.UUID, path: str, project: ProjectId, factory: Factory) -> StreamingResponse:
+    rel = safe_artifact_path(path)
+    paths = _paths(factory, project, job_id)
+    if rel not in {i["path"] for i in _manifest(paths)}:
+        raise ApiError(404, f"job {job_id} has no artifact {rel!r}")
+    blob = storage.blob(paths.key(f"artifacts/{rel}"))
+
+    def chunks() -> Iterator[bytes]:
+        with blob.open("rb", chunk_size=1 << 20) as f:
+            while chunk := f.read(1 << 20):
+                yield chunk
+
+    filename = posixpath.basename(rel)
+    return StreamingResponse(chunks(), media_type="application/octet-stream",
+                             headers={"Content-Disposition": f'attachment; filename="{filename}"'})
+
+
+@router.get("/{job_id}/logs", response_model=JobLogs)
+def job_logs(job_id: uuid.UUID, project: ProjectId, factory: Factory,
+             tail: int | None = Query(default=None, ge=1, le=100_000, description="last N lines")) -> JobLogs:
+    paths = _paths(factory, project, job_id)
+    parts = []
+    for uri in sorted(storage.list_uris(paths.logs + "/")):
+        parts.append(f"==> {uri.rsplit('/', 1)[-1]} <==\n" + storage.blob(uri).download_as_text())
+    text = "\n".join(parts)
+    if tail:
+        text = "\n".join(text.splitlines()[-tail:]) + "\n"
+    return JobLogs(text=text)
+
+
+@router.get("/{job_id}/metrics")
+def job_metrics(job_id: uuid.UUID, project: ProjectId, factory: Factory) -> dict[str, Any]:
+    """Per-epoch metrics so far (loss, accuracy, examples/s, step time, input-wait fraction)."""
+    paths = _paths(factory, project, job_id)
+    return {"epochs": storage.read_json(paths.metrics) or []}

@@ -1,0 +1,159 @@
+"""The staged dataset: download its shards to local disk, then read them with tf.data.
+
+Staging writes TFRecords of tf.train.Example with the feature flattened into one list; the
+manifest says how to parse and reshape it. Shards are copied locally first because TensorFlow's
+gs:// filesystem ignores STORAGE_EMULATOR_HOST (and local reads are steadier anyway).
+"""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainjobs import storage
+
+SHUFFLE_BUFFER = 16_384
+
+
+class DataError(Exception):
+    """The staged dataset is missing or not what its manifest says."""
+
+
+@dataclass(frozen=True)
+class Split:
+    examples: int
+    files: tuple[Path, ...]  # local copies
+
+
+@dataclass(frozen=True)
+class LocalDataset:
+    num_classes: int
+    class_names: tuple[str, ...]
+    feature_key: str
+    feature_shape: tuple[int, ...]
+    feature_dtype: str
+    label_key: str
+    train: Split
+    validation: Split | None  # staging may be asked for no validation split
+
+
+def download_dataset(dataset_uri: str, local_dir: Path) -> LocalDataset:
+    manifest = storage.read_json(f"{dataset_uri}/manifest.json")
+    if manifest is None:
+        raise DataError(f"no manifest.json under {dataset_uri}")
+    if manifest.get("format_version") != 1:
+        raise DataError(f"unsupported dataset format_version {manifest.get('format_version')!r}")
+    splits: dict[str, Split] = {}
+    jobs: list[tuple[str, Path]] = []
+    for name, split in manifest["splits"].items():
+        files = []
+        for i, shard in enumerate(split["shards"]):
+            uri = shard if shard.startswith("gs://") else f"{dataset_uri}/{shard}"
+            local = local_dir / name / f"{i:05d}-{Path(shard).name}"
+            jobs.append((uri, local))
+            files.append(local)
+        splits[name] = Split(int(split["examples"]), tuple(files))
+    if "train" not in splits or splits["train"].examples == 0:
+        raise DataError(f"dataset {dataset_uri} has no training examples")
+    _download_all(jobs)
+    feature, label = manifest["feature"], manifest["label"]
+    return LocalDataset(
+        num_classes=int(manifest["num_classes"]),
+        class_names=tuple(manifest.get("class_names") or ()),
+        feature_key=feature["key"],
+        feature_shape=tuple(int(d) for d in feature["shape"]),
+        feature_dtype=feature.get("dtype", "float32"),
+        label_key=label["key"],
+        train=splits["train"],
+        validation=splits["validation"] if splits.get("validation") and splits["validation"].examples else None,
+    )
+
+
+def _download_all(jobs: list[tuple[str, Path]]) -> None:
+    def fetch(job: tuple[str, Path]) -> None:
+        uri, local = job
+        local.parent.mkdir(parents=True, exist_ok=True)
+        storage.blob(uri).download_to_filename(str(local))
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(fetch, jobs))
+
+
+def _parser(ds: LocalDataset) -> Any:
+    """Parses a batch of serialized examples at once: one vectorized op instead of one per example."""
+    import tensorflow as tf
+
+    size = math.prod(ds.feature_shape)
+    if ds.feature_dtype.startswith("float"):
+        feature = tf.io.FixedLenFeature([size], tf.float32)
+    elif ds.feature_dtype.startswith(("int", "uint")):
+        feature = tf.io.FixedLenFeature([size], tf.int64)
+    else:
+        raise DataError(f"feature dtype {ds.feature_dtype!r} is not one the agent can parse")
+    spec = {ds.feature_key: feature, ds.label_key: tf.io.FixedLenFeature([], tf.int64)}
+
+    def parse(serialized: Any) -> tuple[Any, Any]:
+        parsed = tf.io.parse_example(serialized, spec)
+        x = tf.reshape(tf.cast(parsed[ds.feature_key], tf.float32), (-1, *ds.feature_shape))
+        return x, tf.cast(parsed[ds.label_key], tf.int32)
+
+    return parse
+
+
+def _options(deterministic: bool) -> Any:
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.deterministic = deterministic
+    # DATA: every worker reads every shard and keeps its share of the elements, so any shard count
+    # works with any worker count (FILE sharding would leave workers idle with few shards).
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return options
+
+
+def train_dataset(ds: LocalDataset, global_batch: int, seed: int, cache: bool) -> Any:
+    """Endless: the plan's steps_per_epoch decides where an epoch ends."""
+    import tensorflow as tf
+
+    auto = tf.data.AUTOTUNE
+    files = tf.data.Dataset.from_tensor_slices([str(f) for f in ds.train.files])
+    records = files.interleave(tf.data.TFRecordDataset, cycle_length=min(len(ds.train.files), 8),
+                               num_parallel_calls=auto, deterministic=True)
+    if cache:
+        records = records.cache()
+    records = records.shuffle(min(ds.train.examples, SHUFFLE_BUFFER), seed=seed, reshuffle_each_iteration=True)
+    # drop_remainder keeps every batch the same shape, which a TPU needs and no one else minds.
+    batches = records.repeat().batch(global_batch, drop_remainder=True)
+    return batches.map(_parser(ds), num_parallel_calls=auto).prefetch(auto).with_options(_options(True))
+
+
+def eval_dataset(ds: LocalDataset, global_batch: int, static_shapes: bool, cache: bool) -> Any:
+    import tensorflow as tf
+
+    assert ds.validation is not None
+    records = tf.data.TFRecordDataset([str(f) for f in ds.validation.files])
+    if cache:
+        records = records.cache()
+    batches = records.batch(global_batch, drop_remainder=static_shapes)
+    return batches.map(_parser(ds), num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE).with_options(
+        _options(True))
+
+
+def read_arrays(ds: LocalDataset, split: Split, limit: int | None = None) -> tuple[Any, Any]:
+    """The first `limit` examples of a split as numpy arrays (statistics, calibration, TFLite eval)."""
+    import numpy as np
+    import tensorflow as tf
+
+    records = tf.data.TFRecordDataset([str(f) for f in split.files])
+    if limit is not None:
+        records = records.take(limit)
+    xs, ys = [], []
+    for x, y in records.batch(1024).map(_parser(ds)):
+        xs.append(x.numpy())
+        ys.append(y.numpy())
+    if not xs:
+        return np.zeros((0, *ds.feature_shape), np.float32), np.zeros((0,), np.int32)
+    return np.concatenate(xs), np.concatenate(ys)

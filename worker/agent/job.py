@@ -1,0 +1,94 @@
+"""What the worker handed this agent (spec.json) and where the agent keeps its files."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainjobs import storage
+from trainjobs.spec import JobSpec
+
+
+class JobInputError(Exception):
+    """spec.json is missing or unreadable."""
+
+
+@dataclass(frozen=True)
+class AgentJob:
+    job_id: str
+    attempt: int
+    spec: JobSpec
+    dataset_uri: str
+    job_dir: str  # gs://bucket/jobs/<id>
+    task_index: int
+
+    @property
+    def is_chief(self) -> bool:
+        return self.task_index == 0
+
+    @property
+    def paths(self) -> storage.JobPaths:
+        return storage.JobPaths(self.job_dir)
+
+    @property
+    def status_uri(self) -> str:
+        # Only the chief owns status.json; other workers report beside it so the worker can see them.
+        return self.paths.status if self.is_chief else self.paths.key(f"status-{self.task_index}.json")
+
+    @property
+    def log_uri(self) -> str:
+        return self.paths.key(f"logs/agent-{self.attempt}-{self.task_index}.log")
+
+
+def load_job(job_dir: str, task_index: int) -> AgentJob:
+    job_dir = job_dir.rstrip("/")
+    raw = storage.read_json(storage.JobPaths(job_dir).spec)
+    if raw is None:
+        raise JobInputError(f"no spec.json under {job_dir}")
+    return AgentJob(
+        job_id=str(raw["job_id"]),
+        attempt=int(raw["attempt"]),
+        spec=JobSpec.model_validate(raw["spec"]),
+        dataset_uri=str(raw["dataset_uri"]).rstrip("/"),
+        job_dir=job_dir,
+        task_index=task_index,
+    )
+
+
+def task_index_from_env() -> int:
+    """TF_CONFIG's task index when the provisioner set one for multi-worker training, else 0."""
+    config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+    return int(config.get("task", {}).get("index", 0))
+
+
+@dataclass(frozen=True)
+class WorkDir:
+    """The agent's local disk. TensorFlow only ever sees paths under here, never gs:// ones."""
+
+    root: Path
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / "tensorboard"
+
+    @property
+    def artifacts(self) -> Path:
+        return self.root / "artifacts"
+
+    @property
+    def user_model(self) -> Path:
+        return self.root / "user_model"
+
+    @property
+    def log_file(self) -> Path:
+        return self.root / "agent.log"

@@ -1,0 +1,152 @@
+"""The runtime plan: what the spec asked for, resolved against the machine the agent landed on.
+
+Pure: imports neither TensorFlow nor Keras, so the rules are tested without starting either. The
+strategy object itself is built in `devices.py`; this module decides its name and everything that
+follows from the replica count it reports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from trainjobs.spec import JobSpec, TpuAccelerator
+
+HardwareKind = Literal["tpu", "gpu", "cpu"]
+
+# Steps run inside one tf.function call when steps_per_execution is "auto". A TPU pays a host
+# round-trip per call, so it gains most; a GPU some; a CPU little but still the Python overhead.
+AUTO_STEPS_PER_EXECUTION: dict[HardwareKind, int] = {"tpu": 32, "gpu": 8, "cpu": 4}
+
+# Keras 3 (seen on 3.15 with TF 2.21) fails under MirroredStrategy and MultiWorkerMirroredStrategy
+# when steps_per_execution > 1: its multi-step loop puts the optimizer's merge_call inside a tf.cond
+# and the graph then asks for an unfed placeholder (keras-team/keras#19246, still open).
+STRATEGIES_WITHOUT_MULTI_STEP = ("mirrored", "multi_worker_mirrored")
+
+
+class PlanError(Exception):
+    """The spec cannot run on this machine as asked; the message says why."""
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What the agent trains on. A local stand-in reports the requested kind over logical CPUs."""
+
+    kind: HardwareKind
+    devices: int  # accelerators on this host (logical CPU devices on a stand-in)
+    gpu_compute_capability: float | None = None
+    local_devices: int | None = None  # TRAINJOBS_LOCAL_DEVICES, when this machine only stands in
+
+
+@dataclass(frozen=True)
+class RuntimePlan:
+    strategy: str  # the tf.distribute strategy actually built
+    requested_strategy: str  # spec.resolved_strategy
+    hardware: str
+    local_devices: int | None
+    workers: int
+    replicas: int
+    precision: str
+    global_batch_size: int
+    per_replica_batch_size: int
+    steps_per_epoch: int
+    steps_per_execution: int
+    learning_rate: float  # after scaling, the rate reached at the end of warmup
+    warmup_steps: int
+    epochs: int
+    initial_epoch: int = 0
+    static_shapes: bool = False  # TPU: every batch must have the same shape, eval included
+    jit_compile: bool | None = None  # what Keras resolved at compile time
+    loss_scaling: bool | None = None  # whether Keras wrapped the optimizer in a LossScaleOptimizer
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["notes"] = list(self.notes)
+        return d
+
+
+def requested_kind(spec: JobSpec) -> HardwareKind:
+    return spec.accelerator.type
+
+
+def strategy_to_build(spec: JobSpec, hardware: Hardware) -> str:
+    """The strategy name to construct. A stand-in has no TPU, so a TPU job mirrors over its devices."""
+    wanted = spec.resolved_strategy
+    if hardware.local_devices is not None and wanted == "tpu":
+        return "mirrored"
+    return wanted
+
+
+def resolve_precision(spec: JobSpec, hardware: Hardware) -> str:
+    if spec.precision != "auto":
+        return spec.precision
+    if hardware.kind == "tpu":
+        return "mixed_bfloat16"
+    if hardware.kind == "gpu":
+        # Tensor cores make float16 pay from Volta (7.0) on; older cards are faster in float32.
+        cc = hardware.gpu_compute_capability
+        return "mixed_float16" if cc is not None and cc >= 7.0 else "float32"
+    return "float32"
+
+
+def resolve_plan(spec: JobSpec, hardware: Hardware, strategy: str, replicas: int, train_examples: int,
+                 initial_epoch: int = 0) -> RuntimePlan:
+    """Everything that depends on the replica count the built strategy reports."""
+    t = spec.training
+    notes: list[str] = []
+    if hardware.local_devices is not None and strategy != spec.resolved_strategy:
+        notes.append(f"local stand-in: {spec.resolved_strategy} trains as {strategy} over "
+                     f"{hardware.local_devices} logical CPU devices")
+
+    if t.global_batch_size is not None:
+        global_batch = t.global_batch_size
+        if global_batch % replicas:
+            raise PlanError(f"global batch {global_batch} does not divide over the {replicas} replicas this machine has")
+    else:
+        global_batch = (t.per_replica_batch_size or 32) * replicas
+    steps = train_examples // global_batch
+    if steps < 1:
+        raise PlanError(f"global batch {global_batch} is larger than the training split ({train_examples} examples)")
+
+    if spec.steps_per_execution == "auto":
+        spe = min(steps, AUTO_STEPS_PER_EXECUTION[hardware.kind])
+    else:
+        spe = min(steps, spec.steps_per_execution)
+    if spe > 1 and strategy in STRATEGIES_WITHOUT_MULTI_STEP:
+        notes.append(f"steps_per_execution {spe} -> 1: Keras 3 cannot run several steps per call under {strategy} "
+                     "(keras-team/keras#19246)")
+        spe = 1
+    # Keras runs whole executions, so an epoch that is not a multiple would overrun; the input
+    # repeats, so trimming the epoch loses no data, it only moves the epoch boundary.
+    if steps % spe:
+        notes.append(f"steps_per_epoch {steps} -> {steps - steps % spe} to be a multiple of steps_per_execution {spe}")
+        steps -= steps % spe
+
+    return RuntimePlan(
+        strategy=strategy,
+        requested_strategy=spec.resolved_strategy,
+        hardware=hardware.kind,
+        local_devices=hardware.local_devices,
+        workers=spec.workers,
+        replicas=replicas,
+        precision=resolve_precision(spec, hardware),
+        global_batch_size=global_batch,
+        per_replica_batch_size=global_batch // replicas,
+        steps_per_epoch=steps,
+        steps_per_execution=spe,
+        learning_rate=scaled_learning_rate(spec, global_batch),
+        warmup_steps=round(t.warmup_epochs * steps),
+        epochs=t.epochs,
+        initial_epoch=initial_epoch,
+        static_shapes=isinstance(spec.accelerator, TpuAccelerator) and hardware.local_devices is None,
+        notes=tuple(notes),
+    )
+
+
+def scaled_learning_rate(spec: JobSpec, global_batch: int) -> float:
+    """JobSpec.scaled_learning_rate, for the batch this machine really runs (its replica count may
+    differ from the one the spec assumed)."""
+    t = spec.training
+    ratio = global_batch / t.lr_base_batch_size
+    return t.learning_rate * {"none": 1.0, "linear": ratio, "sqrt": ratio**0.5}[t.lr_scaling]

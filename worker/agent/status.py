@@ -1,0 +1,155 @@
+"""status.json, the heartbeat, and the agent's log: how the worker hears from this machine.
+
+The worker reads only GCS, never a process handle, so everything it needs to judge the agent lives
+in status.json: the state, a heartbeat it checks for staleness, progress, the runtime plan, the
+latest epoch's metrics, and on failure the error with the last log lines.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import sys
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from trainjobs import storage
+from worker.agent.job import AgentJob
+
+log = logging.getLogger("trainjobs.agent")
+
+ERROR_LOG_LINES = 30
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class _TailHandler(logging.Handler):
+    """Keeps the last lines in memory, for the error report."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.lines: collections.deque[str] = collections.deque(maxlen=size)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+
+def setup_logging(log_file: Path) -> _TailHandler:
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    fmt = logging.Formatter(LOG_FORMAT)
+    tail = _TailHandler(ERROR_LOG_LINES)
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    for handler in (logging.StreamHandler(sys.stdout), logging.FileHandler(log_file), tail):
+        handler.setFormatter(fmt)
+        root.addHandler(handler)
+    logging.captureWarnings(True)
+    return tail
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+class StatusReporter:
+    """Owns status.json for this task. Every write goes through one lock, so a heartbeat carrying an
+    older snapshot can never land after a newer epoch report."""
+
+    def __init__(self, job: AgentJob, log_file: Path, tail: _TailHandler, heartbeat_s: float = 10.0):
+        self.job, self.log_file, self.tail, self.heartbeat_s = job, log_file, tail, heartbeat_s
+        self.state = "starting"
+        self.phase = "starting"
+        self.epoch = 0
+        self.progress = 0.0
+        self.runtime: dict[str, Any] | None = None
+        self.metrics: dict[str, Any] | None = None
+        self.error: dict[str, Any] | None = None
+        self.started_at = utc_now()
+        self._lock = threading.Lock()
+        self._final = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._log_size_uploaded = -1
+
+    # --- what the rest of the agent calls ---
+
+    def start(self) -> None:
+        self.write()
+        self._thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
+        self._thread.start()
+
+    def set_phase(self, phase: str, state: str = "running") -> None:
+        self.phase, self.state = phase, state
+        self.write()
+
+    def step_progress(self, epochs_done: float) -> None:
+        """Cheap, called from a training callback; the next heartbeat carries it."""
+        self.progress = min(1.0, epochs_done / self.job.spec.training.epochs)
+
+    def epoch_done(self, epoch: int, metrics: dict[str, Any]) -> None:
+        self.epoch, self.metrics = epoch, metrics
+        self.progress = epoch / self.job.spec.training.epochs
+        self.write()
+
+    def finish(self, state: str, error: BaseException | None = None) -> None:
+        """The last word: stop the heartbeat, upload the log, write the terminal state."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        if error is not None:
+            self.error = {"type": type(error).__name__, "message": _message(error), "logs": list(self.tail.lines)}
+        self.state = state
+        if state == "succeeded":
+            self.progress = 1.0
+        self.upload_log()
+        self.write(final=True)
+
+    # --- GCS ---
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "phase": self.phase,
+            "job_id": self.job.job_id,
+            "attempt": self.job.attempt,
+            "task_index": self.job.task_index,
+            "started_at": self.started_at,
+            "heartbeat_at": utc_now(),
+            "epoch": self.epoch,
+            "epochs": self.job.spec.training.epochs,
+            "progress": round(self.progress, 4),
+            "runtime": self.runtime,
+            "metrics": self.metrics,
+            "error": self.error,
+        }
+
+    def write(self, final: bool = False) -> None:
+        with self._lock:
+            if self._final:
+                return
+            self._final = final
+            storage.write_json(self.job.status_uri, self.snapshot())
+
+    def upload_log(self) -> None:
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        size = self.log_file.stat().st_size if self.log_file.exists() else 0
+        if size != self._log_size_uploaded:
+            storage.blob(self.job.log_uri).upload_from_filename(str(self.log_file), content_type="text/plain")
+            self._log_size_uploaded = size
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            try:
+                self.write()
+                self.upload_log()
+            except Exception as exc:  # a missed beat is survivable; a dead heartbeat thread is not
+                log.warning("heartbeat failed: %s", exc)
+
+
+def _message(error: BaseException) -> str:
+    text = str(error) or repr(error)
+    # TensorFlow errors can carry whole graph traces; the report keeps the head, the log has all.
+    return text if len(text) <= 4000 else text[:4000] + " ..."
