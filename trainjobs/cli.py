@@ -15,7 +15,7 @@ import click
 
 from trainjobs.stack import default_data_dir, resolve_database_url
 
-PROVISIONERS = click.Choice(["local", "memory", "gcp-tpu", "gcp-gpu"])
+PROVISIONERS = click.Choice(["local", "memory"])
 
 
 def _setup_logging(verbose: bool) -> None:

@@ -80,12 +80,4 @@ def build_runtime(kind: str, data_dir: Path, *, local_devices: int = 2, local_sl
 
         return WorkerRuntime(LocalProvisioner(data_dir / "machines", devices=local_devices, slots=local_slots),
                              channel, stager)
-    if kind == "gcp-tpu":
-        from worker.provisioners.gcp_tpu import TpuVmProvisioner
-
-        return WorkerRuntime(TpuVmProvisioner.from_env(), channel, stager)
-    if kind == "gcp-gpu":
-        from worker.provisioners.gcp_gpu import GpuVmProvisioner
-
-        return WorkerRuntime(GpuVmProvisioner.from_env(), channel, stager)
-    raise ValueError(f"unknown provisioner {kind!r}: memory, local, gcp-tpu or gcp-gpu")
+    raise ValueError(f"unknown provisioner {kind!r}: memory or local")
