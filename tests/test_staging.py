@@ -210,6 +210,11 @@ def test_uploaded_file_stages_as_dataset_sha(bucket: str, tmp_path: Path) -> Non
     assert local.sha256 == staged.sha256 and local.uploaded_objects == 0
 
 
+def test_an_empty_upload_is_not_stored(bucket: str) -> None:
+    assert store_upload(io.BytesIO(b""), "empty.csv", bucket=bucket)[1] == 0
+    assert objects(bucket) == []
+
+
 def test_storing_the_same_upload_twice_keeps_one_object(bucket: str) -> None:
     first = store_upload(io.BytesIO(b"a,label\n1,0\n2,1\n"), "one.csv", bucket=bucket)
     second = store_upload(io.BytesIO(b"a,label\n1,0\n2,1\n"), "two.csv", bucket=bucket)

@@ -19,7 +19,7 @@ from worker.staging.errors import DatasetError, short
 
 _READ = 1 << 20
 _CHUNK = 8 << 20  # resumable-upload chunk: the most of an upload held in memory (multiple of 256 KiB)
-_FILENAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._ -]{0,199}$")
+_FILENAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._ -]{0,254}$")
 INCOMING = "uploads/.incoming/"
 
 
@@ -28,7 +28,10 @@ def upload_prefix(sha256: str) -> str:
 
 
 def store_upload(stream: BinaryIO, filename: str, *, bucket: str | None = None) -> tuple[str, int]:
-    """Store an uploaded file by content; returns (sha256 of its bytes, size). Idempotent."""
+    """Store an uploaded file by content; returns (sha256 of its bytes, size). Idempotent.
+
+    An empty file is not stored (size 0 tells the caller to refuse it); any other file is.
+    """
     name = PurePosixPath(filename.replace("\\", "/")).name.strip()
     if not _FILENAME.match(name):
         raise DatasetError(f"unusable file name {short(filename)}: use letters, digits, '.', '_', '-' and spaces")
@@ -41,10 +44,8 @@ def store_upload(stream: BinaryIO, filename: str, *, bucket: str | None = None) 
                 digest.update(chunk)
                 size += len(chunk)
                 out.write(chunk)
-        if size == 0:
-            raise DatasetError(f"{name} is empty")
         sha = digest.hexdigest()
-        if find_upload(sha, bucket=bucket) is None:
+        if size and find_upload(sha, bucket=bucket) is None:
             _rewrite(incoming, b.blob(f"{upload_prefix(sha)}{name}"))
         return sha, size
     finally:

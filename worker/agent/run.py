@@ -1,0 +1,165 @@
+"""One attempt of one job, start to finish: plan, data, model, resume, train, export.
+
+Called by __main__ after the local devices are configured and before any other TensorFlow work,
+because MultiWorkerMirroredStrategy and the TPU system must be set up first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import statistics
+from typing import Any
+
+from trainjobs import storage
+from worker.agent import devices, export
+from worker.agent.checkpoints import CheckpointStore
+from worker.agent.data import LocalDataset, download_dataset, eval_dataset, read_arrays, train_dataset
+from worker.agent.input_wait import InputWaitMeter
+from worker.agent.job import AgentJob, WorkDir
+from worker.agent.models import ModelInputs, build, builder_for
+from worker.agent.optimizer import make_optimizer
+from worker.agent.plan import resolve_plan, strategy_to_build
+from worker.agent.status import StatusReporter
+from worker.agent.tensorboard import ScalarLog
+from worker.agent.train import EpochRecorder, fit
+
+log = logging.getLogger("trainjobs.agent")
+
+STATS_EXAMPLES = 4096  # training examples that fix the built-ins' normalization
+EVAL_EXAMPLES = 10_000  # validation examples scored on the exported models
+
+
+def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
+    import keras
+    import tensorflow as tf
+
+    spec, paths = job.spec, job.paths
+    hardware = devices.detect_hardware(spec)
+    strategy_name = strategy_to_build(spec, hardware)
+    strategy = devices.build_strategy(strategy_name, hardware)
+    log.info("job %s attempt %d task %d: %s over %d replica(s) on %s", job.job_id, job.attempt, job.task_index,
+             strategy_name, strategy.num_replicas_in_sync, hardware)
+
+    reporter.set_phase("downloading")
+    data = download_dataset(job.dataset_uri, work.data)
+    plan = resolve_plan(spec, hardware, strategy_name, strategy.num_replicas_in_sync, data.train.examples)
+    keras.mixed_precision.set_global_policy(plan.precision)
+    keras.utils.set_random_seed(spec.training.seed)
+
+    inputs = _model_inputs(spec.model.params, data, builtin=spec.model.module is None)
+    builder = builder_for(spec.model, work.user_model)
+    store = CheckpointStore(work.checkpoints, paths.checkpoints, upload=job.is_chief, attempt=job.attempt)
+    with strategy.scope():
+        model = build(builder, inputs)
+        model.compile(optimizer=make_optimizer(spec.training, plan), loss=keras.losses.SparseCategoricalCrossentropy(),
+                      metrics=["accuracy"], steps_per_execution=plan.steps_per_execution)
+        if not model.built:
+            model.build((None, *inputs.input_shape))
+        # Built now, not lazily on the first step, so a checkpoint has variables to restore into.
+        model.optimizer.build(model.trainable_variables)
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+        initial_epoch = min(store.restore(checkpoint), plan.epochs)
+    plan = dataclasses.replace(
+        plan, initial_epoch=initial_epoch, jit_compile=bool(model.jit_compile),
+        loss_scaling=isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer),
+    )
+    reporter.runtime = plan.as_dict()
+    log.info("runtime plan: %s", json.dumps(reporter.runtime))
+
+    history = _previous_history(paths.metrics, initial_epoch) if job.is_chief else []
+    reporter.epoch = initial_epoch
+    tb = ScalarLog(work.tensorboard, paths.tensorboard) if job.is_chief else None
+
+    def on_epoch(entry: dict[str, Any]) -> None:
+        epoch = entry["epoch"]
+        history.append(entry)
+        log.info("epoch %d/%d: %s", epoch, plan.epochs, json.dumps(entry))
+        if job.is_chief:
+            # metrics.json before the checkpoint: a resumed run truncates history to the checkpoint,
+            # so the opposite order could lose an epoch's entry.
+            storage.write_json(paths.metrics, _metrics_doc(job, plan, history))
+        if epoch % spec.training.checkpoint_every_epochs == 0 or epoch == plan.epochs:
+            store.save(checkpoint, epoch)
+        reporter.epoch_done(epoch, entry)
+        if tb is not None:
+            tb.write(epoch, entry)
+            tb.upload()
+
+    meter = InputWaitMeter()
+    recorder = EpochRecorder(plan, job.attempt, meter, on_epoch, reporter.step_progress)
+    train = meter.wrap(train_dataset(data, plan.global_batch_size, spec.training.seed, spec.training.cache_dataset))
+    val = None
+    if data.validation is not None:
+        val = eval_dataset(data, plan.global_batch_size, plan.static_shapes, spec.training.cache_dataset)
+    reporter.set_phase("training")
+    fit(model, plan, train, val, recorder)
+    if tb is not None:
+        tb.close()
+
+    if not job.is_chief:
+        # Export touches no collective op, so other workers have nothing to contribute to it.
+        return
+    reporter.set_phase("exporting")
+    _export(job, work, plan, data, builder, inputs, model, history)
+
+
+def _export(job: AgentJob, work: WorkDir, plan: Any, data: LocalDataset, builder: Any, inputs: ModelInputs,
+            model: Any, history: list[dict[str, Any]]) -> None:
+    paths, tflite_options = job.paths, job.spec.export.tflite
+    out = work.artifacts
+    out.mkdir(parents=True, exist_ok=True)
+    serving = export.float32_copy(builder, inputs, model)
+    export.save_model(serving, out / "saved_model")
+    val_x, val_y = read_arrays(data, data.validation, EVAL_EXAMPLES) if data.validation else read_arrays(data, data.train, 0)
+    final: dict[str, Any] = {k: history[-1].get(k) for k in ("loss", "accuracy", "val_loss", "val_accuracy")} if history else {}
+    final["saved_model_accuracy"] = export.saved_model_accuracy(out / "saved_model", val_x, val_y)
+    if tflite_options is not None:
+        calibration, _ = read_arrays(data, data.train, tflite_options.calibration_examples)
+        tflite = export.to_tflite(out / "saved_model", tflite_options, calibration)
+        (out / "model.tflite").write_bytes(tflite)
+        final.update(tflite_quantization=tflite_options.quantization, tflite_bytes=len(tflite),
+                     tflite_accuracy=export.tflite_accuracy(tflite, val_x, val_y))
+    final.update(_throughput(history, job.attempt))
+    final.update(eval_examples=int(len(val_y)), epochs=plan.epochs, initial_epoch=plan.initial_epoch,
+                 precision=plan.precision, replicas=plan.replicas, global_batch_size=plan.global_batch_size)
+    log.info("final metrics: %s", json.dumps(final))
+    (out / "metrics.json").write_text(json.dumps(final, indent=2))
+    (out / "history.json").write_text(json.dumps(history, indent=2))
+    manifest = export.artifact_manifest(out, paths.artifacts)
+    storage.upload_dir(out, paths.artifacts)
+    # Last, so its presence means every artifact it lists is in place.
+    storage.write_json(paths.artifact_manifest, manifest)
+
+
+def _model_inputs(params: dict[str, Any], data: LocalDataset, builtin: bool) -> ModelInputs:
+    mean = variance = None
+    if builtin:
+        x, _ = read_arrays(data, data.train, STATS_EXAMPLES)
+        axes = tuple(range(x.ndim - 1))
+        mean, variance = tuple(x.mean(axis=axes).tolist()), tuple(x.var(axis=axes).tolist())
+    return ModelInputs(data.feature_shape, data.num_classes, dict(params), mean, variance)
+
+
+def _previous_history(metrics_uri: str, initial_epoch: int) -> list[dict[str, Any]]:
+    if not initial_epoch:
+        return []
+    doc = storage.read_json(metrics_uri) or {}
+    return [e for e in doc.get("history", []) if e["epoch"] <= initial_epoch]
+
+
+def _metrics_doc(job: AgentJob, plan: Any, history: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"job_id": job.job_id, "attempt": job.attempt, "epochs": plan.epochs,
+            "initial_epoch": plan.initial_epoch, "history": history}
+
+
+def _throughput(history: list[dict[str, Any]], attempt: int) -> dict[str, Any]:
+    """Medians over this attempt's epochs, leaving out its first (tracing and compilation) when it
+    trained more than one."""
+    ours = [e for e in history if e["attempt"] == attempt] or history
+    if len(ours) > 1:
+        ours = ours[1:]
+    if not ours:
+        return {}
+    return {k: statistics.median(e[k] for e in ours) for k in ("examples_per_sec", "step_time_ms", "input_wait_fraction")}
