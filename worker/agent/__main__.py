@@ -1,0 +1,92 @@
+"""`python -m worker.agent --job-dir gs://BUCKET/jobs/<id> [--task-index N]`
+
+Exit status: 0 succeeded, 1 failed (status.json says why), 143 terminated by SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from types import FrameType
+
+from trainjobs import storage
+from worker.agent.job import AgentJob, WorkDir, load_job, task_index_from_env
+from worker.agent.status import StatusReporter, setup_logging, utc_now
+
+log = logging.getLogger("trainjobs.agent")
+
+EXIT_FAILED, EXIT_TERMINATED = 1, 143
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived (preemption, a delete). BaseException, so no `except Exception` swallows it."""
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough; let the cleanup finish
+    raise Terminated()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m worker.agent", description=__doc__)
+    parser.add_argument("--job-dir", required=True, help="gs://BUCKET/jobs/<id>")
+    parser.add_argument("--task-index", type=int, default=None, help="this host's index (default: TF_CONFIG's, else 0)")
+    parser.add_argument("--work-dir", default=None, help="local scratch space (default: a new temporary directory)")
+    args = parser.parse_args(argv)
+
+    work = WorkDir(Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="trainjobs-agent-")))
+    tail = setup_logging(work.log_file)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    task_index = args.task_index if args.task_index is not None else task_index_from_env()
+    try:
+        job = load_job(args.job_dir, task_index)
+    except Exception as exc:
+        log.exception("cannot read the job")
+        storage.write_json(f"{args.job_dir.rstrip('/')}/status.json", {
+            "state": "failed", "task_index": task_index, "heartbeat_at": utc_now(),
+            "error": {"type": type(exc).__name__, "message": str(exc), "logs": list(tail.lines)},
+        })
+        return EXIT_FAILED
+
+    reporter = StatusReporter(job, work.log_file, tail, float(os.environ.get("TRAINJOBS_HEARTBEAT_S", "10")))
+    try:
+        return _run(job, work, reporter)
+    finally:
+        if not args.work_dir:
+            shutil.rmtree(work.root, ignore_errors=True)
+
+
+def _run(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> int:
+    try:
+        reporter.start()
+        from worker.agent import devices
+
+        # Before anything else touches TensorFlow: logical devices are fixed once its runtime starts.
+        if (n := devices.local_device_count()) is not None:
+            devices.configure_local_devices(n)
+        from worker.agent.run import run_job
+
+        run_job(job, work, reporter)
+    except Terminated:
+        log.warning("SIGTERM: uploading what there is and stopping")
+        if job.is_chief and work.tensorboard.exists():
+            storage.upload_dir(work.tensorboard, job.paths.tensorboard)
+        reporter.finish("terminated")
+        return EXIT_TERMINATED
+    except Exception as exc:
+        log.exception("job failed")
+        reporter.finish("failed", exc)
+        return EXIT_FAILED
+    reporter.finish("succeeded")
+    log.info("job %s attempt %d succeeded", job.job_id, job.attempt)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
