@@ -6,7 +6,7 @@ from fastapi import FastAPI
 
 from service import errors
 from service.db.session import check_migrated, get_engine, session_factory
-from service.routes import artifacts, datasets, health, jobs
+from service.routes import artifacts, datasets, health, jobs, modules
 
 
 def create_app(database_url: str, *, check_schema: bool = True) -> FastAPI:
@@ -21,4 +21,5 @@ def create_app(database_url: str, *, check_schema: bool = True) -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(artifacts.router)
     app.include_router(datasets.router)
+    app.include_router(modules.router)
     return app

@@ -90,3 +90,9 @@ class DatasetPublic(BaseModel):
     sha256: str
     size: int
     filename: str
+
+
+class ModulePublic(BaseModel):
+    module: str  # gs:// URI; use as model.module
+    sha256: str
+    size: int

@@ -222,6 +222,7 @@ def submit(spec_file: Path, idempotency_key: str | None, wait: bool) -> None:
     spec = yaml.safe_load(spec_file.read_text())
     try:
         c = _client()
+        _upload_local_files(c, spec, spec_file.parent)
         job = c.submit(spec, idempotency_key=idempotency_key)
         click.echo(_show(job))
         if wait:
@@ -229,6 +230,21 @@ def submit(spec_file: Path, idempotency_key: str | None, wait: bool) -> None:
             sys.exit(0 if job["status"] == "SUCCEEDED" else 1)
     except Exception as exc:
         _fail(exc)
+
+
+def _upload_local_files(c: Any, spec: dict[str, Any], base: Path) -> None:
+    """A model module or dataset that is a path on this laptop is uploaded first, so the job runs
+    anywhere (paths are relative to the spec file)."""
+    model = spec.get("model") or {}
+    module = model.get("module")
+    if isinstance(module, str) and "://" not in module and (base / module).exists():
+        model["module"] = c.upload_module(base / module)
+        click.echo(f"uploaded model code {module} -> {model['module']}", err=True)
+    dataset = spec.get("dataset") or {}
+    source = dataset.get("source")
+    if isinstance(source, str) and ":" not in source and (base / source).is_file():
+        dataset["source"] = c.upload_dataset(base / source)["dataset"]
+        click.echo(f"uploaded dataset {source} -> {dataset['source']}", err=True)
 
 
 @main.command()

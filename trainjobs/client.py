@@ -100,6 +100,23 @@ class Client:
         with path.open("rb") as f:
             return self._call("POST", "/v1/datasets", files={"file": (path.name, f)}, timeout=None)  # type: ignore[no-any-return]
 
+    def upload_module(self, path: Path) -> str:
+        """Upload model code (a .py file, or a package directory, zipped here); returns the gs:// URI
+        to use as model.module."""
+        if path.is_dir():
+            import io
+            import zipfile
+
+            buf = io.BytesIO()
+            with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+                for f in sorted(path.rglob("*")):
+                    if f.is_file() and "__pycache__" not in f.parts:
+                        zf.write(f, f.relative_to(path.parent).as_posix())
+            files = {"file": (f"{path.name}.zip", buf.getvalue())}
+            return self._call("POST", "/v1/modules", files=files)["module"]  # type: ignore[no-any-return]
+        with path.open("rb") as fh:
+            return self._call("POST", "/v1/modules", files={"file": (path.name, fh)})["module"]  # type: ignore[no-any-return]
+
     def wait(self, job_id: str, timeout: float = 3600, poll: float = 1.0, on_update: Any = None) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         last = None

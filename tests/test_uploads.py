@@ -1,0 +1,45 @@
+"""Uploads through the API: datasets and model code land in GCS by content."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+from trainjobs import storage
+
+
+def test_dataset_upload_returns_a_source_jobs_can_name(api, bucket):
+    buf = io.BytesIO()
+    np.savez(buf, x=np.random.rand(20, 4).astype("float32"), y=np.arange(20) % 2)
+    r = api.post("/v1/datasets", files={"file": ("toy.npz", buf.getvalue())})
+    assert r.status_code == 201, r.text
+    body = r.json()
+    assert body["dataset"] == f"dataset:{body['sha256']}" and body["size"] == len(buf.getvalue())
+    job = api.post("/v1/jobs", json={"dataset": {"source": body["dataset"]}, "model": {"name": "mlp"}})
+    assert job.status_code == 201
+
+
+def test_same_dataset_twice_is_one_object(api, bucket):
+    payload = b"label,a\n0,1\n1,2\n"
+    first = api.post("/v1/datasets", files={"file": ("a.csv", payload)}).json()
+    second = api.post("/v1/datasets", files={"file": ("b.csv", payload)}).json()
+    assert first["sha256"] == second["sha256"]
+    stored = [b.name for b in storage.client().list_blobs(bucket, prefix="uploads/") if ".incoming" not in b.name]
+    assert stored == [f"uploads/{first['sha256']}/a.csv"]
+
+
+def test_module_upload_returns_gs_uri_with_the_code(api, bucket):
+    code = b"def build_model(input_shape, num_classes, params):\n    raise NotImplementedError\n"
+    r = api.post("/v1/modules", files={"file": ("my_model.py", code)})
+    assert r.status_code == 201, r.text
+    uri = r.json()["module"]
+    assert uri.startswith(f"gs://{bucket}/uploads/") and uri.endswith("/my_model.py")
+    assert storage.blob(uri).download_as_bytes() == code
+
+
+def test_uploads_refuse_bad_names_and_empty_files(api, bucket):
+    assert api.post("/v1/modules", files={"file": ("model.exe", b"x")}).status_code == 422
+    assert api.post("/v1/datasets", files={"file": ("../../etc.csv", b"x")}).status_code == 422
+    assert api.post("/v1/datasets", files={"file": ("empty.csv", b"")}).status_code == 422
+    assert api.post("/v1/modules", files={"file": ("m.py", b"")}).status_code == 422
