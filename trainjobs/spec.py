@@ -192,7 +192,7 @@ class ModelSpec(_Strict):
         default=None, description="mlp, cnn, resnet, or a keras.applications architecture (random init)."
     )
     module: str | None = Field(
-        default=None, description="Your model: a .py file or package path, gs:// URI or upload:<sha256>."
+        default=None, description="Your model: a gs:// URI to a .py file or a zipped package (POST /v1/modules returns one), or a path on the machine."
     )
     function: str = Field(default="build_model", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     params: dict[str, Any] = Field(default_factory=dict)

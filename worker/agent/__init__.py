@@ -14,6 +14,7 @@ It reads `<job-dir>/spec.json`, trains, and reports only through GCS (see trainj
     checkpoints.py     checkpoint save, upload, resume
     tensorboard.py     per-epoch scalars as event files
     train.py           model.fit and the per-epoch recorder
+    keras_compat.py    repairs that let Keras 3 fit under MultiWorkerMirroredStrategy
     export.py          SavedModel, TFLite, accuracy checks, artifact manifest
     run.py             one attempt, start to finish
     __main__.py        command line, signals, exit status

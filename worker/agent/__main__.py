@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     task_index = args.task_index if args.task_index is not None else task_index_from_env()
     try:
         job = load_job(args.job_dir, task_index)
+    except Terminated:
+        return EXIT_TERMINATED
     except Exception as exc:
         log.exception("cannot read the job")
         storage.write_json(f"{args.job_dir.rstrip('/')}/status.json", {
@@ -83,8 +85,8 @@ def _run(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> int:
         log.exception("job failed")
         reporter.finish("failed", exc)
         return EXIT_FAILED
-    reporter.finish("succeeded")
     log.info("job %s attempt %d succeeded", job.job_id, job.attempt)
+    reporter.finish("succeeded")
     return 0
 
 

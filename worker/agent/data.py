@@ -103,11 +103,11 @@ def _parser(ds: LocalDataset) -> Any:
     return parse
 
 
-def _options(deterministic: bool) -> Any:
+def _options() -> Any:
     import tensorflow as tf
 
     options = tf.data.Options()
-    options.deterministic = deterministic
+    options.deterministic = True  # the same seed gives the same batches, on every attempt
     # DATA: every worker reads every shard and keeps its share of the elements, so any shard count
     # works with any worker count (FILE sharding would leave workers idle with few shards).
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
@@ -127,7 +127,7 @@ def train_dataset(ds: LocalDataset, global_batch: int, seed: int, cache: bool) -
     records = records.shuffle(min(ds.train.examples, SHUFFLE_BUFFER), seed=seed, reshuffle_each_iteration=True)
     # drop_remainder keeps every batch the same shape, which a TPU needs and no one else minds.
     batches = records.repeat().batch(global_batch, drop_remainder=True)
-    return batches.map(_parser(ds), num_parallel_calls=auto).prefetch(auto).with_options(_options(True))
+    return batches.map(_parser(ds), num_parallel_calls=auto).prefetch(auto).with_options(_options())
 
 
 def eval_dataset(ds: LocalDataset, global_batch: int, static_shapes: bool, cache: bool) -> Any:
@@ -138,8 +138,13 @@ def eval_dataset(ds: LocalDataset, global_batch: int, static_shapes: bool, cache
     if cache:
         records = records.cache()
     batches = records.batch(global_batch, drop_remainder=static_shapes)
-    return batches.map(_parser(ds), num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE).with_options(
-        _options(True))
+    # TFRecord files hide their length; telling tf.data lets Keras end each validation pass cleanly
+    # instead of warning that the input "ran out of data".
+    n = ds.validation.examples
+    steps = n // global_batch if static_shapes else -(-n // global_batch)
+    batches = batches.apply(tf.data.experimental.assert_cardinality(steps))
+    auto = tf.data.AUTOTUNE
+    return batches.map(_parser(ds), num_parallel_calls=auto).prefetch(auto).with_options(_options())
 
 
 def read_arrays(ds: LocalDataset, split: Split, limit: int | None = None) -> tuple[Any, Any]:

@@ -61,14 +61,15 @@ def build_strategy(name: str, hardware: Hardware) -> Any:
     import tensorflow as tf
 
     if hardware.local_devices is not None:
-        cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
+        # Listing logical devices starts TensorFlow's runtime, after which collectives can no
+        # longer be configured: MultiWorkerMirroredStrategy must come before it.
         match name:
-            case "mirrored":
-                return tf.distribute.MirroredStrategy(cpus)
             case "multi_worker_mirrored":
                 return tf.distribute.MultiWorkerMirroredStrategy()
+            case "mirrored":
+                return tf.distribute.MirroredStrategy([d.name for d in tf.config.list_logical_devices("CPU")])
             case "one_device":
-                return tf.distribute.OneDeviceStrategy(cpus[0])
+                return tf.distribute.OneDeviceStrategy("/cpu:0")
             case "default":
                 return tf.distribute.get_strategy()
     match name:

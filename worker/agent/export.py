@@ -35,8 +35,17 @@ def float32_copy(builder: Builder, inputs: ModelInputs, trained: Any) -> Any:
     return copy
 
 
-def save_model(model: Any, directory: Path) -> None:
-    model.export(str(directory), format="tf_saved_model", verbose=False)
+def save_model(model: Any, input_shape: tuple[int, ...], directory: Path) -> None:
+    """A SavedModel whose `serve` (also `serving_default`) runs the model in inference mode.
+
+    Not model.export(): it serves `model.__call__` without `training=`, and in Keras 3.15 a
+    Resizing layer (a tf.data-style preprocessing layer) leaves the layers after it in training
+    mode on such calls, so BatchNormalization would serve with batch statistics."""
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.add_endpoint("serve", lambda x: model(x, training=False),
+                         input_signature=[tf.TensorSpec((None, *input_shape), tf.float32)])
+    archive.write_out(str(directory), verbose=False)
 
 
 def saved_model_accuracy(directory: Path, x: Any, y: Any) -> float | None:

@@ -13,6 +13,7 @@ import statistics
 from typing import Any
 
 from trainjobs import storage
+from trainjobs.spec import TrainingSpec
 from worker.agent import devices, export
 from worker.agent.checkpoints import CheckpointStore
 from worker.agent.data import LocalDataset, download_dataset, eval_dataset, read_arrays, train_dataset
@@ -20,7 +21,7 @@ from worker.agent.input_wait import InputWaitMeter
 from worker.agent.job import AgentJob, WorkDir
 from worker.agent.models import ModelInputs, build, builder_for
 from worker.agent.optimizer import make_optimizer
-from worker.agent.plan import resolve_plan, strategy_to_build
+from worker.agent.plan import RuntimePlan, resolve_plan, strategy_to_build
 from worker.agent.status import StatusReporter
 from worker.agent.tensorboard import ScalarLog
 from worker.agent.train import EpochRecorder, fit
@@ -33,9 +34,8 @@ EVAL_EXAMPLES = 10_000  # validation examples scored on the exported models
 
 def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
     import keras
-    import tensorflow as tf
 
-    spec, paths = job.spec, job.paths
+    spec = job.spec
     hardware = devices.detect_hardware(spec)
     strategy_name = strategy_to_build(spec, hardware)
     strategy = devices.build_strategy(strategy_name, hardware)
@@ -48,29 +48,26 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
     keras.mixed_precision.set_global_policy(plan.precision)
     keras.utils.set_random_seed(spec.training.seed)
 
+    reporter.set_phase("building")
     inputs = _model_inputs(spec.model.params, data, builtin=spec.model.module is None)
     builder = builder_for(spec.model, work.user_model)
-    store = CheckpointStore(work.checkpoints, paths.checkpoints, upload=job.is_chief, attempt=job.attempt)
-    with strategy.scope():
-        model = build(builder, inputs)
-        model.compile(optimizer=make_optimizer(spec.training, plan), loss=keras.losses.SparseCategoricalCrossentropy(),
-                      metrics=["accuracy"], steps_per_execution=plan.steps_per_execution)
-        if not model.built:
-            model.build((None, *inputs.input_shape))
-        # Built now, not lazily on the first step, so a checkpoint has variables to restore into.
-        model.optimizer.build(model.trainable_variables)
-        checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
-        initial_epoch = min(store.restore(checkpoint), plan.epochs)
+    store = CheckpointStore(work.checkpoints, job.paths.checkpoints, upload=job.is_chief, attempt=job.attempt)
+    model, checkpoint, initial_epoch = _compile_and_restore(builder, inputs, plan, spec.training, strategy, store)
+    repairs: list[str] = []
+    if strategy_name == "multi_worker_mirrored":
+        from worker.agent.keras_compat import repair_multi_worker_fit
+
+        repairs = repair_multi_worker_fit(model, strategy)
     plan = dataclasses.replace(
-        plan, initial_epoch=initial_epoch, jit_compile=bool(model.jit_compile),
+        plan, initial_epoch=initial_epoch, jit_compile=bool(model.jit_compile), notes=plan.notes + tuple(repairs),
         loss_scaling=isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer),
     )
     reporter.runtime = plan.as_dict()
+    reporter.epoch = initial_epoch
     log.info("runtime plan: %s", json.dumps(reporter.runtime))
 
-    history = _previous_history(paths.metrics, initial_epoch) if job.is_chief else []
-    reporter.epoch = initial_epoch
-    tb = ScalarLog(work.tensorboard, paths.tensorboard) if job.is_chief else None
+    history = _previous_history(job.paths.metrics, initial_epoch) if job.is_chief else []
+    tb = ScalarLog(work.tensorboard, job.paths.tensorboard) if job.is_chief else None
 
     def on_epoch(entry: dict[str, Any]) -> None:
         epoch = entry["epoch"]
@@ -79,7 +76,7 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
         if job.is_chief:
             # metrics.json before the checkpoint: a resumed run truncates history to the checkpoint,
             # so the opposite order could lose an epoch's entry.
-            storage.write_json(paths.metrics, _metrics_doc(job, plan, history))
+            storage.write_json(job.paths.metrics, _metrics_doc(job, plan, history))
         if epoch % spec.training.checkpoint_every_epochs == 0 or epoch == plan.epochs:
             store.save(checkpoint, epoch)
         reporter.epoch_done(epoch, entry)
@@ -88,13 +85,12 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
             tb.upload()
 
     meter = InputWaitMeter()
-    recorder = EpochRecorder(plan, job.attempt, meter, on_epoch, reporter.step_progress)
     train = meter.wrap(train_dataset(data, plan.global_batch_size, spec.training.seed, spec.training.cache_dataset))
     val = None
     if data.validation is not None:
         val = eval_dataset(data, plan.global_batch_size, plan.static_shapes, spec.training.cache_dataset)
     reporter.set_phase("training")
-    fit(model, plan, train, val, recorder)
+    fit(model, plan, train, val, EpochRecorder(plan, job.attempt, meter, on_epoch, reporter.step_progress))
     if tb is not None:
         tb.close()
 
@@ -105,15 +101,36 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
     _export(job, work, plan, data, builder, inputs, model, history)
 
 
-def _export(job: AgentJob, work: WorkDir, plan: Any, data: LocalDataset, builder: Any, inputs: ModelInputs,
+def _compile_and_restore(builder: Any, inputs: ModelInputs, plan: RuntimePlan, training: TrainingSpec, strategy: Any,
+                         store: CheckpointStore) -> tuple[Any, Any, int]:
+    """The compiled model under the strategy, with the newest checkpoint (if any) loaded into it."""
+    import keras
+    import tensorflow as tf
+
+    with strategy.scope():
+        model = build(builder, inputs)
+        model.compile(optimizer=make_optimizer(training, plan), loss=keras.losses.SparseCategoricalCrossentropy(),
+                      metrics=["accuracy"], steps_per_execution=plan.steps_per_execution)
+        if not model.built:
+            model.build((None, *inputs.input_shape))
+        # Built now, not lazily on the first step, so a checkpoint has variables to restore into.
+        model.optimizer.build(model.trainable_variables)
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+        initial_epoch = min(store.restore(checkpoint), plan.epochs)
+    return model, checkpoint, initial_epoch
+
+
+def _export(job: AgentJob, work: WorkDir, plan: RuntimePlan, data: LocalDataset, builder: Any, inputs: ModelInputs,
             model: Any, history: list[dict[str, Any]]) -> None:
     paths, tflite_options = job.paths, job.spec.export.tflite
     out = work.artifacts
     out.mkdir(parents=True, exist_ok=True)
     serving = export.float32_copy(builder, inputs, model)
-    export.save_model(serving, out / "saved_model")
-    val_x, val_y = read_arrays(data, data.validation, EVAL_EXAMPLES) if data.validation else read_arrays(data, data.train, 0)
-    final: dict[str, Any] = {k: history[-1].get(k) for k in ("loss", "accuracy", "val_loss", "val_accuracy")} if history else {}
+    export.save_model(serving, inputs.input_shape, out / "saved_model")
+    # Without a validation split there is nothing to score: empty arrays give accuracy None.
+    val_x, val_y = read_arrays(data, data.validation or data.train, EVAL_EXAMPLES if data.validation else 0)
+    last = history[-1] if history else {}
+    final: dict[str, Any] = {k: last.get(k) for k in ("loss", "accuracy", "val_loss", "val_accuracy")}
     final["saved_model_accuracy"] = export.saved_model_accuracy(out / "saved_model", val_x, val_y)
     if tflite_options is not None:
         calibration, _ = read_arrays(data, data.train, tflite_options.calibration_examples)
@@ -149,7 +166,7 @@ def _previous_history(metrics_uri: str, initial_epoch: int) -> list[dict[str, An
     return [e for e in doc.get("history", []) if e["epoch"] <= initial_epoch]
 
 
-def _metrics_doc(job: AgentJob, plan: Any, history: list[dict[str, Any]]) -> dict[str, Any]:
+def _metrics_doc(job: AgentJob, plan: RuntimePlan, history: list[dict[str, Any]]) -> dict[str, Any]:
     return {"job_id": job.job_id, "attempt": job.attempt, "epochs": plan.epochs,
             "initial_epoch": plan.initial_epoch, "history": history}
 

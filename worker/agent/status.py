@@ -22,6 +22,7 @@ from worker.agent.job import AgentJob
 log = logging.getLogger("trainjobs.agent")
 
 ERROR_LOG_LINES = 30
+FINAL_WRITE_ATTEMPTS = 4
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -103,7 +104,10 @@ class StatusReporter:
         self.state = state
         if state == "succeeded":
             self.progress = 1.0
-        self.upload_log()
+        try:
+            self.upload_log()
+        except Exception as exc:  # the status matters more than the log
+            log.warning("could not upload the log: %s", exc)
         self.write(final=True)
 
     # --- GCS ---
@@ -126,11 +130,23 @@ class StatusReporter:
         }
 
     def write(self, final: bool = False) -> None:
+        """A failed routine write is only logged: the next heartbeat carries the same news. The final
+        one is retried, since nothing comes after it."""
         with self._lock:
             if self._final:
                 return
+            for attempt in range(FINAL_WRITE_ATTEMPTS if final else 1):
+                try:
+                    storage.write_json(self.job.status_uri, self.snapshot())
+                    break
+                except Exception as exc:
+                    if not final:
+                        log.warning("could not write %s: %s", self.job.status_uri, exc)
+                        return
+                    if attempt == FINAL_WRITE_ATTEMPTS - 1:
+                        raise
+                    time.sleep(2**attempt)
             self._final = final
-            storage.write_json(self.job.status_uri, self.snapshot())
 
     def upload_log(self) -> None:
         for handler in logging.getLogger().handlers:

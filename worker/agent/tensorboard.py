@@ -13,6 +13,9 @@ from typing import Any
 from trainjobs import storage
 
 
+NOT_SCALARS = ("epoch", "attempt")  # the step and a label, not curves
+
+
 class ScalarLog:
     def __init__(self, local_dir: Path, remote: str):
         import tensorflow as tf
@@ -30,7 +33,7 @@ class ScalarLog:
 
         with self._writer.as_default():
             for tag, value in scalars.items():
-                if isinstance(value, (int, float)):
+                if isinstance(value, (int, float)) and tag not in NOT_SCALARS:
                     tf.summary.write(tag, tf.constant(float(value), tf.float32), step=step, metadata=self._metadata)
         self._writer.flush()
 

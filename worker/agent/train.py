@@ -78,5 +78,6 @@ def fit(model: Any, plan: RuntimePlan, train_data: Any, val_data: Any | None, re
         steps_per_epoch=plan.steps_per_epoch,
         validation_data=val_data,
         callbacks=[recorder],
+        shuffle=False,  # the pipeline shuffles with the spec's seed
         verbose=0,
     )

@@ -1,0 +1,457 @@
+"""The agent, end to end against the GCS emulator: each job runs `python -m worker.agent` in its own
+process with TRAINJOBS_LOCAL_DEVICES=2, exactly as the local provisioner starts it, and is judged
+only by what it leaves in GCS."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from trainjobs import storage
+from trainjobs.spec import JobSpec
+from worker.agent.plan import Hardware, PlanError, resolve_plan, strategy_to_build
+
+REPO = Path(__file__).resolve().parents[1]
+AGENT_TIMEOUT_S = 240
+
+
+# --- helpers: a staged dataset and a job directory, as staging and the worker would write them ----
+
+
+def digits() -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    # Shuffled: sklearn orders digits by writer, and the last writers are unlike the first.
+    order = np.random.default_rng(0).permutation(len(d.target))
+    return d.data[order].reshape(-1, 8, 8, 1).astype(np.float32), d.target[order].astype(np.int64)
+
+
+def stage(bucket: str, tmp: Path, x: np.ndarray, y: np.ndarray, num_classes: int, val: int, shards: int = 2) -> str:
+    """Write manifest + TFRecord shards the way staging does; return the dataset URI."""
+    import tensorflow as tf
+
+    sha = uuid.uuid4().hex * 2
+    uri = storage.dataset_uri(sha, bucket)
+    splits = {"train": (x[:-val], y[:-val]), "validation": (x[-val:], y[-val:])}
+    manifest: dict[str, Any] = {
+        "format_version": 1, "sha256": sha, "num_classes": num_classes,
+        "class_names": [str(i) for i in range(num_classes)],
+        "feature": {"key": "x", "shape": list(x.shape[1:]), "dtype": "float32"},
+        "label": {"key": "y", "dtype": "int64"}, "splits": {},
+    }
+    for name, (xs, ys) in splits.items():
+        n = shards if name == "train" else 1
+        paths = [f"shards/{name}-{i:05d}-of-{n:05d}.tfrecord" for i in range(n)]
+        for i, rel in enumerate(paths):
+            local = tmp / rel
+            local.parent.mkdir(parents=True, exist_ok=True)
+            with tf.io.TFRecordWriter(str(local)) as w:
+                for xi, yi in zip(xs[i::n], ys[i::n]):
+                    w.write(tf.train.Example(features=tf.train.Features(feature={
+                        "x": tf.train.Feature(float_list=tf.train.FloatList(value=xi.ravel())),
+                        "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(yi)])),
+                    })).SerializeToString())
+            storage.blob(f"{uri}/{rel}").upload_from_filename(str(local))
+        manifest["splits"][name] = {"examples": len(ys), "shards": paths}
+    storage.write_json(f"{uri}/manifest.json", manifest)
+    return uri
+
+
+def make_job(bucket: str, spec: dict[str, Any], dataset_uri: str, attempt: int = 1, job_id: str | None = None) -> str:
+    job_id = job_id or str(uuid.uuid4())
+    paths = storage.JobPaths.for_job(job_id, bucket)
+    validated = JobSpec.model_validate(spec)
+    storage.write_json(paths.spec, {"job_id": job_id, "attempt": attempt, "spec": validated.model_dump(mode="json"),
+                                    "dataset_uri": dataset_uri})
+    return paths.root
+
+
+def agent_env() -> dict[str, str]:
+    return {**os.environ, "TRAINJOBS_LOCAL_DEVICES": "2", "TRAINJOBS_HEARTBEAT_S": "1", "PYTHONPATH": str(REPO)}
+
+
+def start_agent(job_dir: str, **env: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "worker.agent", "--job-dir", job_dir], cwd=REPO,
+                            env={**agent_env(), **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def run_agent(job_dir: str) -> tuple[int, str]:
+    proc = start_agent(job_dir)
+    out, _ = proc.communicate(timeout=AGENT_TIMEOUT_S)
+    return proc.returncode, out.decode(errors="replace")
+
+
+def read(job_dir: str, rel: str) -> Any:
+    return storage.read_json(f"{job_dir}/{rel}")
+
+
+def wait_for(predicate: Any, proc: subprocess.Popen[bytes], timeout: float = AGENT_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert proc.poll() is None, f"agent exited ({proc.returncode}) before the awaited moment"
+        assert time.monotonic() < deadline, "timed out waiting for the agent"
+        time.sleep(0.1)
+
+
+def spec(**overrides: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "name": "digits",
+        "accelerator": {"type": "cpu", "replicas": 2},
+        "dataset": {"source": "sklearn:digits"},
+        "model": {"name": "mlp"},
+        "training": {"epochs": 2, "per_replica_batch_size": 32, "learning_rate": 0.003},
+    }
+    return {**base, **overrides}
+
+
+# --- the runtime plan (no TensorFlow) ------------------------------------------------------------
+
+
+def _plan(accelerator: dict[str, Any], local: int | None = None, cc: float | None = None, **kw: Any) -> Any:
+    s = JobSpec.model_validate(spec(accelerator=accelerator, **kw))
+    kind = accelerator["type"]
+    hw = Hardware(kind, local or s.accelerator.replicas, cc, local_devices=local)
+    name = strategy_to_build(s, hw)
+    return resolve_plan(s, hw, name, local or s.num_replicas, train_examples=1437)
+
+
+@pytest.mark.parametrize(("accelerator", "local", "cc", "strategy", "precision", "spe"), [
+    ({"type": "tpu", "tpu_type": "v4-8"}, None, None, "tpu", "mixed_bfloat16", 11),
+    ({"type": "tpu", "tpu_type": "v4-8"}, 2, None, "mirrored", "mixed_bfloat16", 1),
+    ({"type": "gpu", "gpu_type": "nvidia-l4", "count": 1}, None, 8.9, "one_device", "mixed_float16", 8),
+    ({"type": "gpu", "gpu_type": "nvidia-tesla-p100", "count": 1}, None, 6.0, "one_device", "float32", 8),
+    ({"type": "gpu", "gpu_type": "nvidia-tesla-t4", "count": 4}, None, 7.5, "mirrored", "mixed_float16", 1),
+    ({"type": "cpu"}, None, None, "default", "float32", 4),
+])
+def test_plan_follows_the_hardware(accelerator: dict[str, Any], local: int | None, cc: float | None, strategy: str,
+                                   precision: str, spe: int) -> None:
+    plan = _plan(accelerator, local, cc)
+    assert (plan.strategy, plan.precision, plan.steps_per_execution) == (strategy, precision, spe)
+    assert plan.steps_per_epoch % plan.steps_per_execution == 0
+
+
+@pytest.mark.parametrize(("training", "global_batch", "lr", "warmup_steps"), [
+    ({"per_replica_batch_size": 64}, 128, 0.001, 0),
+    ({"global_batch_size": 256, "lr_scaling": "linear", "lr_base_batch_size": 128}, 256, 0.002, 0),
+    ({"per_replica_batch_size": 32, "lr_scaling": "sqrt", "lr_base_batch_size": 16}, 64, 0.002, 0),
+    ({"per_replica_batch_size": 32, "warmup_epochs": 1.5, "epochs": 3}, 64, 0.001, 33),
+])
+def test_plan_scales_batch_and_learning_rate_over_the_replicas_it_got(training: dict[str, Any], global_batch: int,
+                                                                      lr: float, warmup_steps: int) -> None:
+    plan = _plan({"type": "cpu", "replicas": 2}, local=2, training=training)
+    assert plan.global_batch_size == global_batch
+    assert plan.learning_rate == pytest.approx(lr)
+    assert plan.warmup_steps == warmup_steps
+
+
+def test_plan_refuses_a_batch_larger_than_the_data() -> None:
+    with pytest.raises(PlanError, match="larger than the training split"):
+        _plan({"type": "cpu"}, training={"global_batch_size": 4096})
+
+
+# --- end to end -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def digits_job(gcs_emulator: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One job, run once, judged by several tests: a TPU request on a 2-CPU stand-in (so mirrored,
+    mixed_bfloat16), the built-in cnn, int8 TFLite."""
+    bucket = f"t-{uuid.uuid4().hex[:12]}"
+    storage.ensure_bucket(bucket)
+    x, y = digits()
+    dataset = stage(bucket, tmp_path_factory.mktemp("digits"), x, y, 10, val=359)
+    job_dir = make_job(bucket, spec(
+        accelerator={"type": "tpu", "tpu_type": "v5litepod-8"},
+        model={"name": "cnn"},
+        training={"epochs": 4, "per_replica_batch_size": 32, "learning_rate": 0.003, "warmup_epochs": 1.5},
+        export={"tflite": {"quantization": "int8", "calibration_examples": 100}},
+    ), dataset)
+    rc, out = run_agent(job_dir)
+    return {"rc": rc, "out": out, "job_dir": job_dir, "x_val": x[-359:], "y_val": y[-359:],
+            "tmp": tmp_path_factory.mktemp("dl")}
+
+
+@pytest.mark.tf
+def test_digits_cnn_succeeds_over_90_percent(digits_job: dict[str, Any]) -> None:
+    assert digits_job["rc"] == 0, digits_job["out"][-5000:]
+    status = read(digits_job["job_dir"], "status.json")
+    assert status["state"] == "succeeded" and status["progress"] == 1.0 and status["error"] is None
+    final = read(digits_job["job_dir"], "artifacts/metrics.json")
+    assert final["val_accuracy"] > 0.9
+    assert final["tflite_quantization"] == "int8" and final["tflite_accuracy"] > 0.85
+
+
+@pytest.mark.tf
+def test_status_reports_the_stand_in_plan(digits_job: dict[str, Any]) -> None:
+    runtime = read(digits_job["job_dir"], "status.json")["runtime"]
+    assert runtime["requested_strategy"] == "tpu" and runtime["strategy"] == "mirrored"
+    assert (runtime["replicas"], runtime["precision"], runtime["global_batch_size"]) == (2, "mixed_bfloat16", 64)
+    assert runtime["local_devices"] == 2 and runtime["warmup_steps"] == 33
+
+
+@pytest.mark.tf
+def test_metrics_record_each_epoch_with_throughput_and_input_wait(digits_job: dict[str, Any]) -> None:
+    history = read(digits_job["job_dir"], "metrics.json")["history"]
+    assert [e["epoch"] for e in history] == [1, 2, 3, 4]
+    for entry in history:
+        assert entry["examples_per_sec"] > 0 and entry["step_time_ms"] > 0
+        assert 0.0 <= entry["input_wait_fraction"] <= 1.0
+        assert entry["val_accuracy"] is not None
+    assert history[0]["learning_rate"] < history[-1]["learning_rate"] == pytest.approx(0.003)
+
+
+@pytest.mark.tf
+def test_artifact_manifest_lists_every_artifact_with_its_hash(digits_job: dict[str, Any]) -> None:
+    import hashlib
+
+    job_dir = digits_job["job_dir"]
+    manifest = read(job_dir, "artifacts/manifest.json")
+    paths = {e["path"] for e in manifest}
+    assert {"model.tflite", "metrics.json", "history.json", "saved_model/saved_model.pb"} <= paths
+    listed = {u.removeprefix(f"{job_dir}/artifacts/") for u in storage.list_uris(f"{job_dir}/artifacts/")}
+    assert listed == paths | {"manifest.json"}
+    tflite = next(e for e in manifest if e["path"] == "model.tflite")
+    data = storage.blob(tflite["uri"]).download_as_bytes()
+    assert (len(data), hashlib.sha256(data).hexdigest()) == (tflite["size"], tflite["sha256"])
+
+
+@pytest.mark.tf
+def test_downloaded_saved_model_predicts_the_reported_accuracy(digits_job: dict[str, Any]) -> None:
+    import tensorflow as tf
+
+    local = digits_job["tmp"] / "saved_model"
+    storage.download_prefix(f"{digits_job['job_dir']}/artifacts/saved_model", local)
+    loaded = tf.saved_model.load(str(local))  # held: a bare .serve would outlive the variables
+    probs = loaded.signatures["serving_default"](tf.constant(digits_job["x_val"]))
+    probs = next(iter(probs.values())).numpy()
+    accuracy = float(np.mean(probs.argmax(axis=-1) == digits_job["y_val"]))
+    final = read(digits_job["job_dir"], "artifacts/metrics.json")
+    assert accuracy == pytest.approx(final["saved_model_accuracy"])
+    assert accuracy == pytest.approx(final["val_accuracy"], abs=0.015)  # float32 export of a bfloat16 model
+
+
+@pytest.mark.tf
+def test_logs_and_tensorboard_events_are_uploaded(digits_job: dict[str, Any]) -> None:
+    job_dir = digits_job["job_dir"]
+    log_text = storage.blob(f"{job_dir}/logs/agent-1-0.log").download_as_bytes().decode()
+    assert "succeeded" in log_text
+    import tensorflow as tf
+
+    events = [u for u in storage.list_uris(f"{job_dir}/tensorboard/") if "events.out.tfevents" in u]
+    local = digits_job["tmp"] / "events"
+    storage.blob(events[0]).download_to_filename(str(local))
+    steps = {(v.tag, e.step) for e in tf.compat.v1.train.summary_iterator(str(local)) for v in e.summary.value}
+    assert {("val_accuracy", epoch) for epoch in (1, 2, 3, 4)} <= steps
+
+
+@pytest.mark.tf
+def test_mixed_float16_job_trains_with_loss_scaling_and_exports_int8(bucket: str, tmp_path: Path) -> None:
+    """Two T4s on the stand-in: mirrored, auto precision float16, so Keras must scale the loss, and
+    the exports must still come out of a float16-trained model."""
+    x, y = digits()
+    dataset = stage(bucket, tmp_path, x, y, 10, val=359, shards=1)
+    job_dir = make_job(bucket, spec(
+        accelerator={"type": "gpu", "gpu_type": "nvidia-tesla-t4", "count": 2}, model={"name": "cnn"},
+        export={"tflite": {"quantization": "int8", "calibration_examples": 50}},
+    ), dataset)
+    rc, out = run_agent(job_dir)
+    assert rc == 0, out[-5000:]
+    runtime = read(job_dir, "status.json")["runtime"]
+    assert (runtime["precision"], runtime["loss_scaling"], runtime["strategy"]) == ("mixed_float16", True, "mirrored")
+    final = read(job_dir, "artifacts/metrics.json")
+    assert final["tflite_accuracy"] == pytest.approx(final["saved_model_accuracy"], abs=0.05)
+    assert final["saved_model_accuracy"] > 0.5
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize(("name", "input_shape"), [
+    ("mlp", (4,)), ("cnn", (8, 8)), ("resnet", (8, 8, 1)), ("MobileNetV2", (8, 8, 1)),
+])
+def test_builtin_and_application_models_output_float32_probabilities(name: str, input_shape: tuple[int, ...],
+                                                                    tmp_path: Path) -> None:
+    import keras
+
+    from trainjobs.spec import ModelSpec
+    from worker.agent.models import ModelInputs, build, builder_for
+
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        model = build(builder_for(ModelSpec(name=name), tmp_path), ModelInputs(input_shape, 7))
+        probs = model(np.random.default_rng(0).random((3, *input_shape), dtype=np.float32))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert model.output.dtype == "float32" and tuple(probs.shape) == (3, 7)
+    assert np.allclose(np.asarray(probs).sum(axis=-1), 1.0, atol=1e-3)
+
+
+@pytest.mark.tf
+def test_saved_model_serves_in_inference_mode_even_behind_a_resizing_layer(tmp_path: Path) -> None:
+    """MobileNetV2 on 8x8 digits is resized up, and in Keras 3.15 a Resizing layer puts the
+    BatchNormalization behind it in training mode when called without training=."""
+    import tensorflow as tf
+
+    from trainjobs.spec import ModelSpec
+    from worker.agent.export import save_model
+    from worker.agent.models import ModelInputs, build, builder_for
+
+    model = build(builder_for(ModelSpec(name="MobileNetV2"), tmp_path), ModelInputs((8, 8, 1), 4, {"alpha": 0.35}))
+    save_model(model, (8, 8, 1), tmp_path / "sm")
+    x = np.random.default_rng(0).random((6, 8, 8, 1), dtype=np.float32) * 16
+    loaded = tf.saved_model.load(str(tmp_path / "sm"))
+    assert "serving_default" in loaded.signatures
+    np.testing.assert_allclose(loaded.serve(tf.constant(x)).numpy(), model(x, training=False), atol=1e-5)
+
+
+USER_MODULE = """
+import keras
+
+def build_model(input_shape, num_classes, params):
+    # No dtype pinned: under a mixed policy the agent must add the float32 output itself.
+    return keras.Sequential([keras.Input(input_shape), keras.layers.Flatten(),
+                             keras.layers.Dense(params["units"], activation="relu"),
+                             keras.layers.Dense(num_classes, activation="softmax")])
+"""
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize("layout", ["file", "package"])
+def test_user_module_builds_its_model_with_float32_output(layout: str, tmp_path: Path) -> None:
+    import keras
+
+    from trainjobs.spec import ModelSpec
+    from worker.agent.models import ModelInputs, build, builder_for
+
+    if layout == "file":
+        module = tmp_path / "net.py"
+        module.write_text(USER_MODULE)
+    else:
+        module = tmp_path / "netpkg"
+        module.mkdir()
+        (module / "__init__.py").write_text("from .arch import build_model\n")
+        (module / "arch.py").write_text(USER_MODULE)
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        builder = builder_for(ModelSpec(module=str(module), params={"units": 5}), tmp_path / "dl")
+        model = build(builder, ModelInputs((8, 8, 1), 3, {"units": 5}))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert model.output.dtype == "float32" and model.output.shape == (None, 3)
+    assert any(getattr(layer, "units", None) == 5 for layer in model.layers)
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize(("module_source", "message"), [
+    ("def build_model(input_shape, num_classes, params):\n    return 'not a model'\n",
+     "returned str, not a keras.Model"),
+    ("import no_such_package\n", "could not import model module"),
+])
+def test_user_module_failure_is_reported_in_status(bucket: str, tmp_path: Path, module_source: str, message: str) -> None:
+    module = tmp_path / "my_model.py"
+    module.write_text(module_source)
+    x, y = digits()
+    dataset = stage(bucket, tmp_path, x[:300], y[:300], 10, val=60, shards=1)
+    job_dir = make_job(bucket, spec(model={"module": str(module)}), dataset)
+    rc, out = run_agent(job_dir)
+    assert rc == 1, out[-3000:]
+    status = read(job_dir, "status.json")
+    assert status["state"] == "failed"
+    assert status["error"]["type"] == "ModelError" and message in status["error"]["message"]
+    assert status["error"]["logs"]
+
+
+def _slow_job(bucket: str, tmp_path: Path, epochs: int) -> tuple[str, dict[str, Any], str]:
+    """Digits repeated, so an epoch lasts seconds: long enough to be interrupted in.
+    Returns (job_id, spec, dataset_uri); the job directory is made for attempt 1."""
+    x, y = digits()
+    dataset = stage(bucket, tmp_path, np.tile(x, (8, 1, 1, 1)), np.tile(y, 8), 10, val=359, shards=2)
+    job_id = str(uuid.uuid4())
+    s = spec(training={"epochs": epochs, "per_replica_batch_size": 16, "learning_rate": 0.003})
+    make_job(bucket, s, dataset, attempt=1, job_id=job_id)
+    return job_id, s, dataset
+
+
+@pytest.mark.tf
+def test_resumes_from_the_last_checkpoint_after_being_killed(bucket: str, tmp_path: Path) -> None:
+    job_id, s, dataset = _slow_job(bucket, tmp_path, epochs=4)
+    job_dir = storage.JobPaths.for_job(job_id, bucket).root
+    first = start_agent(job_dir)
+    try:
+        wait_for(lambda: read(job_dir, "checkpoints/latest.json") is not None, first)
+    finally:
+        first.kill()  # SIGKILL: nothing gets to clean up, as when a VM vanishes
+        first.wait()
+    assert read(job_dir, "status.json")["state"] == "running"
+
+    make_job(bucket, s, dataset, attempt=2, job_id=job_id)
+    rc, out = run_agent(job_dir)
+    assert rc == 0, out[-5000:]
+    status = read(job_dir, "status.json")
+    assert (status["state"], status["attempt"]) == ("succeeded", 2)
+    resumed_at = status["runtime"]["initial_epoch"]
+    assert resumed_at > 0
+    history = read(job_dir, "artifacts/history.json")
+    assert [e["epoch"] for e in history] == [1, 2, 3, 4]
+    assert {e["attempt"] for e in history if e["epoch"] <= resumed_at} == {1}
+    assert {e["attempt"] for e in history if e["epoch"] > resumed_at} == {2}
+
+
+@pytest.mark.tf
+def test_two_workers_train_together_and_only_the_chief_writes_artifacts(bucket: str, tmp_path: Path) -> None:
+    from trainjobs.embedded import free_port
+
+    x, y = digits()
+    dataset = stage(bucket, tmp_path, x, y, 10, val=359, shards=1)
+    job_dir = make_job(bucket, spec(accelerator={"type": "cpu"}, workers=2, model={"name": "cnn"}), dataset)
+    cluster = {"worker": [f"localhost:{free_port()}", f"localhost:{free_port()}"]}
+    procs = [start_agent(job_dir, TRAINJOBS_LOCAL_DEVICES="1",
+                         TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}))
+             for i in range(2)]
+    outs = [p.communicate(timeout=AGENT_TIMEOUT_S)[0].decode(errors="replace") for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    chief, other = read(job_dir, "status.json"), read(job_dir, "status-1.json")
+    assert (chief["state"], chief["task_index"], other["state"], other["task_index"]) == ("succeeded", 0, "succeeded", 1)
+    assert chief["runtime"]["strategy"] == "multi_worker_mirrored" and chief["runtime"]["replicas"] == 2
+    assert chief["metrics"]["val_accuracy"] == other["metrics"]["val_accuracy"]  # one model, trained together
+    assert read(job_dir, "artifacts/manifest.json")
+
+
+@pytest.mark.tf
+def test_heartbeat_refreshes_status_while_training(bucket: str, tmp_path: Path) -> None:
+    job_id, _, _ = _slow_job(bucket, tmp_path, epochs=20)
+    job_dir = storage.JobPaths.for_job(job_id, bucket).root
+    proc = start_agent(job_dir)
+    try:
+        wait_for(lambda: (read(job_dir, "status.json") or {}).get("phase") == "training", proc)
+        first = read(job_dir, "status.json")
+        wait_for(lambda: read(job_dir, "status.json")["heartbeat_at"] > first["heartbeat_at"], proc, timeout=30)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert first["state"] == "running" and first["runtime"]["replicas"] == 2
+
+
+@pytest.mark.tf
+def test_sigterm_reports_terminated_and_exits_143(bucket: str, tmp_path: Path) -> None:
+    job_id, _, _ = _slow_job(bucket, tmp_path, epochs=20)
+    job_dir = storage.JobPaths.for_job(job_id, bucket).root
+    proc = start_agent(job_dir)
+    try:
+        wait_for(lambda: (read(job_dir, "status.json") or {}).get("phase") == "training", proc)
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 143
+    assert read(job_dir, "status.json")["state"] == "terminated"
