@@ -105,3 +105,31 @@ def test_api_refuses_unmigrated_database_with_the_fix_in_the_message(database_ur
     finally:
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{empty}" WITH (FORCE)')
+
+
+def test_worker_sigterm_hands_running_jobs_back_at_once(db, database_url, tmp_path, api):
+    import signal
+    import uuid
+
+    from sqlalchemy import text
+
+    from service.db.models import Job
+    from service.db.session import transaction
+
+    env = {**os.environ, "TRAINJOBS_HOME": str(tmp_path), "TRAINJOBS_DATABASE_URL": database_url}
+    log = tmp_path / "worker.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "trainjobs.cli", "worker", "--provisioner", "memory",
+                                 "--data-dir", str(tmp_path / "data")], env=env, stdout=out, stderr=out)
+    job_id = api.post("/v1/jobs", json={"dataset": {"source": "sklearn:digits"}, "model": {"name": "mlp"}}).json()["id"]
+    deadline = time.monotonic() + 30
+    while api.get(f"/v1/jobs/{job_id}").json()["status"] != "RUNNING":
+        assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(15) == 0, log.read_text()
+    with transaction(db) as s:
+        job = s.get(Job, uuid.UUID(job_id))
+        expired = s.execute(text("SELECT lease_expires_at < now() FROM jobs WHERE id = :id"),
+                            {"id": job.id}).scalar()
+    assert job.status.value == "RUNNING" and expired  # still running, and any worker may take it over now
