@@ -185,6 +185,16 @@ class DatasetSpec(_Strict):
 
 
 BUILTIN_MODELS = ("mlp", "cnn", "resnet")
+# keras.applications architectures in the pinned Keras (3.15); tests/test_user_models.py checks this
+# list against Keras itself, so a Keras upgrade that drops one fails CI rather than a user's job.
+KERAS_APPLICATIONS = (
+    "ConvNeXtBase", "ConvNeXtLarge", "ConvNeXtSmall", "ConvNeXtTiny", "ConvNeXtXLarge", "DenseNet121", "DenseNet169",
+    "DenseNet201", "EfficientNetB0", "EfficientNetB1", "EfficientNetB2", "EfficientNetB3", "EfficientNetB4",
+    "EfficientNetB5", "EfficientNetB6", "EfficientNetB7", "EfficientNetV2B0", "EfficientNetV2B1", "EfficientNetV2B2",
+    "EfficientNetV2B3", "EfficientNetV2L", "EfficientNetV2M", "EfficientNetV2S", "InceptionResNetV2", "InceptionV3",
+    "MobileNet", "MobileNetV2", "MobileNetV3Large", "MobileNetV3Small", "NASNetLarge", "NASNetMobile", "ResNet101",
+    "ResNet101V2", "ResNet152", "ResNet152V2", "ResNet50", "ResNet50V2", "VGG16", "VGG19", "Xception",
+)
 
 
 class ModelSpec(_Strict):
@@ -201,8 +211,9 @@ class ModelSpec(_Strict):
     def _one_source(self) -> ModelSpec:
         if (self.name is None) == (self.module is None):
             raise _fail("module", "give exactly one of model.name (built-in) or model.module (your code)")
-        if self.name is not None and self.name not in BUILTIN_MODELS and not re.fullmatch(r"[A-Z][A-Za-z0-9]+", self.name):
-            raise _fail("name", f"unknown model {self.name!r}: use {', '.join(BUILTIN_MODELS)} or a keras.applications name")
+        if self.name is not None and self.name not in BUILTIN_MODELS + KERAS_APPLICATIONS:
+            raise _fail("name", f"unknown model {self.name!r}: use {', '.join(BUILTIN_MODELS)} or a keras.applications "
+                                "architecture such as MobileNetV2 or ResNet50")
         return self
 
 

@@ -1,0 +1,57 @@
+"""Models beyond the built-ins: keras.applications names are checked at submit; user code uploaded
+through the API trains, and broken user code fails the job with its own message."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import digits_spec
+from tests.test_end_to_end import local_stack, wait  # noqa: F401  (fixture)
+from trainjobs.spec import KERAS_APPLICATIONS
+
+pytestmark = pytest.mark.tf
+
+GOOD = b'''
+import keras
+
+def build_model(input_shape, num_classes, params):
+    return keras.Sequential([keras.Input(input_shape), keras.layers.Flatten(),
+                             keras.layers.Dense(params.get("units", 16), activation="relu"),
+                             keras.layers.Dense(num_classes, activation="softmax")])
+'''
+NOT_A_MODEL = b"def build_model(input_shape, num_classes, params):\n    return {'layers': 3}\n"
+BROKEN_IMPORT = b"import tensorflow_nonexistent_addon\n\ndef build_model(input_shape, num_classes, params):\n    pass\n"
+
+
+def test_keras_applications_list_matches_the_pinned_keras():
+    import keras
+
+    available = {n for n in dir(keras.applications) if n[0].isupper() and callable(getattr(keras.applications, n))}
+    assert set(KERAS_APPLICATIONS) == available
+
+
+def test_unknown_architecture_is_rejected_at_submit(api):
+    r = api.post("/v1/jobs", json=digits_spec(model={"name": "ResNet9000"}))
+    assert r.status_code == 422
+    assert any(d["field"] == "model.name" and "unknown model" in d["reason"] for d in r.json()["error"]["details"])
+
+
+def _submit_with_module(api, code: bytes, **overrides):
+    module = api.post("/v1/modules", files={"file": ("my_model.py", code)}).json()["module"]
+    spec = digits_spec(model={"module": module, "params": {"units": 24}}, strategy="default",
+                       accelerator={"type": "cpu"}, training={"epochs": 4, "learning_rate": 0.01}, **overrides)
+    return api.post("/v1/jobs", json=spec).json()
+
+
+def test_uploaded_user_model_trains(api, local_stack):
+    job = wait(api, _submit_with_module(api, GOOD)["id"], {"SUCCEEDED"})
+    assert job["metrics"]["val_accuracy"] > 0.5
+
+
+@pytest.mark.parametrize("code,message", [
+    (NOT_A_MODEL, "returned dict, not a keras.Model"),
+    (BROKEN_IMPORT, "could not import model module"),
+], ids=["wrong return type", "import error"])
+def test_broken_user_model_fails_the_job_with_its_message(api, local_stack, code, message):
+    job = wait(api, _submit_with_module(api, code)["id"], {"FAILED"})
+    assert message in job["error"]
