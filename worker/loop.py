@@ -20,6 +20,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.db import queue
+from service.db.jobstate import JobStatus
 from service.db.session import session_factory, transaction
 from worker.driver import DriverConfig, JobDriver
 from worker.provisioner import JobChannel, Provisioner, Stager
@@ -81,7 +82,7 @@ class Worker:
         self._pool.shutdown(wait=True, cancel_futures=True)
         with transaction(self.factory) as session:
             for job_id in active:
-                queue.release_lease(session, job_id, self.name, expire_now=True)
+                queue.release_lease(session, job_id, self.name)
         for t in self._threads:
             t.join(timeout)
         if self._claim_conn is not None:
@@ -153,7 +154,7 @@ class Worker:
                 continue
             with self._lock:
                 for job_id, (_, wake) in self._active.items():
-                    if job_id not in statuses or statuses[job_id].value == "CANCELLING":
+                    if job_id not in statuses or statuses[job_id] == JobStatus.CANCELLING:
                         wake.set()
 
     def _listen_loop(self) -> None:

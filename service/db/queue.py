@@ -88,13 +88,11 @@ def renew_leases(session: Session, owner: str, lease_s: float) -> dict[uuid.UUID
     return {r.id: JobStatus(r.status) for r in rows}
 
 
-def release_lease(session: Session, job_id: uuid.UUID, owner: str, expire_now: bool = False) -> None:
-    """Give a job back on shutdown: its lease expires at once so the next worker takes it over
-    immediately instead of waiting out the lease."""
+def release_lease(session: Session, job_id: uuid.UUID, owner: str) -> None:
+    """Give a job back on shutdown: its lease expires at once, so the next worker's claim takes it
+    over (and adopts its machine) immediately instead of waiting out the lease."""
     session.execute(
-        text("UPDATE jobs SET lease_expires_at = now() - interval '1 second' WHERE id = :id AND lease_owner = :owner")
-        if expire_now else
-        text("UPDATE jobs SET lease_owner = NULL, lease_expires_at = NULL WHERE id = :id AND lease_owner = :owner"),
+        text("UPDATE jobs SET lease_expires_at = now() - interval '1 second' WHERE id = :id AND lease_owner = :owner"),
         {"id": job_id, "owner": owner},
     )
 
