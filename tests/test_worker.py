@@ -235,3 +235,15 @@ def test_worker_drives_several_jobs_at_once(db, database_url, running_workers):
     jobs = [wait_for(db, job_id, {S.SUCCEEDED}) for job_id in ids]
     # All four were running at one moment: the last to start began before the first finished.
     assert max(j.running_at for j in jobs) < min(j.finished_at for j in jobs)
+
+
+def test_cost_limit_stops_an_expensive_job(db, database_url, running_workers):
+    cloud = MemoryCloud(train_s=30)
+    w = make_worker(database_url, cloud, "w1")
+    running_workers.append(w)
+    w.start()
+    # 8 x H100 at list price is about 2.5 cents a second: a 1-cent budget lasts well under a second.
+    [job_id] = submit(db, accelerator={"type": "gpu", "gpu_type": "nvidia-h100-80gb", "count": 8},
+                      limits={"max_cost_usd": 0.01})
+    job = wait_for(db, job_id, {S.FAILED})
+    assert "max_cost_usd" in job.error and cloud.list({}) == []
