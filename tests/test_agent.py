@@ -128,10 +128,10 @@ def _plan(accelerator: dict[str, Any], local: int | None = None, cc: float | Non
 
 @pytest.mark.parametrize(("accelerator", "local", "cc", "strategy", "precision", "spe"), [
     ({"type": "tpu", "tpu_type": "v4-8"}, None, None, "tpu", "mixed_bfloat16", 11),
-    ({"type": "tpu", "tpu_type": "v4-8"}, 2, None, "mirrored", "mixed_bfloat16", 1),
+    ({"type": "tpu", "tpu_type": "v4-8"}, 2, None, "mirrored", "mixed_bfloat16", 22),
     ({"type": "gpu", "gpu_type": "nvidia-l4", "count": 1}, None, 8.9, "one_device", "mixed_float16", 8),
     ({"type": "gpu", "gpu_type": "nvidia-tesla-p100", "count": 1}, None, 6.0, "one_device", "float32", 8),
-    ({"type": "gpu", "gpu_type": "nvidia-tesla-t4", "count": 4}, None, 7.5, "mirrored", "mixed_float16", 1),
+    ({"type": "gpu", "gpu_type": "nvidia-tesla-t4", "count": 4}, None, 7.5, "mirrored", "mixed_float16", 8),
     ({"type": "cpu"}, None, None, "default", "float32", 4),
 ])
 def test_plan_follows_the_hardware(accelerator: dict[str, Any], local: int | None, cc: float | None, strategy: str,
@@ -145,7 +145,7 @@ def test_plan_follows_the_hardware(accelerator: dict[str, Any], local: int | Non
     ({"per_replica_batch_size": 64}, 128, 0.001, 0),
     ({"global_batch_size": 256, "lr_scaling": "linear", "lr_base_batch_size": 128}, 256, 0.002, 0),
     ({"per_replica_batch_size": 32, "lr_scaling": "sqrt", "lr_base_batch_size": 16}, 64, 0.002, 0),
-    ({"per_replica_batch_size": 32, "warmup_epochs": 1.5, "epochs": 3}, 64, 0.001, 33),
+    ({"per_replica_batch_size": 32, "warmup_epochs": 1.5, "epochs": 3}, 64, 0.001, 30),  # 22 steps -> 20 (spe 4)
 ])
 def test_plan_scales_batch_and_learning_rate_over_the_replicas_it_got(training: dict[str, Any], global_batch: int,
                                                                       lr: float, warmup_steps: int) -> None:
@@ -208,6 +208,7 @@ def test_metrics_record_each_epoch_with_throughput_and_input_wait(digits_job: di
         assert entry["examples_per_sec"] > 0 and entry["step_time_ms"] > 0
         assert 0.0 <= entry["input_wait_fraction"] <= 1.0
         assert entry["val_accuracy"] is not None
+        assert (entry["steps"], entry["executions"]) == (22, 1)  # the TPU's auto steps_per_execution, mirrored
     assert history[0]["learning_rate"] < history[-1]["learning_rate"] == pytest.approx(0.003)
 
 

@@ -18,11 +18,6 @@ HardwareKind = Literal["tpu", "gpu", "cpu"]
 # round-trip per call, so it gains most; a GPU some; a CPU little but still the Python overhead.
 AUTO_STEPS_PER_EXECUTION: dict[HardwareKind, int] = {"tpu": 32, "gpu": 8, "cpu": 4}
 
-# Keras 3 (seen on 3.15 with TF 2.21) fails under MirroredStrategy and MultiWorkerMirroredStrategy
-# when steps_per_execution > 1: its multi-step loop puts the optimizer's merge_call inside a tf.cond
-# and the graph then asks for an unfed placeholder (keras-team/keras#19246, still open).
-STRATEGIES_WITHOUT_MULTI_STEP = ("mirrored", "multi_worker_mirrored")
-
 
 class PlanError(Exception):
     """The spec cannot run on this machine as asked; the message says why."""
@@ -98,6 +93,8 @@ def resolve_plan(spec: JobSpec, hardware: Hardware, strategy: str, replicas: int
     if hardware.local_devices is not None and strategy != spec.resolved_strategy:
         notes.append(f"local stand-in: {spec.resolved_strategy} trains as {strategy} over "
                      f"{hardware.local_devices} logical CPU devices")
+    if replicas != spec.num_replicas:
+        notes.append(f"{spec.num_replicas} replicas asked for, {replicas} on this machine")
 
     if t.global_batch_size is not None:
         global_batch = t.global_batch_size
@@ -109,14 +106,14 @@ def resolve_plan(spec: JobSpec, hardware: Hardware, strategy: str, replicas: int
     if steps < 1:
         raise PlanError(f"global batch {global_batch} is larger than the training split ({train_examples} examples)")
 
+    # One call cannot cross an epoch boundary (callbacks, validation and checkpoints run there).
     if spec.steps_per_execution == "auto":
         spe = min(steps, AUTO_STEPS_PER_EXECUTION[hardware.kind])
     else:
         spe = min(steps, spec.steps_per_execution)
-    if spe > 1 and strategy in STRATEGIES_WITHOUT_MULTI_STEP:
-        notes.append(f"steps_per_execution {spe} -> 1: Keras 3 cannot run several steps per call under {strategy} "
-                     "(keras-team/keras#19246)")
-        spe = 1
+        if spe < spec.steps_per_execution:
+            notes.append(f"steps_per_execution {spec.steps_per_execution} -> {spe}: an epoch of this dataset "
+                         f"at global batch {global_batch} has only {steps} steps")
     # Keras runs whole executions, so an epoch that is not a multiple would overrun; the input
     # repeats, so trimming the epoch loses no data, it only moves the epoch boundary.
     if steps % spe:

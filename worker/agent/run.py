@@ -10,6 +10,7 @@ import dataclasses
 import json
 import logging
 import statistics
+import time
 from typing import Any
 
 from trainjobs import storage
@@ -23,6 +24,7 @@ from worker.agent.models import ModelInputs, build, builder_for
 from worker.agent.optimizer import make_optimizer
 from worker.agent.plan import RuntimePlan, resolve_plan, strategy_to_build
 from worker.agent.status import StatusReporter
+from worker.agent.step_functions import install_step_functions
 from worker.agent.tensorboard import ScalarLog
 from worker.agent.train import EpochRecorder, fit
 
@@ -30,6 +32,8 @@ log = logging.getLogger("trainjobs.agent")
 
 STATS_EXAMPLES = 4096  # training examples that fix the built-ins' normalization
 EVAL_EXAMPLES = 10_000  # validation examples scored on the exported models
+CHIEF_DONE = ("succeeded", "failed", "terminated")
+CHIEF_POLL_S = 1.0
 
 
 def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
@@ -58,6 +62,7 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
         from worker.agent.keras_compat import repair_multi_worker_fit
 
         repairs = repair_multi_worker_fit(model, strategy)
+    train_function = install_step_functions(model, plan.steps_per_execution)
     plan = dataclasses.replace(
         plan, initial_epoch=initial_epoch, jit_compile=bool(model.jit_compile), notes=plan.notes + tuple(repairs),
         loss_scaling=isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer),
@@ -90,15 +95,32 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
     if data.validation is not None:
         val = eval_dataset(data, plan.global_batch_size, plan.static_shapes, spec.training.cache_dataset)
     reporter.set_phase("training")
-    fit(model, plan, train, val, EpochRecorder(plan, job.attempt, meter, on_epoch, reporter.step_progress))
+    recorder = EpochRecorder(plan, job.attempt, meter, train_function, on_epoch, reporter.step_progress)
+    fit(model, plan, train, val, recorder)
     if tb is not None:
         tb.close()
 
     if not job.is_chief:
-        # Export touches no collective op, so other workers have nothing to contribute to it.
+        # Export touches no collective op, so other workers have nothing to contribute to it. They
+        # stay up until the chief is done all the same: a machine counts as stopped once any of its
+        # hosts exits (local.py; a VM shuts down after its agent), and the worker would replace a
+        # machine whose chief is only exporting.
+        reporter.set_phase("waiting_for_chief")
+        _wait_for_chief(job)
         return
     reporter.set_phase("exporting")
     _export(job, work, plan, data, builder, inputs, model, history)
+
+
+def _wait_for_chief(job: AgentJob) -> None:
+    """Until the chief reports this attempt finished. A chief that dies without a word stops the
+    machine, and the worker's delete ends this wait with SIGTERM."""
+    while True:
+        status = storage.read_json(job.paths.status) or {}
+        if status.get("attempt") == job.attempt and status.get("state") in CHIEF_DONE:
+            log.info("chief %s; leaving", status["state"])
+            return
+        time.sleep(CHIEF_POLL_S)
 
 
 def _compile_and_restore(builder: Any, inputs: ModelInputs, plan: RuntimePlan, training: TrainingSpec, strategy: Any,

@@ -11,6 +11,7 @@ import keras
 
 from worker.agent.input_wait import InputWaitMeter
 from worker.agent.plan import RuntimePlan
+from worker.agent.step_functions import CountingTrainFunction
 
 log = logging.getLogger("trainjobs.agent")
 
@@ -19,21 +20,24 @@ KERAS_METRICS = ("loss", "accuracy", "val_loss", "val_accuracy")
 
 class EpochRecorder(keras.callbacks.Callback):
     """Times the training part of each epoch (validation excluded) and hands a finished history
-    entry to `on_epoch`. Keras calls on_test_begin when validation starts, which ends the clock."""
+    entry to `on_epoch`. Keras calls on_test_begin when validation starts, which ends the clock.
+    Each entry also says how many train-function calls the epoch took and how many steps they ran."""
 
-    def __init__(self, plan: RuntimePlan, attempt: int, meter: InputWaitMeter,
+    def __init__(self, plan: RuntimePlan, attempt: int, meter: InputWaitMeter, train_function: CountingTrainFunction,
                  on_epoch: Callable[[dict[str, Any]], None], on_progress: Callable[[float], None]):
         super().__init__()
-        self.plan, self.attempt, self.meter = plan, attempt, meter
+        self.plan, self.attempt, self.meter, self.train_function = plan, attempt, meter, train_function
         self.on_epoch, self.on_progress = on_epoch, on_progress
         self._epoch = 0
         self._began = self._train_ended = 0.0
         self._waited = 0.0
+        self._calls_before = self._steps_before = 0
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch = epoch
         self._train_ended = 0.0
         self.meter.reset()
+        self._calls_before, self._steps_before = self.train_function.calls, self.train_function.steps_run
         self._began = time.perf_counter()
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
@@ -56,6 +60,8 @@ class EpochRecorder(keras.callbacks.Callback):
             "input_wait_fraction": round(min(1.0, self._waited / train_s), 4),
             "train_seconds": round(train_s, 3),
             "epoch_seconds": round(time.perf_counter() - self._began, 3),
+            "executions": self.train_function.calls - self._calls_before,
+            "steps": self.train_function.steps_run - self._steps_before,
         })
         self.on_epoch(entry)
 

@@ -1,0 +1,107 @@
+"""The functions model.fit calls once per execution: `steps_per_execution` steps in one tf.function
+call, for training and validation, under every strategy.
+
+Keras 3's own multi-step function (seen on 3.15 with TF 2.21) runs each step inside
+`tf.cond(the iterator has another batch, step, skip)` so that it can stop part-way through an
+execution at the end of finite data. Under MirroredStrategy and MultiWorkerMirroredStrategy the
+step then calls `merge_call` (the optimizer's all-reduce and update; under multi-worker also the
+metrics') from a cond branch in replica context, which tf.distribute does not support: the graph
+asks for a placeholder no one feeds ("You must feed a value for placeholder tensor
+'while/cond/Placeholder_1'", keras-team/keras#19246; Keras' LossScaleOptimizer documents the same
+rule). Here no step runs inside a cond:
+
+- training runs exactly `steps_per_execution` steps in a tf.while_loop, the loop tf.keras 2 ran
+  under every strategy: its input repeats without end and the plan makes every epoch a whole
+  number of executions. It counts, inside the graph, the steps it ran, so the history shows how
+  many steps each call really took;
+- validation data is finite, so its loop stops when the data does: the loop condition tests the
+  next batch, which is fetched ahead (only that fetch sits in a cond, and it has no merge_call).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class CountingTrainFunction:
+    """Installed as `model.train_function`; fit() then calls it instead of building its own."""
+
+    def __init__(self, model: Any, steps_per_execution: int):
+        import tensorflow as tf
+
+        self.calls = 0
+        # Created outside the strategy scope: a plain host variable, bumped in cross-replica context.
+        self._steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="trainjobs_steps_run")
+        one_step = _distributed_step(model, model.train_step)
+
+        def execution(iterator: Any) -> Any:
+            # The first step outside the loop gives the loop its outputs' structure.
+            outputs = one_step(next(iterator))
+            self._steps.assign_add(1)
+            for _ in tf.range(steps_per_execution - 1):
+                outputs = one_step(next(iterator))
+                self._steps.assign_add(1)
+            return outputs
+
+        self._execution = tf.function(execution, reduce_retracing=True)
+
+    def __call__(self, iterator: Any) -> Any:
+        self.calls += 1
+        return self._execution(iterator)
+
+    @property
+    def steps_run(self) -> int:
+        """Training steps run so far (reading it waits for the calls in flight)."""
+        return int(self._steps.numpy())
+
+
+def make_test_function(model: Any, steps_per_execution: int) -> Any:
+    """Up to `steps_per_execution` validation steps per call, fewer at the end of the data. Keras
+    calls it only while at least one batch is left (it knows the count: eval_dataset asserts it)."""
+    import tensorflow as tf
+
+    one_step = _distributed_step(model, model.test_step)
+
+    def execution(iterator: Any) -> Any:
+        outputs = one_step(next(iterator))
+        if steps_per_execution == 1:
+            return outputs  # nothing to fetch ahead, and a fetch would swallow the next call's batch
+
+        def more(done: Any, upcoming: Any, outputs: Any) -> Any:
+            return tf.logical_and(done < steps_per_execution, upcoming.has_value())
+
+        def step(done: Any, upcoming: Any, outputs: Any) -> Any:
+            outputs = one_step(upcoming.get_value())
+            # The last step of the execution fetches nothing: that batch belongs to the next call.
+            upcoming = tf.cond(done + 1 < steps_per_execution, iterator.get_next_as_optional, lambda: upcoming)
+            return done + 1, upcoming, outputs
+
+        _, _, outputs = tf.while_loop(more, step, [tf.constant(1), iterator.get_next_as_optional(), outputs])
+        return outputs
+
+    return tf.function(execution, reduce_retracing=True)
+
+
+def install_step_functions(model: Any, steps_per_execution: int) -> CountingTrainFunction:
+    """After compile (which resets the model's functions), before fit."""
+    if steps_per_execution < 1:
+        raise ValueError(f"steps_per_execution must be >= 1, got {steps_per_execution}")
+    train = CountingTrainFunction(model, steps_per_execution)
+    model.train_function = train
+    model.test_function = make_test_function(model, steps_per_execution)
+    return train
+
+
+def _distributed_step(model: Any, step: Any) -> Any:
+    """One step on every replica, its logs reduced across them: what Keras' one_step_on_data does."""
+    import tensorflow as tf
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    strategy = model.distribute_strategy
+
+    def one_step(data: Any) -> Any:
+        outputs = strategy.run(step, args=(data,))
+        # Looked up on the module at trace time, so keras_compat's multi-worker repair applies.
+        return tf_trainer.reduce_per_replica(outputs, strategy, reduction="auto")
+
+    return tf.function(one_step, reduce_retracing=True, jit_compile=model.jit_compile)
