@@ -4,6 +4,7 @@ only by what it leaves in GCS."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -12,14 +13,16 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 
 from trainjobs import storage
-from trainjobs.spec import JobSpec
-from worker.agent.plan import Hardware, PlanError, resolve_plan, strategy_to_build
+from trainjobs.spec import JobSpec, TrainingSpec
+from worker.agent.checkpoints import CheckpointSchedule
+from worker.agent.plan import Hardware, PlanError, TrainingPosition, resolve_plan, resume_from, strategy_to_build
 
 REPO = Path(__file__).resolve().parents[1]
 AGENT_TIMEOUT_S = 240
@@ -158,6 +161,48 @@ def test_plan_scales_batch_and_learning_rate_over_the_replicas_it_got(training: 
 def test_plan_refuses_a_batch_larger_than_the_data() -> None:
     with pytest.raises(PlanError, match="larger than the training split"):
         _plan({"type": "cpu"}, training={"global_batch_size": 4096})
+
+
+def _small_plan(steps_per_epoch: int, steps_per_execution: int, epochs: int) -> Any:
+    return dataclasses.replace(_plan({"type": "cpu", "replicas": 2}, local=2), steps_per_epoch=steps_per_epoch,
+                               steps_per_execution=steps_per_execution, epochs=epochs)
+
+
+@pytest.mark.parametrize(("every_epochs", "every_steps", "expected"), [
+    (1, None, [(1, 0, 12), (2, 0, 24)]),
+    (5, None, [(2, 0, 24)]),  # the last epoch is always saved
+    # Multiples of 5 are reached by the calls ending at 8, 12, 16 and 20; the one ending at 12
+    # ends epoch 1, so its checkpoint is that epoch's.
+    (1, 5, [(0, 8, 8), (1, 0, 12), (1, 4, 16), (1, 8, 20), (2, 0, 24)]),
+    (5, 10, [(1, 0, 12), (1, 8, 20), (2, 0, 24)]),
+])
+def test_checkpoints_follow_the_epoch_and_step_schedules_at_call_boundaries(
+        every_epochs: int, every_steps: int | None, expected: list[tuple[int, int, int]]) -> None:
+    """Two epochs of 12 steps, run 4 steps per call."""
+    saved: list[TrainingPosition] = []
+    store = SimpleNamespace(save=lambda checkpoint, at: saved.append(at))
+    training = TrainingSpec(epochs=2, checkpoint_every_epochs=every_epochs, checkpoint_every_steps=every_steps)
+    schedule = CheckpointSchedule(store, None, training, _small_plan(12, 4, epochs=2))  # type: ignore[arg-type]
+    for epoch in range(2):
+        for step in (4, 8, 12):
+            schedule.after_call(TrainingPosition(epoch, step, 12 * epoch + step))
+        schedule.after_epoch(TrainingPosition(epoch + 1, 0, 12 * (epoch + 1)))
+    assert [(at.epoch, at.step, at.global_step) for at in saved] == expected
+
+
+@pytest.mark.parametrize(("saved", "steps_per_epoch", "start", "noted"), [
+    (TrainingPosition(1, 8, 20), 12, TrainingPosition(1, 8, 20), False),
+    (TrainingPosition(1, 0, 12), 12, TrainingPosition(1, 0, 12), False),
+    # Saved under another plan: back to this plan's execution boundary, at least one call left.
+    (TrainingPosition(1, 6, 18), 12, TrainingPosition(1, 4, 18), True),
+    (TrainingPosition(1, 10, 22), 8, TrainingPosition(1, 4, 22), True),
+    (TrainingPosition(3, 0, 36), 12, TrainingPosition(2, 0, 36), False),  # every epoch done
+])
+def test_resume_starts_where_the_checkpoint_was_taken(saved: TrainingPosition, steps_per_epoch: int,
+                                                      start: TrainingPosition, noted: bool) -> None:
+    plan = resume_from(_small_plan(steps_per_epoch, 4, epochs=2), saved)
+    assert plan.start == start
+    assert any("resumes at step" in note for note in plan.notes) == noted
 
 
 # --- end to end -----------------------------------------------------------------------------------
@@ -371,40 +416,62 @@ def test_user_module_failure_is_reported_in_status(bucket: str, tmp_path: Path, 
     assert status["error"]["logs"]
 
 
-def _slow_job(bucket: str, tmp_path: Path, epochs: int) -> tuple[str, dict[str, Any], str]:
+def _slow_job(bucket: str, tmp_path: Path, epochs: int, **training: Any) -> tuple[str, dict[str, Any], str]:
     """Digits repeated, so an epoch lasts seconds: long enough to be interrupted in.
     Returns (job_id, spec, dataset_uri); the job directory is made for attempt 1."""
     x, y = digits()
     dataset = stage(bucket, tmp_path, np.tile(x, (8, 1, 1, 1)), np.tile(y, 8), 10, val=359, shards=2)
     job_id = str(uuid.uuid4())
-    s = spec(training={"epochs": epochs, "per_replica_batch_size": 16, "learning_rate": 0.003})
+    s = spec(training={"epochs": epochs, "per_replica_batch_size": 16, "learning_rate": 0.003, **training})
     make_job(bucket, s, dataset, attempt=1, job_id=job_id)
     return job_id, s, dataset
 
 
 @pytest.mark.tf
-def test_resumes_from_the_last_checkpoint_after_being_killed(bucket: str, tmp_path: Path) -> None:
-    job_id, s, dataset = _slow_job(bucket, tmp_path, epochs=4)
+@pytest.mark.parametrize(("schedule", "mid_epoch"), [
+    ({}, False),
+    ({"checkpoint_every_steps": 50}, True),
+], ids=["epoch-end", "mid-epoch"])
+def test_resumes_from_the_last_checkpoint_after_being_killed(bucket: str, tmp_path: Path, schedule: dict[str, Any],
+                                                             mid_epoch: bool) -> None:
+    """Killed once a checkpoint of the awaited kind is in GCS, a second attempt goes on from it and
+    trains exactly the steps an uninterrupted run would have."""
+    job_id, s, dataset = _slow_job(bucket, tmp_path, epochs=3, **schedule)
     job_dir = storage.JobPaths.for_job(job_id, bucket).root
+
+    def awaited_checkpoint_is_in() -> bool:
+        latest = read(job_dir, "checkpoints/latest.json")
+        return latest is not None and (latest["step"] > 0 or not mid_epoch)
+
     first = start_agent(job_dir)
     try:
-        wait_for(lambda: read(job_dir, "checkpoints/latest.json") is not None, first)
+        wait_for(awaited_checkpoint_is_in, first)
     finally:
         first.kill()  # SIGKILL: nothing gets to clean up, as when a VM vanishes
         first.wait()
     assert read(job_dir, "status.json")["state"] == "running"
+    taken = read(job_dir, "checkpoints/latest.json")
+    assert (taken["step"] > 0) == mid_epoch
 
     make_job(bucket, s, dataset, attempt=2, job_id=job_id)
     rc, out = run_agent(job_dir)
     assert rc == 0, out[-5000:]
     status = read(job_dir, "status.json")
     assert (status["state"], status["attempt"]) == ("succeeded", 2)
-    resumed_at = status["runtime"]["initial_epoch"]
-    assert resumed_at > 0
+    runtime = status["runtime"]
+    assert (runtime["initial_epoch"], runtime["initial_step"]) == (taken["epoch"], taken["step"])
+    steps_per_epoch = runtime["steps_per_epoch"]
+    assert taken["global_step"] == taken["epoch"] * steps_per_epoch + taken["step"]
     history = read(job_dir, "artifacts/history.json")
-    assert [e["epoch"] for e in history] == [1, 2, 3, 4]
-    assert {e["attempt"] for e in history if e["epoch"] <= resumed_at} == {1}
-    assert {e["attempt"] for e in history if e["epoch"] > resumed_at} == {2}
+    assert [e["epoch"] for e in history] == [1, 2, 3]
+    assert {e["attempt"] for e in history if e["epoch"] <= taken["epoch"]} <= {1}
+    assert {e["attempt"] for e in history if e["epoch"] > taken["epoch"]} == {2}
+    resumed = history[taken["epoch"]]  # the epoch the checkpoint was taken in, or the one after it
+    assert resumed.get("resumed_at_step", 0) == taken["step"]
+    assert resumed["steps"] == steps_per_epoch - taken["step"]
+    final = read(job_dir, "artifacts/metrics.json")
+    assert final["optimizer_iterations"] == 3 * steps_per_epoch
+    assert read(job_dir, "artifacts/manifest.json")
 
 
 @pytest.mark.tf
@@ -413,7 +480,10 @@ def test_two_workers_train_together_and_only_the_chief_writes_artifacts(bucket: 
 
     x, y = digits()
     dataset = stage(bucket, tmp_path, x, y, 10, val=359, shards=1)
-    job_dir = make_job(bucket, spec(accelerator={"type": "cpu"}, workers=2, model={"name": "cnn"}), dataset)
+    # Mid-epoch checkpoints too: every worker writes them (the writes are collective), the chief uploads.
+    job_dir = make_job(bucket, spec(accelerator={"type": "cpu"}, workers=2, model={"name": "cnn"}, training={
+        "epochs": 2, "per_replica_batch_size": 32, "learning_rate": 0.003, "checkpoint_every_steps": 8,
+    }), dataset)
     cluster = {"worker": [f"localhost:{free_port()}", f"localhost:{free_port()}"]}
     procs = [start_agent(job_dir, TRAINJOBS_LOCAL_DEVICES="1",
                          TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}))
@@ -425,6 +495,7 @@ def test_two_workers_train_together_and_only_the_chief_writes_artifacts(bucket: 
     assert chief["runtime"]["strategy"] == "multi_worker_mirrored" and chief["runtime"]["replicas"] == 2
     assert chief["metrics"]["val_accuracy"] == other["metrics"]["val_accuracy"]  # one model, trained together
     assert read(job_dir, "artifacts/manifest.json")
+    assert read(job_dir, "checkpoints/latest.json")["global_step"] == 2 * chief["runtime"]["steps_per_epoch"]
 
 
 @pytest.mark.tf

@@ -28,6 +28,8 @@ REJECTED = [
     ("absurd batch", {"training": {"per_replica_batch_size": 65536}, "accelerator": {"type": "cpu", "replicas": 64}},
      "training.per_replica_batch_size", "absurd"),
     ("zero epochs", {"training": {"epochs": 0}}, "training.epochs", "greater than or equal to 1"),
+    ("zero checkpoint steps", {"training": {"checkpoint_every_steps": 0}}, "training.checkpoint_every_steps",
+     "greater than or equal to 1"),
     ("negative learning rate", {"training": {"learning_rate": -0.1}}, "training.learning_rate", "greater than 0"),
     ("warmup longer than training", {"training": {"epochs": 2, "warmup_epochs": 5}}, "training.warmup_epochs", "longer than training"),
     ("int8 without calibration data", {"export": {"tflite": {"quantization": "int8", "calibration_examples": 0}}},

@@ -228,6 +228,12 @@ class TrainingSpec(_Strict):
     warmup_epochs: float = Field(default=0.0, ge=0.0, le=1000.0)
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
     checkpoint_every_epochs: int = Field(default=1, ge=1, le=10_000)
+    checkpoint_every_steps: int | None = Field(
+        default=None, ge=1, le=100_000_000,
+        description="Also checkpoint every this many optimizer steps, counted over the whole job, so a restarted "
+        "job resumes mid-epoch. A save happens between calls of the train function: with steps_per_execution > 1, "
+        "at the end of the first call that reaches each multiple. Combines with checkpoint_every_epochs.",
+    )
     cache_dataset: bool = False
 
     @model_validator(mode="after")

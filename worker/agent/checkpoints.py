@@ -1,7 +1,15 @@
 """Checkpoints: written to local disk, mirrored to <job-dir>/checkpoints/, restored on the next attempt.
 
 `latest.json` is uploaded only after the checkpoint's files, so an agent killed mid-upload leaves
-it pointing at the previous complete checkpoint; a new attempt trusts nothing else.
+it pointing at the previous complete checkpoint; a new attempt trusts nothing else. It says where
+training stood when the checkpoint was taken:
+
+    {"epoch": 2, "step": 40, "global_step": 912, "prefix": "step-000000912",
+     "files": ["step-000000912.data-00000-of-00001", "step-000000912.index"],
+     "attempt": 1, "written_at": "..."}
+
+`epoch` epochs were done, then `step` steps of the next one (0 for a checkpoint taken at an
+epoch's end); `global_step` counts every training step since the job began.
 """
 
 from __future__ import annotations
@@ -11,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from trainjobs import storage
+from trainjobs.spec import TrainingSpec
+from worker.agent.plan import RuntimePlan, TrainingPosition
 from worker.agent.status import utc_now
 
 log = logging.getLogger("trainjobs.agent")
@@ -21,37 +31,52 @@ LATEST = "latest.json"
 class CheckpointStore:
     def __init__(self, local_dir: Path, remote: str, upload: bool, attempt: int):
         self.local_dir, self.remote, self.upload, self.attempt = local_dir, remote.rstrip("/"), upload, attempt
+        self._local_prefix: str | None = None
 
     def latest(self) -> dict[str, Any] | None:
         return storage.read_json(f"{self.remote}/{LATEST}")
 
-    def restore(self, checkpoint: Any) -> int:
-        """Load the newest complete checkpoint into `checkpoint`; return its epoch, 0 if none."""
+    def restore(self, checkpoint: Any, steps_per_epoch: int) -> TrainingPosition:
+        """Load the newest complete checkpoint into `checkpoint`; return where it was taken (the
+        start, if there is none)."""
         latest = self.latest()
         if latest is None:
-            return 0
+            return TrainingPosition()
         self.local_dir.mkdir(parents=True, exist_ok=True)
         for name in latest["files"]:
             storage.blob(f"{self.remote}/{name}").download_to_filename(str(self.local_dir / name))
         checkpoint.read(str(self.local_dir / latest["prefix"])).assert_existing_objects_matched()
-        log.info("resumed from the checkpoint of epoch %d (attempt %s)", latest["epoch"], latest.get("attempt"))
-        return int(latest["epoch"])
+        epoch = int(latest["epoch"])
+        # An agent from before step schedules wrote neither: its checkpoints were all at epoch ends.
+        step = int(latest.get("step", 0))
+        at = TrainingPosition(epoch, step, int(latest.get("global_step", epoch * steps_per_epoch)))
+        log.info("resumed from the checkpoint at epoch %d, step %d (global step %d) of attempt %s",
+                 at.epoch, at.step, at.global_step, latest.get("attempt"))
+        return at
 
-    def save(self, checkpoint: Any, epoch: int) -> None:
+    def save(self, checkpoint: Any, at: TrainingPosition) -> None:
         """Every task writes (MultiWorkerMirroredStrategy needs all of them to); only the chief uploads."""
         self.local_dir.mkdir(parents=True, exist_ok=True)
-        prefix = f"epoch-{epoch:06d}"
+        prefix = f"step-{at.global_step:09d}"
         checkpoint.write(str(self.local_dir / prefix))
-        if not self.upload:
-            return
+        previous_local, self._local_prefix = self._local_prefix, prefix
+        if self.upload:
+            self._upload(prefix, at)
+        if previous_local is not None and previous_local != prefix:
+            for stale in self.local_dir.glob(f"{previous_local}.*"):
+                stale.unlink()
+
+    def _upload(self, prefix: str, at: TrainingPosition) -> None:
         files = sorted(p.name for p in self.local_dir.glob(f"{prefix}.*"))
         previous = self.latest()
         for name in files:
             storage.blob(f"{self.remote}/{name}").upload_from_filename(str(self.local_dir / name))
         storage.write_json(f"{self.remote}/{LATEST}", {
-            "epoch": epoch, "prefix": prefix, "files": files, "attempt": self.attempt, "written_at": utc_now(),
+            "epoch": at.epoch, "step": at.step, "global_step": at.global_step, "prefix": prefix, "files": files,
+            "attempt": self.attempt, "written_at": utc_now(),
         })
-        log.info("checkpoint of epoch %d uploaded to %s", epoch, self.remote)
+        log.info("checkpoint at epoch %d, step %d (global step %d) uploaded to %s",
+                 at.epoch, at.step, at.global_step, self.remote)
         if previous and previous["prefix"] != prefix:
             from google.api_core.exceptions import NotFound
 
@@ -60,5 +85,36 @@ class CheckpointStore:
                     storage.blob(f"{self.remote}/{name}").delete()
                 except NotFound:  # a previous attempt died between upload and cleanup
                     pass
-            for stale in self.local_dir.glob(f"{previous['prefix']}.*"):
-                stale.unlink()
+
+
+class CheckpointSchedule:
+    """Saves at the end of every `checkpoint_every_epochs`-th epoch and of the last one, and with
+    `checkpoint_every_steps` also after the train-function call that reaches each multiple of it
+    in global steps. Nothing can be saved inside a call, so with steps_per_execution > 1 the save
+    comes at the end of the first call at or past the multiple. A multiple reached by an epoch's
+    last call is saved at that epoch's end, after its history entry, as an epoch-end checkpoint.
+
+    Every task makes the same decisions from the same step counts, as the collective writes need.
+    """
+
+    def __init__(self, store: CheckpointStore, checkpoint: Any, training: TrainingSpec, plan: RuntimePlan):
+        self.store, self.checkpoint = store, checkpoint
+        self.every_epochs, self.every_steps = training.checkpoint_every_epochs, training.checkpoint_every_steps
+        self.epochs, self.steps_per_epoch = plan.epochs, plan.steps_per_epoch
+        self._saved_at = plan.initial_global_step
+
+    def after_call(self, at: TrainingPosition) -> None:
+        if at.step < self.steps_per_epoch and self._steps_due(at):
+            self._save(at)
+
+    def after_epoch(self, at: TrainingPosition) -> None:
+        if at.epoch % self.every_epochs == 0 or at.epoch == self.epochs or self._steps_due(at):
+            self._save(at)
+
+    def _steps_due(self, at: TrainingPosition) -> bool:
+        every = self.every_steps
+        return every is not None and at.global_step // every > self._saved_at // every
+
+    def _save(self, at: TrainingPosition) -> None:
+        self.store.save(self.checkpoint, at)
+        self._saved_at = at.global_step

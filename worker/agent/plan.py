@@ -7,7 +7,7 @@ follows from the replica count it reports.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from trainjobs.spec import JobSpec, TpuAccelerator
@@ -34,6 +34,17 @@ class Hardware:
 
 
 @dataclass(frozen=True)
+class TrainingPosition:
+    """Where training stands: `epoch` epochs done, then `step` steps into the next one."""
+
+    epoch: int = 0
+    step: int = 0
+    # Training steps since the job began, over every attempt: the optimizer's iterations, except
+    # that a step float16 loss scaling skips (non-finite gradients) counts here and not there.
+    global_step: int = 0
+
+
+@dataclass(frozen=True)
 class RuntimePlan:
     strategy: str  # the tf.distribute strategy actually built
     requested_strategy: str  # spec.resolved_strategy
@@ -49,7 +60,9 @@ class RuntimePlan:
     learning_rate: float  # after scaling, the rate reached at the end of warmup
     warmup_steps: int
     epochs: int
-    initial_epoch: int = 0
+    initial_epoch: int = 0  # epochs a checkpoint already holds
+    initial_step: int = 0  # steps of the next epoch it holds too (a mid-epoch checkpoint)
+    initial_global_step: int = 0
     static_shapes: bool = False  # TPU: every batch must have the same shape, eval included
     jit_compile: bool | None = None  # what Keras resolved at compile time
     loss_scaling: bool | None = None  # whether Keras wrapped the optimizer in a LossScaleOptimizer
@@ -59,6 +72,10 @@ class RuntimePlan:
         d = asdict(self)
         d["notes"] = list(self.notes)
         return d
+
+    @property
+    def start(self) -> TrainingPosition:
+        return TrainingPosition(self.initial_epoch, self.initial_step, self.initial_global_step)
 
 
 def requested_kind(spec: JobSpec) -> HardwareKind:
@@ -147,3 +164,24 @@ def scaled_learning_rate(spec: JobSpec, global_batch: int) -> float:
     t = spec.training
     ratio = global_batch / t.lr_base_batch_size
     return t.learning_rate * {"none": 1.0, "linear": ratio, "sqrt": ratio**0.5}[t.lr_scaling]
+
+
+def resume_from(plan: RuntimePlan, saved: TrainingPosition) -> RuntimePlan:
+    """The plan continued from a checkpoint taken at `saved`.
+
+    A mid-epoch checkpoint resumes mid-epoch: training first runs the rest of that epoch, so the
+    job still trains `epochs` epochs of `steps_per_epoch` steps. That rest must be whole
+    executions. It is, unless this machine's plan differs from the one that saved (another
+    replica count or steps_per_execution); then the resumed step moves back to an execution
+    boundary, repeating a few steps rather than cutting the epoch short.
+    """
+    if saved.epoch >= plan.epochs:
+        return replace(plan, initial_epoch=plan.epochs, initial_global_step=saved.global_step)
+    spe = plan.steps_per_execution
+    step = min(saved.step // spe * spe, plan.steps_per_epoch - spe)
+    notes = plan.notes
+    if step != saved.step:
+        notes += (f"checkpoint at step {saved.step} of epoch {saved.epoch + 1} resumes at step {step}, a boundary "
+                  f"of this plan's executions of {spe} steps in epochs of {plan.steps_per_epoch}",)
+    return replace(plan, initial_epoch=saved.epoch, initial_step=step, initial_global_step=saved.global_step,
+                   notes=notes)

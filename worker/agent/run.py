@@ -16,13 +16,13 @@ from typing import Any
 from trainjobs import storage
 from trainjobs.spec import TrainingSpec
 from worker.agent import devices, export
-from worker.agent.checkpoints import CheckpointStore
+from worker.agent.checkpoints import CheckpointSchedule, CheckpointStore
 from worker.agent.data import LocalDataset, download_dataset, eval_dataset, read_arrays, train_dataset
 from worker.agent.input_wait import InputWaitMeter
 from worker.agent.job import AgentJob, WorkDir
 from worker.agent.models import ModelInputs, build, builder_for
 from worker.agent.optimizer import make_optimizer
-from worker.agent.plan import RuntimePlan, resolve_plan, strategy_to_build
+from worker.agent.plan import RuntimePlan, TrainingPosition, resolve_plan, resume_from, strategy_to_build
 from worker.agent.status import StatusReporter
 from worker.agent.step_functions import install_step_functions
 from worker.agent.tensorboard import ScalarLog
@@ -56,25 +56,28 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
     inputs = _model_inputs(spec.model.params, data, builtin=spec.model.module is None)
     builder = builder_for(spec.model, work.user_model)
     store = CheckpointStore(work.checkpoints, job.paths.checkpoints, upload=job.is_chief, attempt=job.attempt)
-    model, checkpoint, initial_epoch = _compile_and_restore(builder, inputs, plan, spec.training, strategy, store)
+    model, checkpoint, saved_at = _compile_and_restore(builder, inputs, plan, spec.training, strategy, store)
     repairs: list[str] = []
     if strategy_name == "multi_worker_mirrored":
         from worker.agent.keras_compat import repair_multi_worker_fit
 
         repairs = repair_multi_worker_fit(model, strategy)
     train_function = install_step_functions(model, plan.steps_per_execution)
+    plan = resume_from(plan, saved_at)
     plan = dataclasses.replace(
-        plan, initial_epoch=initial_epoch, jit_compile=bool(model.jit_compile), notes=plan.notes + tuple(repairs),
+        plan, jit_compile=bool(model.jit_compile), notes=plan.notes + tuple(repairs),
         loss_scaling=isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer),
     )
     reporter.runtime = plan.as_dict()
-    reporter.epoch = initial_epoch
+    reporter.epoch = plan.initial_epoch
+    reporter.step_progress(plan.initial_epoch + plan.initial_step / plan.steps_per_epoch)
     log.info("runtime plan: %s", json.dumps(reporter.runtime))
 
-    history = _previous_history(job.paths.metrics, initial_epoch) if job.is_chief else []
+    history = _previous_history(job.paths.metrics, plan.initial_epoch) if job.is_chief else []
     tb = ScalarLog(work.tensorboard, job.paths.tensorboard) if job.is_chief else None
+    schedule = CheckpointSchedule(store, checkpoint, spec.training, plan)
 
-    def on_epoch(entry: dict[str, Any]) -> None:
+    def on_epoch(entry: dict[str, Any], at: TrainingPosition) -> None:
         epoch = entry["epoch"]
         history.append(entry)
         log.info("epoch %d/%d: %s", epoch, plan.epochs, json.dumps(entry))
@@ -82,8 +85,7 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
             # metrics.json before the checkpoint: a resumed run truncates history to the checkpoint,
             # so the opposite order could lose an epoch's entry.
             storage.write_json(job.paths.metrics, _metrics_doc(job, plan, history))
-        if epoch % spec.training.checkpoint_every_epochs == 0 or epoch == plan.epochs:
-            store.save(checkpoint, epoch)
+        schedule.after_epoch(at)
         reporter.epoch_done(epoch, entry)
         if tb is not None:
             tb.write(epoch, entry)
@@ -95,7 +97,8 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
     if data.validation is not None:
         val = eval_dataset(data, plan.global_batch_size, plan.static_shapes, spec.training.cache_dataset)
     reporter.set_phase("training")
-    recorder = EpochRecorder(plan, job.attempt, meter, train_function, on_epoch, reporter.step_progress)
+    recorder = EpochRecorder(plan, job.attempt, meter, train_function, on_epoch, schedule.after_call,
+                             reporter.step_progress)
     fit(model, plan, train, val, recorder)
     if tb is not None:
         tb.close()
@@ -124,8 +127,9 @@ def _wait_for_chief(job: AgentJob) -> None:
 
 
 def _compile_and_restore(builder: Any, inputs: ModelInputs, plan: RuntimePlan, training: TrainingSpec, strategy: Any,
-                         store: CheckpointStore) -> tuple[Any, Any, int]:
-    """The compiled model under the strategy, with the newest checkpoint (if any) loaded into it."""
+                         store: CheckpointStore) -> tuple[Any, Any, TrainingPosition]:
+    """The compiled model under the strategy, with the newest checkpoint (if any) loaded into it,
+    and where training stood when that checkpoint was taken."""
     import keras
     import tensorflow as tf
 
@@ -138,8 +142,8 @@ def _compile_and_restore(builder: Any, inputs: ModelInputs, plan: RuntimePlan, t
         # Built now, not lazily on the first step, so a checkpoint has variables to restore into.
         model.optimizer.build(model.trainable_variables)
         checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
-        initial_epoch = min(store.restore(checkpoint), plan.epochs)
-    return model, checkpoint, initial_epoch
+        saved_at = store.restore(checkpoint, plan.steps_per_epoch)
+    return model, checkpoint, saved_at
 
 
 def _export(job: AgentJob, work: WorkDir, plan: RuntimePlan, data: LocalDataset, builder: Any, inputs: ModelInputs,
@@ -162,6 +166,7 @@ def _export(job: AgentJob, work: WorkDir, plan: RuntimePlan, data: LocalDataset,
                      tflite_accuracy=export.tflite_accuracy(tflite, val_x, val_y))
     final.update(_throughput(history, job.attempt))
     final.update(eval_examples=int(len(val_y)), epochs=plan.epochs, initial_epoch=plan.initial_epoch,
+                 initial_step=plan.initial_step, optimizer_iterations=int(model.optimizer.iterations.numpy()),
                  precision=plan.precision, replicas=plan.replicas, global_batch_size=plan.global_batch_size)
     log.info("final metrics: %s", json.dumps(final))
     (out / "metrics.json").write_text(json.dumps(final, indent=2))
@@ -190,7 +195,7 @@ def _previous_history(metrics_uri: str, initial_epoch: int) -> list[dict[str, An
 
 def _metrics_doc(job: AgentJob, plan: RuntimePlan, history: list[dict[str, Any]]) -> dict[str, Any]:
     return {"job_id": job.job_id, "attempt": job.attempt, "epochs": plan.epochs,
-            "initial_epoch": plan.initial_epoch, "history": history}
+            "initial_epoch": plan.initial_epoch, "initial_step": plan.initial_step, "history": history}
 
 
 def _throughput(history: list[dict[str, Any]], attempt: int) -> dict[str, Any]:
