@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -63,7 +64,8 @@ class LocalProvisioner:
                                                "task": {"type": "worker", "index": task}})
             with (logs / f"task-{task}.log").open("ab") as out:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "worker.agent", "--job-dir", request.job_dir, "--task-index", str(task)],
+                    [sys.executable, "-m", "worker.agent", "--job-dir", request.job_dir, "--task-index", str(task),
+                     "--work-dir", str(logs / f"disk-{task}")],
                     env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                     start_new_session=True,  # its own process group: delete kills the whole machine
                 )
@@ -88,6 +90,7 @@ class LocalProvisioner:
         for pid in record["pids"]:
             _signal_group(pid, signal.SIGKILL)
         self._path(name).unlink(missing_ok=True)
+        shutil.rmtree(record["logs"], ignore_errors=True)  # the machine's disk goes with it, as a VM's does
 
     def list(self, labels: dict[str, str]) -> list[MachineInfo]:
         return [self._info(r) for r in self._records() if labels.items() <= r["labels"].items()]
