@@ -11,47 +11,47 @@ handed over, and the difference is the time the consumer was blocked on input. S
 epoch's training steps and divided by their wall time, that is `input_wait_fraction`: near 0 when
 the prefetch buffer is always full, near 1 when the accelerator idles on input.
 
+The sum is kept in a host variable that `record` adds to inside the graph. The first version
+handed each wait to Python through tf.numpy_function: ~100 us more CPU per batch, and the GIL
+taken on a tf.data thread while Keras' loop runs Python, which cost ~10% of training throughput
+under MirroredStrategy on 2 CPUs (bench/trainer_bench.py; bench/README.md).
+
 Under MirroredStrategy and TPUStrategy the consumer is the distributed iterator's own buffer,
 which feeds the devices; in steady state it waits exactly as long as the steps it feeds.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 
 class InputWaitMeter:
+    """Create it after the strategy (TensorFlow's runtime must be configured first), outside its
+    scope: the sum is a plain variable on this host's CPU, not one mirrored over the replicas."""
+
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._waited_s = 0.0
+        import tensorflow as tf
 
-    def _add(self, seconds: Any) -> Any:
-        import numpy as np
-
-        with self._lock:
-            self._waited_s += float(seconds)
-        return np.float32(0)
+        with tf.device("/cpu:0"):
+            self._waited_s = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="trainjobs_input_wait_s")
 
     def reset(self) -> None:
-        with self._lock:
-            self._waited_s = 0.0
+        self._waited_s.assign(0.0)
 
     @property
     def waited_s(self) -> float:
-        with self._lock:
-            return self._waited_s
+        return float(self._waited_s.numpy())
 
     def wrap(self, dataset: Any) -> Any:
         import tensorflow as tf
 
         # tf.timestamp is stateful, so tf.data neither caches nor reorders the clock.
         clock = tf.data.Dataset.from_tensors(0).repeat().map(lambda _: tf.timestamp())
+        waited_s = self._waited_s
 
         def record(asked_at: Any, batch: Any) -> Any:
-            waited = tf.timestamp() - asked_at
-            token = tf.numpy_function(self._add, [waited], tf.float32, stateful=True)
-            with tf.control_dependencies([token]):
+            added = waited_s.assign_add(tf.timestamp() - asked_at)
+            with tf.control_dependencies([added]):
                 return tf.nest.map_structure(tf.identity, batch)
 
         options = tf.data.Options()
