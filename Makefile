@@ -23,6 +23,7 @@ test: venv
 
 bench: venv
 	$(PY) bench/claim_bench.py
+	$(PY) bench/trainer_bench.py
 
 clean:
 	rm -rf $(VENV) .demo *.egg-info

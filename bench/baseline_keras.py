@@ -3,8 +3,11 @@ train the same model on the same TFRecord shards, with no trainjobs machinery ar
 
 Same as the agent: the built-in cnn (worker/agent/builtin_models.py, normalised by the first 4096
 training examples), Adam, float32, the same strategy over the same logical CPU devices, the same
-global batch and steps_per_execution, tf.data with a batched parse_example, shuffle, prefetch.
-Timed the same way: each epoch's training part, from on_epoch_begin to on_test_begin.
+global batch, learning rate and steps_per_execution, tf.data with a batched parse_example, shuffle,
+prefetch, and validation data of declared length. Timed the same way: each epoch's training part,
+from on_epoch_begin to on_test_begin. Left out is what the agent adds around model.fit: its own
+step functions (bench/README.md), the input-wait meter, the per-call progress and checkpoint
+schedule, the heartbeat, and the per-epoch metrics, checkpoint and TensorBoard uploads.
 
 Usage (trainer_bench.py runs it): python bench/baseline_keras.py --data DIR --strategy mirrored
     --devices 2 --global-batch 256 --steps-per-epoch 140 --steps-per-execution 1 --epochs 5 --out result.json

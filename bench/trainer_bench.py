@@ -4,20 +4,26 @@ Goal: agent >= 0.95x baseline.
 
 1. Data: N synthetic digits-shaped 8x8x1 images in 10 classes (sklearn's digits, resampled with
    pixel noise), staged with worker.staging.stage_dataset into an in-memory GCS emulator.
-2. Per configuration (mirrored over 2 logical CPUs; default strategy on 1), interleaved
-   agent, baseline, agent, baseline, each its own process:
+2. Per configuration (mirrored over 2 logical CPUs; default strategy on 1), runs interleaved in
+   ABBA order (agent, baseline, baseline, agent, ...), each its own process:
    - agent: `python -m worker.agent --job-dir gs://...` with TRAINJOBS_LOCAL_DEVICES as the local
      provisioner sets it; examples/s from the job's metrics.json history;
    - baseline: bench/baseline_keras.py on local copies of the same shards, with the global batch,
-     steps per epoch and steps_per_execution the agent's runtime plan reported.
+     steps per epoch, steps_per_execution and learning rate of the agent's runtime plan.
 3. What is measured, on both sides: examples/s of each epoch's training steps (on_epoch_begin to
-   on_test_begin: validation, checkpoints and uploads are outside the clock); per run the median
-   over its epochs leaving out the first (tracing); per side the median over its runs' epochs.
+   on_test_begin: validation, checkpoints and uploads are outside the clock), pooled over the
+   runs' epochs after each run's first (tracing); the median of those. `ratio` = agent / baseline.
    Also reported, for information: `epoch_interval_s`, the median wall time between consecutive
    epoch ends, which includes validation and, for the agent, its per-epoch bookkeeping
-   (metrics.json, checkpoint and TensorBoard uploads).
+   (metrics.json, checkpoint and TensorBoard uploads); the agent's `input_wait_fraction`; and
+   `run_pair_ratios`, each agent run's median against its paired baseline run's.
+4. Neighbours: on a small shared machine another process's burst halves a mirrored step. The bench
+   samples the CPU used outside its own process tree (neighbour_load.py), waits for a quiet
+   machine before each run, and counts only epochs that trained while neighbours used under
+   QUIET_CORES (`epochs` lists [examples/s, neighbour cores] for each; `epochs_disturbed` counts
+   the rest). With fewer than MIN_QUIET_EPOCHS quiet epochs a side counts all, and says so.
 
-Usage: python bench/trainer_bench.py [--examples 40000] [--epochs 5] [--runs 2] [--configs mirrored,default]
+Usage: python bench/trainer_bench.py [--examples 60000] [--epochs 5] [--runs 2] [--configs mirrored,default]
 """
 
 from __future__ import annotations
@@ -121,7 +127,7 @@ def job_spec(config: Config, epochs: int) -> JobSpec:
 
 @dataclass(frozen=True)
 class Epoch:
-    """One timed epoch of one run, after the run's first."""
+    """One timed epoch of one run."""
 
     examples_per_sec: float
     train_began_at: float  # wall clock, for the neighbour-load window
@@ -207,13 +213,14 @@ def bench_config(config: Config, dataset_uri: str, data: Path, epochs: int, runs
                  load: NeighbourLoad) -> dict[str, Any]:
     agent: list[Run] = []
     baseline: list[Run] = []
+    waited_s = 0.0
     # Interleaved, and in ABBA order (agent, baseline, baseline, agent, ...), so that drift in the
     # machine's speed hits both sides alike and neither always runs first. The baseline copies the
     # first agent run's plan, so that run comes first.
     for i in range(runs):
         sides = ("agent", "baseline") if i % 2 == 0 else ("baseline", "agent")
         for side in sides:
-            load.wait_for_quiet(QUIET_CORES, QUIET_WAIT_S)
+            waited_s += load.wait_for_quiet(QUIET_CORES, QUIET_WAIT_S)
             if side == "agent":
                 agent.append(with_load(run_agent(config, dataset_uri, epochs), load))
             else:
@@ -226,11 +233,12 @@ def bench_config(config: Config, dataset_uri: str, data: Path, epochs: int, runs
     plan = {k: runtime[k] for k in ("strategy", "replicas", "precision", "global_batch_size", "steps_per_epoch",
                                     "steps_per_execution")}
     a["input_wait_fraction"] = statistics.median(w for r in agent for w in (r.input_wait_fraction or [])[1:])
-    # Each agent run against the baseline run right after it: how much the ratio moves run to run.
+    # Each agent run against its paired baseline run: how much the ratio moves from run to run.
     pairs = [statistics.median(e.examples_per_sec for e in ra.epochs[1:]) /
              statistics.median(e.examples_per_sec for e in rb.epochs[1:]) for ra, rb in zip(agent, baseline)]
     return {"plan": plan, "agent": a, "baseline": b, "counted": "quiet epochs" if use_quiet else "all epochs (machine busy)",
-            "ratio": round(a["examples_per_sec"] / b["examples_per_sec"], 3), "run_pair_ratios": [round(r, 3) for r in pairs]}
+            "ratio": round(a["examples_per_sec"] / b["examples_per_sec"], 3), "run_pair_ratios": [round(r, 3) for r in pairs],
+            "waited_for_quiet_s": round(waited_s, 1)}
 
 
 def main() -> None:
