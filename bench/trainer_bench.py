@@ -232,7 +232,7 @@ def bench_config(config: Config, dataset_uri: str, data: Path, epochs: int, runs
     runtime = agent[0].runtime
     plan = {k: runtime[k] for k in ("strategy", "replicas", "precision", "global_batch_size", "steps_per_epoch",
                                     "steps_per_execution")}
-    a["input_wait_fraction"] = statistics.median(w for r in agent for w in (r.input_wait_fraction or [])[1:])
+    a["input_wait_fraction"] = round(statistics.median(w for r in agent for w in (r.input_wait_fraction or [])[1:]), 4)
     # Each agent run against its paired baseline run: how much the ratio moves from run to run.
     pairs = [statistics.median(e.examples_per_sec for e in ra.epochs[1:]) /
              statistics.median(e.examples_per_sec for e in rb.epochs[1:]) for ra, rb in zip(agent, baseline)]
@@ -262,8 +262,10 @@ def main() -> None:
     finally:
         load.stop()
         emulator.stop()
-    print(json.dumps({"examples": args.examples, "epochs_per_run": args.epochs, "runs_per_side": args.runs,
-                      "configs": results, "wall_s": round(time.monotonic() - started, 1)}, indent=2))
+    text = json.dumps({"examples": args.examples, "epochs_per_run": args.epochs, "runs_per_side": args.runs,
+                       "configs": results, "wall_s": round(time.monotonic() - started, 1)}, indent=2)
+    # Lists of numbers on one line each, so the per-epoch lists stay readable.
+    print(re.sub(r"\[\s+([-\d.,\s]+?)\s+\]", lambda m: "[" + " ".join(m.group(1).split()) + "]", text))
     ok = all(r["ratio"] >= GOAL for r in results.values())
     print("goal met" if ok else "GOAL NOT MET")
 

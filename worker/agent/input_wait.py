@@ -11,10 +11,10 @@ handed over, and the difference is the time the consumer was blocked on input. S
 epoch's training steps and divided by their wall time, that is `input_wait_fraction`: near 0 when
 the prefetch buffer is always full, near 1 when the accelerator idles on input.
 
-The sum is kept in a host variable that `record` adds to inside the graph. The first version
-handed each wait to Python through tf.numpy_function: ~100 us more CPU per batch, and the GIL
-taken on a tf.data thread while Keras' loop runs Python, which cost ~10% of training throughput
-under MirroredStrategy on 2 CPUs (bench/trainer_bench.py; bench/README.md).
+The sum lives in a host variable that `record` adds to inside the graph, so no Python runs in the
+pipeline. The first version handed each wait to Python through tf.numpy_function, which took the
+GIL on a tf.data thread while Keras' loop runs Python; the whole meter then cost ~0.15-0.2 ms of
+CPU per batch, now ~0.1 ms (bench/README.md, "Trainer throughput").
 
 Under MirroredStrategy and TPUStrategy the consumer is the distributed iterator's own buffer,
 which feeds the devices; in steady state it waits exactly as long as the steps it feeds.
