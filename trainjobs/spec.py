@@ -359,10 +359,11 @@ class JobSpec(_Strict):
             return t.global_batch_size
         return (t.per_replica_batch_size or 32) * self.num_replicas
 
-    @property
-    def scaled_learning_rate(self) -> float:
+    def scaled_learning_rate(self, global_batch: int | None = None) -> float:
+        """training.learning_rate scaled (lr_scaling) from lr_base_batch_size to global_batch (default:
+        the batch this spec implies; the agent passes the batch its machine really runs)."""
         t = self.training
-        ratio = self.global_batch_size / t.lr_base_batch_size
+        ratio = (global_batch or self.global_batch_size) / t.lr_base_batch_size
         factor = {"none": 1.0, "linear": ratio, "sqrt": ratio**0.5}[t.lr_scaling]
         return t.learning_rate * factor
 

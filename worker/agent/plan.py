@@ -149,21 +149,13 @@ def resolve_plan(spec: JobSpec, hardware: Hardware, strategy: str, replicas: int
         per_replica_batch_size=global_batch // replicas,
         steps_per_epoch=steps,
         steps_per_execution=spe,
-        learning_rate=scaled_learning_rate(spec, global_batch),
+        learning_rate=spec.scaled_learning_rate(global_batch),
         warmup_steps=round(t.warmup_epochs * steps),
         epochs=t.epochs,
         initial_epoch=initial_epoch,
         static_shapes=isinstance(spec.accelerator, TpuAccelerator) and hardware.local_devices is None,
         notes=tuple(notes),
     )
-
-
-def scaled_learning_rate(spec: JobSpec, global_batch: int) -> float:
-    """JobSpec.scaled_learning_rate, for the batch this machine really runs (its replica count may
-    differ from the one the spec assumed)."""
-    t = spec.training
-    ratio = global_batch / t.lr_base_batch_size
-    return t.learning_rate * {"none": 1.0, "linear": ratio, "sqrt": ratio**0.5}[t.lr_scaling]
 
 
 def resume_from(plan: RuntimePlan, saved: TrainingPosition) -> RuntimePlan:
