@@ -17,8 +17,10 @@ venv: $(VENV)/.installed
 demo: venv
 	$(PY) examples/demo.py
 
-# One process per core; --dist loadfile keeps each module (and its TensorFlow) in one process.
+# Types first (seconds), then one test process per core; --dist loadfile keeps each module (and its
+# TensorFlow) in one process.
 test: venv
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 
 bench: venv

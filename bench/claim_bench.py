@@ -44,7 +44,7 @@ def fresh_database() -> str:
     if base:
         base = base.replace("postgresql://", "postgresql+psycopg://", 1)
     else:
-        from trainjobs.embedded import start_embedded_postgres
+        from stack.embedded import start_embedded_postgres
 
         base = start_embedded_postgres(Path(tempfile.mkdtemp()) / "pg", database="postgres")
     url = make_url(base).set(database="trainjobs_bench")
@@ -112,7 +112,7 @@ def bench_dispatch(url: str, posts: int) -> dict[str, float]:
     import uvicorn
 
     from service.app import create_app
-    from trainjobs.embedded import free_port
+    from trainjobs.ports import free_port
     from worker.driver import DriverConfig
     from worker.loop import Worker, WorkerConfig
     from worker.provisioners.memory import MemoryCloud, memory_stager

@@ -52,7 +52,7 @@ import numpy as np  # noqa: E402
 
 from neighbour_load import NeighbourLoad  # noqa: E402
 from trainjobs import storage  # noqa: E402
-from trainjobs.embedded import start_gcs_emulator, use_emulator  # noqa: E402
+from stack.embedded import start_gcs_emulator, use_emulator  # noqa: E402
 from trainjobs.spec import DatasetOptions, DatasetSpec, JobSpec  # noqa: E402
 from worker.gcs_channel import GcsJobChannel  # noqa: E402
 from worker.staging import stage_dataset  # noqa: E402

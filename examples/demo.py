@@ -21,7 +21,7 @@ MIN_ACCURACY = 0.95
 
 def main() -> int:
     from trainjobs.client import Client
-    from trainjobs.embedded import free_port
+    from trainjobs.ports import free_port
 
     shutil.rmtree(DEMO / "machines", ignore_errors=True)
     env = {**os.environ, "TRAINJOBS_HOME": str(DEMO / "home")}
@@ -32,7 +32,7 @@ def main() -> int:
     DEMO.mkdir(exist_ok=True)
     log = DEMO / "stack.log"
     with log.open("w") as out:  # a file, not a pipe: a full pipe would stall the stack
-        stack = subprocess.Popen([sys.executable, "-m", "trainjobs.cli", "up", "--port", str(port),
+        stack = subprocess.Popen([sys.executable, "-m", "stack.cli", "up", "--port", str(port),
                                   "--data-dir", str(DEMO)], env=env, stderr=out, stdout=out, cwd=ROOT)
     try:
         deadline = time.monotonic() + 120

@@ -14,7 +14,8 @@ from service.errors import ApiError
 
 
 def get_factory(request: Request) -> sessionmaker[Session]:
-    return request.app.state.session_factory  # type: ignore[no-any-return]
+    factory: sessionmaker[Session] = request.app.state.session_factory  # set by create_app
+    return factory
 
 
 Factory = Annotated[sessionmaker[Session], Depends(get_factory)]

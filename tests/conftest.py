@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from trainjobs.embedded import GcsEmulator, start_gcs_emulator, use_emulator
+from stack.embedded import GcsEmulator, start_gcs_emulator, use_emulator
 
 
 @pytest.fixture(scope="session")
@@ -44,7 +44,7 @@ def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     from sqlalchemy.engine import make_url
 
     from service.db.session import upgrade
-    from trainjobs.embedded import start_embedded_postgres
+    from stack.embedded import start_embedded_postgres
 
     base = os.environ.get("TRAINJOBS_TEST_DATABASE_URL")
     if base:
@@ -90,7 +90,7 @@ def api_url(database_url: str) -> Iterator[str]:
     import uvicorn
 
     from service.app import create_app
-    from trainjobs.embedded import free_port
+    from trainjobs.ports import free_port
 
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(database_url), host="127.0.0.1", port=port, log_level="warning"))

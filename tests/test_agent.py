@@ -476,7 +476,7 @@ def test_resumes_from_the_last_checkpoint_after_being_killed(bucket: str, tmp_pa
 
 @pytest.mark.tf
 def test_two_workers_train_together_and_only_the_chief_writes_artifacts(bucket: str, tmp_path: Path) -> None:
-    from trainjobs.embedded import free_port
+    from trainjobs.ports import free_port
 
     x, y = digits()
     dataset = stage(bucket, tmp_path, x, y, 10, val=359, shards=1)

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainjobs.embedded import free_port
+from trainjobs.ports import free_port
 
 
 def cli(*args: str, env: dict[str, str], check: bool = True) -> subprocess.CompletedProcess[str]:
-    r = subprocess.run([sys.executable, "-m", "trainjobs.cli", *args], env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-m", "stack.cli", *args], env=env, capture_output=True, text=True, timeout=120)
     if check and r.returncode != 0:
         raise AssertionError(f"trainjobs {' '.join(args)} -> {r.returncode}\n{r.stdout}\n{r.stderr}")
     return r
@@ -29,7 +29,7 @@ def stack(db, database_url, gcs_emulator, tmp_path):
     port = free_port()
     log = tmp_path / "up.log"
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "trainjobs.cli", "up", "--port", str(port), "--data-dir",
+        proc = subprocess.Popen([sys.executable, "-m", "stack.cli", "up", "--port", str(port), "--data-dir",
                                  str(tmp_path / "data"), "--provisioner", "memory"], env=env, stdout=out, stderr=out)
     deadline = time.monotonic() + 60
     while "\nready\n" not in log.read_text():
@@ -119,7 +119,7 @@ def test_worker_sigterm_hands_running_jobs_back_at_once(db, database_url, tmp_pa
     env = {**os.environ, "TRAINJOBS_HOME": str(tmp_path), "TRAINJOBS_DATABASE_URL": database_url}
     log = tmp_path / "worker.log"
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "trainjobs.cli", "worker", "--provisioner", "memory",
+        proc = subprocess.Popen([sys.executable, "-m", "stack.cli", "worker", "--provisioner", "memory",
                                  "--data-dir", str(tmp_path / "data")], env=env, stdout=out, stderr=out)
     job_id = api.post("/v1/jobs", json={"dataset": {"source": "sklearn:digits"}, "model": {"name": "mlp"}}).json()["id"]
     deadline = time.monotonic() + 30

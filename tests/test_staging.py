@@ -16,7 +16,8 @@ import pytest
 
 from trainjobs import storage
 from trainjobs.spec import DatasetSpec
-from worker.staging import DatasetError, StagedDataset, stage_dataset, store_upload
+from trainjobs.uploads import store_upload
+from worker.staging import DatasetError, StagedDataset, stage_dataset
 from worker.staging.tfrecord import frame, iter_examples, write_examples
 
 

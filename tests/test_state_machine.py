@@ -85,3 +85,54 @@ def test_cancel_wins_over_a_racing_worker_transition(db):
     with pytest.raises(StaleTransition), transaction(db) as s:
         transition(s, job_id, S.RUNNING, S.SUCCEEDED, reason="too late", owner="w1")
     assert _state(db, job_id)[0] == S.CANCELLING
+
+
+def test_every_move_the_claim_makes_is_an_allowed_transition():
+    from service.db.jobstate import CLAIM_MOVES
+
+    assert set(CLAIM_MOVES.items()) <= ALLOWED
+
+
+@pytest.mark.parametrize("frm", [S.STAGING, S.PROVISIONING, S.RUNNING, S.RECOVERING, S.CANCELLING, S.QUEUED],
+                         ids=lambda s: s.value)
+def test_the_claim_moves_each_status_as_the_state_machine_table_says(db, frm):
+    from sqlalchemy import text
+
+    from service.db import queue
+    from service.db.jobstate import CLAIM_MOVES
+
+    job_id = _job(db, frm, owner=None if frm == S.QUEUED else "dead-worker")
+    if frm != S.QUEUED:  # a lease that ran out
+        with transaction(db) as s:
+            s.execute(text("UPDATE jobs SET lease_expires_at = now() - interval '1 minute' WHERE id = :id"),
+                      {"id": job_id})
+    with transaction(db) as s:
+        claim = queue.claim_next_job(s, "new-worker", 30)
+    assert claim is not None and (claim.from_status, claim.to_status) == (frm, CLAIM_MOVES[frm])
+    status, events, job = _state(db, job_id)
+    assert status == CLAIM_MOVES[frm] and events[-1] == (frm, CLAIM_MOVES[frm]) and job.lease_owner == "new-worker"
+
+
+def test_the_schema_migrates_down_and_up_again(database_url):
+    """Each migration's downgrade undoes its upgrade, on a scratch copy of the schema."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    from service.db.session import downgrade, head_revision, upgrade
+
+    url = make_url(database_url)
+    scratch = f"{url.database}_mig"
+    admin = url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{scratch}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{scratch}"')
+    try:
+        scratch_url = url.set(database=scratch).render_as_string(hide_password=False)
+        upgrade(scratch_url)
+        downgrade(scratch_url, "base")
+        upgrade(scratch_url)
+        with psycopg.connect(url.set(drivername="postgresql", database=scratch).render_as_string(hide_password=False)) as conn:
+            assert conn.execute("SELECT version_num FROM alembic_version").fetchone()[0] == head_revision()
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{scratch}" WITH (FORCE)')

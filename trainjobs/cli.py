@@ -1,21 +1,21 @@
-"""`trainjobs`: run the stack (up, api, worker, db, keys) and use it (submit, status, list, logs, cancel, artifacts)."""
+"""The client verbs of `trainjobs`: submit, status, list, logs, cancel, artifacts.
+
+They need only the base install. The server verbs (up, api, worker, db, keys) are added on top by
+stack/cli.py, which is the console script.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import click
 
-from trainjobs.stack import default_data_dir, resolve_database_url
-
-PROVISIONERS = click.Choice(["local", "memory"])
+from trainjobs.states import TERMINAL
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -29,161 +29,6 @@ def _setup_logging(verbose: bool) -> None:
 def main(verbose: bool) -> None:
     """Run TensorFlow training jobs on Cloud TPUs and GPU VMs."""
     _setup_logging(verbose)
-
-
-# --- server side ---------------------------------------------------------------------------------
-
-def _database(data_dir: Path, migrate: bool) -> str:
-    from service.db.session import upgrade
-
-    url = resolve_database_url(data_dir)
-    if migrate:
-        upgrade(url)
-    return url
-
-
-@main.group()
-def db() -> None:
-    """Database administration."""
-
-
-@db.command("upgrade")
-@click.option("--data-dir", type=click.Path(path_type=Path), default=default_data_dir)
-def db_upgrade(data_dir: Path) -> None:
-    """Apply migrations up to head."""
-    from service.db.session import head_revision
-
-    _database(data_dir, migrate=True)
-    click.echo(f"database at revision {head_revision()}")
-
-
-@main.group()
-def keys() -> None:
-    """API keys."""
-
-
-@keys.command("create")
-@click.option("--project", required=True, help="project name (created if new)")
-@click.option("--data-dir", type=click.Path(path_type=Path), default=default_data_dir)
-def keys_create(project: str, data_dir: Path) -> None:
-    """Print a new API key for PROJECT. It is shown once; only its hash is stored."""
-    from service.db.projects import create_api_key
-    from service.db.session import check_migrated, get_engine, session_factory, transaction
-
-    engine = get_engine(_database(data_dir, migrate=False))
-    check_migrated(engine)
-    with transaction(session_factory(engine)) as session:
-        click.echo(create_api_key(session, project))
-
-
-def _serve_api(url: str, host: str, port: int) -> Any:
-    import uvicorn
-
-    from service.app import create_app
-
-    server = uvicorn.Server(uvicorn.Config(create_app(url), host=host, port=port, log_level="warning"))
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # we own SIGTERM
-    thread = threading.Thread(target=server.run, name="api", daemon=True)
-    thread.start()
-    while not server.started and thread.is_alive():
-        time.sleep(0.02)
-    if not thread.is_alive():
-        raise click.ClickException(f"API failed to start on {host}:{port}")
-    return server
-
-
-def _make_worker(url: str, data_dir: Path, provisioner: str, concurrency: int, devices: int) -> Any:
-    from service.db.session import get_engine
-    from trainjobs.stack import build_runtime
-    from worker.loop import Worker, WorkerConfig
-
-    rt = build_runtime(provisioner, data_dir, local_devices=devices, local_slots=concurrency)
-    return Worker(get_engine(url), rt.provisioner, rt.channel, rt.stager,  # type: ignore[arg-type]
-                  WorkerConfig(concurrency=concurrency))
-
-
-def _wait_for_signal() -> None:
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
-
-
-@main.command()
-@click.option("--host", default="127.0.0.1")
-@click.option("--port", default=8080, type=int)
-@click.option("--data-dir", type=click.Path(path_type=Path), default=default_data_dir)
-@click.option("--migrate", is_flag=True, help="apply migrations first instead of refusing an old schema")
-def api(host: str, port: int, data_dir: Path, migrate: bool) -> None:
-    """Serve the REST API."""
-    from service.db.session import NotMigrated
-
-    try:
-        server = _serve_api(_database(data_dir, migrate), host, port)
-    except NotMigrated as exc:
-        raise click.ClickException(str(exc)) from exc
-    click.echo(f"API on http://{host}:{port} (docs at /docs)")
-    _wait_for_signal()
-    server.should_exit = True
-
-
-@main.command()
-@click.option("--data-dir", type=click.Path(path_type=Path), default=default_data_dir)
-@click.option("--provisioner", type=PROVISIONERS, default="local", show_default=True)
-@click.option("--concurrency", default=2, type=int, show_default=True, help="jobs driven at once")
-@click.option("--local-devices", default=2, type=int, show_default=True,
-              help="local provisioner: logical CPU devices standing in for the requested accelerators")
-@click.option("--migrate", is_flag=True)
-def worker(data_dir: Path, provisioner: str, concurrency: int, local_devices: int, migrate: bool) -> None:
-    """Claim and drive jobs. SIGTERM stops claiming and hands running jobs to other workers."""
-    from service.db.session import NotMigrated, check_migrated, get_engine
-    from trainjobs.stack import resolve_storage
-
-    url = _database(data_dir, migrate)
-    try:
-        check_migrated(get_engine(url))
-    except NotMigrated as exc:
-        raise click.ClickException(str(exc)) from exc
-    storage = resolve_storage(data_dir) if provisioner != "memory" else None
-    w = _make_worker(url, data_dir, provisioner, concurrency, local_devices)
-    w.start()
-    click.echo(f"worker {w.name} running ({provisioner} provisioner, {concurrency} at once)")
-    _wait_for_signal()
-    w.shutdown()
-    if storage:
-        storage.stop()
-
-
-@main.command()
-@click.option("--host", default="127.0.0.1")
-@click.option("--port", default=8080, type=int)
-@click.option("--data-dir", type=click.Path(path_type=Path), default=default_data_dir)
-@click.option("--provisioner", type=PROVISIONERS, default="local", show_default=True)
-@click.option("--concurrency", default=2, type=int, show_default=True)
-@click.option("--local-devices", default=2, type=int, show_default=True)
-@click.option("--project", default="local", show_default=True)
-def up(host: str, port: int, data_dir: Path, provisioner: str, concurrency: int, local_devices: int, project: str) -> None:
-    """The whole local stack in one process: PostgreSQL, GCS emulator, API and worker."""
-    from service.db.projects import create_api_key
-    from service.db.session import get_engine, session_factory, transaction
-    from trainjobs.config import save_client_config
-    from trainjobs.stack import resolve_storage
-
-    url = _database(data_dir, migrate=True)
-    storage = resolve_storage(data_dir)
-    with transaction(session_factory(get_engine(url))) as session:
-        key = create_api_key(session, project)
-    server = _serve_api(url, host, port)
-    w = _make_worker(url, data_dir, provisioner, concurrency, local_devices)
-    w.start()
-    api_url = f"http://{host}:{port}"
-    cfg = save_client_config(api_url, key)
-    click.echo(f"trainjobs is up: API {api_url} (docs {api_url}/docs), data in {data_dir}; client config {cfg}", err=True)
-    click.echo("ready", err=True)
-    _wait_for_signal()
-    w.shutdown()
-    server.should_exit = True
-    storage.stop()
 
 
 # --- client side ---------------------------------------------------------------------------------
@@ -290,7 +135,7 @@ def logs(job_id: str, follow: bool) -> None:
             text = c.logs(job_id)
             click.echo(text[shown:], nl=False)
             shown = len(text)
-            if not follow or c.get(job_id)["status"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
+            if not follow or c.get(job_id)["status"] in TERMINAL:
                 return
             time.sleep(2)
     except Exception as exc:
@@ -324,5 +169,3 @@ def artifacts(job_id: str, download: Path | None) -> None:
         _fail(exc)
 
 
-if __name__ == "__main__":
-    main()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,8 +11,7 @@ from typing import Any
 import httpx
 
 from trainjobs.config import load_client_config
-
-TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+from trainjobs.states import TERMINAL
 
 
 class ApiError(Exception):
@@ -33,31 +33,32 @@ class Client:
     def close(self) -> None:
         self._http.close()
 
-    def _call(self, method: str, path: str, **kw: Any) -> Any:
+    def _call(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+        """The JSON object every /v1 route answers with, or ApiError."""
         r = self._http.request(method, path, **kw)
-        if r.status_code >= 400:
-            try:
-                body = r.json()
-            except ValueError:
-                body = {"error": {"error": "http", "message": r.text}}
+        try:
+            body = r.json()
+        except ValueError:
+            body = {"error": {"error": "http", "message": r.text[:500]}}
+        if r.status_code >= 400 or not isinstance(body, dict):
             raise ApiError(r.status_code, body)
-        return r.json() if r.content and r.headers.get("content-type", "").startswith("application/json") else r.content
+        return body
 
     def submit(self, spec: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        return self._call("POST", "/v1/jobs", json=spec, headers=headers)  # type: ignore[no-any-return]
+        return self._call("POST", "/v1/jobs", json=spec, headers=headers)
 
     def get(self, job_id: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/jobs/{job_id}")  # type: ignore[no-any-return]
+        return self._call("GET", f"/v1/jobs/{job_id}")
 
-    def list(self, status: list[str] | None = None, labels: dict[str, str] | None = None, limit: int = 50,
+    def list(self, status: builtins.list[str] | None = None, labels: dict[str, str] | None = None, limit: int = 50,
              cursor: str | None = None) -> dict[str, Any]:
-        params: list[tuple[str, str | int]] = [("limit", limit)]
+        params: builtins.list[tuple[str, str | int]] = [("limit", limit)]
         params += [("status", s) for s in status or []]
         params += [("label", f"{k}={v}") for k, v in (labels or {}).items()]
         if cursor:
             params.append(("cursor", cursor))
-        return self._call("GET", "/v1/jobs", params=params)  # type: ignore[no-any-return]
+        return self._call("GET", "/v1/jobs", params=params)
 
     def iter_jobs(self, **kw: Any) -> Iterator[dict[str, Any]]:
         cursor = None
@@ -68,18 +69,19 @@ class Client:
                 return
 
     def cancel(self, job_id: str) -> dict[str, Any]:
-        return self._call("POST", f"/v1/jobs/{job_id}/cancel")  # type: ignore[no-any-return]
+        return self._call("POST", f"/v1/jobs/{job_id}/cancel")
 
-    def events(self, job_id: str) -> list[dict[str, Any]]:
-        return self._call("GET", f"/v1/jobs/{job_id}/events")["events"]  # type: ignore[no-any-return]
+    def events(self, job_id: str) -> builtins.list[dict[str, Any]]:
+        events: builtins.list[dict[str, Any]] = self._call("GET", f"/v1/jobs/{job_id}/events")["events"]
+        return events
 
     def logs(self, job_id: str) -> str:
-        return self._call("GET", f"/v1/jobs/{job_id}/logs")["text"]  # type: ignore[no-any-return]
+        return str(self._call("GET", f"/v1/jobs/{job_id}/logs")["text"])
 
     def artifacts(self, job_id: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/jobs/{job_id}/artifacts")  # type: ignore[no-any-return]
+        return self._call("GET", f"/v1/jobs/{job_id}/artifacts")
 
-    def download_artifacts(self, job_id: str, dest: Path) -> list[Path]:
+    def download_artifacts(self, job_id: str, dest: Path) -> builtins.list[Path]:
         out = []
         for item in self.artifacts(job_id)["artifacts"]:
             target = (dest / item["path"]).resolve()
@@ -98,7 +100,7 @@ class Client:
 
     def upload_dataset(self, path: Path) -> dict[str, Any]:
         with path.open("rb") as f:
-            return self._call("POST", "/v1/datasets", files={"file": (path.name, f)}, timeout=None)  # type: ignore[no-any-return]
+            return self._call("POST", "/v1/datasets", files={"file": (path.name, f)}, timeout=None)
 
     def upload_module(self, path: Path) -> str:
         """Upload model code (a .py file, or a package directory, zipped here); returns the gs:// URI
@@ -113,9 +115,9 @@ class Client:
                     if f.is_file() and "__pycache__" not in f.parts:
                         zf.write(f, f.relative_to(path.parent).as_posix())
             files = {"file": (f"{path.name}.zip", buf.getvalue())}
-            return self._call("POST", "/v1/modules", files=files)["module"]  # type: ignore[no-any-return]
+            return str(self._call("POST", "/v1/modules", files=files)["module"])
         with path.open("rb") as fh:
-            return self._call("POST", "/v1/modules", files={"file": (path.name, fh)})["module"]  # type: ignore[no-any-return]
+            return str(self._call("POST", "/v1/modules", files={"file": (path.name, fh)})["module"])
 
     def wait(self, job_id: str, timeout: float = 3600, poll: float = 1.0, on_update: Any = None) -> dict[str, Any]:
         deadline = time.monotonic() + timeout

@@ -1,6 +1,6 @@
 """The job spec: what a user asks for, validated before anything is stored or paid for.
 
-Imports only Pydantic, so the API, the worker and the agent on the accelerator VM share it.
+Imports only Pydantic and the accelerator catalogue, so the API, the worker and the agent on the accelerator VM share it.
 Every contradiction we can see at submit time is rejected here with the field that is wrong
 (`loc`) and the reason, so a job never fails later for a reason we could have checked.
 """
@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
+
+from trainjobs.catalogue import GPU_TYPES, TPU_GENERATIONS
 
 
 class _Strict(BaseModel):
@@ -40,19 +42,7 @@ def describe_errors(errors: list[dict[str, Any]], strip: tuple[str, ...] = ()) -
 
 # --- accelerators -------------------------------------------------------------------------------
 
-# Cloud TPU generations: how the number in `v4-8` counts, and how many of them sit on one host.
-# v2/v3/v4/v5p name TensorCores; v5e (v5litepod) and v6e name chips. TPUStrategy gets one
-# replica per TensorCore on v2/v3 and one per chip on megacore (v4, v5p) and single-core chips.
-_TPU_GENERATIONS: dict[str, tuple[int, int]] = {
-    # generation: (suffix units per replica, replicas per host)
-    "v2": (1, 8),
-    "v3": (1, 8),
-    "v4": (2, 4),
-    "v5p": (2, 4),
-    "v5litepod": (1, 8),
-    "v6e": (1, 8),
-}
-_TPU_TYPE = re.compile(r"^(v2|v3|v4|v5p|v5litepod|v6e)-(\d{1,4})$")
+_TPU_TYPE = re.compile(rf"^({'|'.join(TPU_GENERATIONS)})-(\d{{1,4}})$")
 
 
 class TpuAccelerator(_Strict):
@@ -72,7 +62,7 @@ class TpuAccelerator(_Strict):
         if not m:
             raise _fail("tpu_type", f"unknown TPU type {v!r}: expected e.g. v4-8, v5litepod-8, v6e-8")
         gen, n = m.group(1), int(m.group(2))
-        units, _ = _TPU_GENERATIONS[gen]
+        units = TPU_GENERATIONS[gen].units_per_replica
         if n < units or n % units or n & (n - 1):
             raise _fail("tpu_type", f"{v!r} is not a TPU size Google sells (sizes are powers of two)")
         return v
@@ -80,28 +70,12 @@ class TpuAccelerator(_Strict):
     @property
     def replicas(self) -> int:
         gen, n = self.tpu_type.rsplit("-", 1)
-        return int(n) // _TPU_GENERATIONS[gen][0]
+        return int(n) // TPU_GENERATIONS[gen].units_per_replica
 
     @property
     def hosts(self) -> int:
         gen = self.tpu_type.rsplit("-", 1)[0]
-        return max(1, self.replicas // _TPU_GENERATIONS[gen][1])
-
-
-# GPU types Compute Engine offers, with their CUDA compute capability (decides `precision: auto`)
-# and the attachment counts GCE allows per VM.
-GPU_TYPES: dict[str, tuple[float, tuple[int, ...]]] = {
-    "nvidia-tesla-t4": (7.5, (1, 2, 4)),
-    "nvidia-tesla-v100": (7.0, (1, 2, 4, 8)),
-    "nvidia-tesla-p100": (6.0, (1, 2, 4)),
-    "nvidia-tesla-p4": (6.1, (1, 2, 4)),
-    "nvidia-l4": (8.9, (1, 2, 4, 8)),
-    "nvidia-tesla-a100": (8.0, (1, 2, 4, 8, 16)),
-    "nvidia-a100-80gb": (8.0, (1, 2, 4, 8)),
-    "nvidia-h100-80gb": (9.0, (1, 2, 4, 8)),
-    "nvidia-h100-mega-80gb": (9.0, (8,)),
-    "nvidia-h200-141gb": (9.0, (8,)),
-}
+        return max(1, self.replicas // TPU_GENERATIONS[gen].replicas_per_host)
 
 
 class GpuAccelerator(_Strict):
@@ -120,14 +94,14 @@ class GpuAccelerator(_Strict):
 
     @model_validator(mode="after")
     def _count_allowed(self) -> GpuAccelerator:
-        allowed = GPU_TYPES[self.gpu_type][1]
+        allowed = GPU_TYPES[self.gpu_type].counts
         if self.count not in allowed:
             raise _fail("count", f"{self.gpu_type} attaches in counts of {list(allowed)}, not {self.count}")
         return self
 
     @property
     def compute_capability(self) -> float:
-        return GPU_TYPES[self.gpu_type][0]
+        return GPU_TYPES[self.gpu_type].compute_capability
 
     @property
     def replicas(self) -> int:
@@ -364,7 +338,7 @@ class JobSpec(_Strict):
         the batch this spec implies; the agent passes the batch its machine really runs)."""
         t = self.training
         ratio = (global_batch or self.global_batch_size) / t.lr_base_batch_size
-        factor = {"none": 1.0, "linear": ratio, "sqrt": ratio**0.5}[t.lr_scaling]
+        factor: float = {"none": 1.0, "linear": ratio, "sqrt": ratio**0.5}[t.lr_scaling]
         return t.learning_rate * factor
 
 

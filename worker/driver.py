@@ -13,6 +13,7 @@ import threading
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -20,10 +21,11 @@ from service.db import jobs as jobdata
 from service.db.jobstate import TERMINAL, JobStatus, StaleTransition, transition
 from service.db.models import Job
 from service.db.session import transaction
+from trainjobs.messages import AgentError, AgentState
 from trainjobs.spec import JobSpec
 from worker.pricing import hourly_price_usd
 from worker.provisioner import (
-    LABEL_JOB, AgentState, DatasetError, JobChannel, MachineRequest, MachineState, NoCapacity, Provisioner, Stager,
+    LABEL_JOB, DatasetError, JobChannel, MachineRequest, MachineState, NoCapacity, Provisioner, Stager,
 )
 
 log = logging.getLogger("trainjobs.worker")
@@ -84,8 +86,7 @@ class JobDriver:
             uri = self.stager(spec, str(job.id))
         except DatasetError as exc:
             return self._move(job, S.FAILED, "dataset rejected", error=f"dataset: {exc}")
-        self._record(dataset_uri=uri)
-        return self._move(job, S.PROVISIONING, f"dataset staged at {uri}")
+        return self._move(job, S.PROVISIONING, f"dataset staged at {uri}", record={"dataset_uri": uri})
 
     def _provision(self, job: Job, spec: JobSpec) -> bool:
         request = self._request(job, spec)
@@ -100,14 +101,13 @@ class JobDriver:
             except Exception as exc:  # quota, stockout, bad request: the cloud's message is the reason
                 log.warning("creating %s failed: %s", request.name, exc)
                 return self._move(job, S.RECOVERING, f"create failed: {exc}")
-            self._record(machine={"name": machine.name, "provisioner": self.provisioner.kind})
         if machine.state in (MachineState.PREEMPTED, MachineState.STOPPED):
             return self._move(job, S.RECOVERING, f"machine {machine.state.value.lower()} while starting")
         status = self.channel.read_status(str(job.id), job.attempt)
         if status is not None:
             if status.state in (AgentState.RUNNING, AgentState.SUCCEEDED):
-                self._record(runtime=status.runtime)
-                return self._move(job, S.RUNNING, f"agent {status.state.value} on {machine.name}")
+                return self._move(job, S.RUNNING, f"agent {status.state.value} on {machine.name}",
+                                  record={"runtime": status.runtime})
             if status.state == AgentState.FAILED:
                 return self._finish_failed(job, status.error)
         if _age(job.provisioning_at) > self.config.boot_timeout_s:
@@ -121,11 +121,12 @@ class JobDriver:
             return self._move(job, S.FAILED, limit, error=limit)
         status = self.channel.read_status(str(job.id), job.attempt)
         if status is not None:
-            self._record(progress=status.progress, metrics=status.metrics, runtime=status.runtime)
+            progress = {"progress": status.progress, "metrics": status.metrics, "runtime": status.runtime}
             if status.state == AgentState.SUCCEEDED:
-                self._record(metrics=self.channel.final_metrics(str(job.id)) or status.metrics)
+                progress["metrics"] = self.channel.final_metrics(str(job.id)) or status.metrics
                 self._delete_machines(job)
-                return self._move(job, S.SUCCEEDED, "agent finished; machine deleted")
+                return self._move(job, S.SUCCEEDED, "agent finished; machine deleted", record=progress)
+            self._record(**progress)
             if status.state == AgentState.FAILED:
                 return self._finish_failed(job, status.error)
         machine = self.provisioner.get(request.name)
@@ -154,11 +155,9 @@ class JobDriver:
 
     # --- helpers ---
 
-    def _finish_failed(self, job: Job, error: dict | None) -> bool:
-        err = error or {}
-        message = f"{err.get('type', 'Error')}: {err.get('message', 'the agent failed without a message')}"
+    def _finish_failed(self, job: Job, error: AgentError | None) -> bool:
         self._delete_machines(job)
-        return self._move(job, S.FAILED, "agent failed", error=message)
+        return self._move(job, S.FAILED, "agent failed", error=(error or AgentError()).summary())
 
     def _limit_exceeded(self, job: Job, spec: JobSpec) -> str | None:
         elapsed = timedelta(seconds=_age(job.provisioning_at))
@@ -187,8 +186,13 @@ class JobDriver:
         with transaction(self.factory) as session:
             jobdata.record_progress(session, self.job_id, self.owner, **fields)
 
-    def _move(self, job: Job, to: JobStatus, reason: str, *, error: str | None = None, bump_attempt: bool = False) -> bool:
+    def _move(self, job: Job, to: JobStatus, reason: str, *, error: str | None = None, bump_attempt: bool = False,
+              record: dict[str, Any] | None = None) -> bool:
+        """Move the job; `record` (what the agent or staging reported) is written in the same
+        transaction, so the row never shows the new status without it, or it without the status."""
         with transaction(self.factory) as session:
+            if record:
+                jobdata.record_progress(session, job.id, self.owner, **record)
             transition(session, job.id, job.status, to, reason=reason, owner=self.owner, error=error,
                        bump_attempt=bump_attempt)
         log.info("job %s: %s -> %s (%s)", job.id, job.status.value, to.value, reason)

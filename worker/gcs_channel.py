@@ -6,12 +6,11 @@ a real VM alike.
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from trainjobs import storage
+from trainjobs.messages import AgentAssignment, AgentReport
 from trainjobs.spec import JobSpec
-from worker.provisioner import AgentState, AgentStatus
 
 
 class GcsJobChannel:
@@ -25,28 +24,15 @@ class GcsJobChannel:
         return self._paths(job_id).root
 
     def prepare(self, job_id: str, attempt: int, spec: JobSpec, dataset_uri: str) -> None:
-        storage.write_json(self._paths(job_id).spec, {
-            "job_id": job_id, "attempt": attempt, "spec": spec.model_dump(mode="json"), "dataset_uri": dataset_uri,
-        })
+        assignment = AgentAssignment(job_id=job_id, attempt=attempt, spec=spec, dataset_uri=dataset_uri)
+        storage.write_json(self._paths(job_id).spec, assignment.model_dump(mode="json"))
 
-    def read_status(self, job_id: str, attempt: int) -> AgentStatus | None:
+    def read_status(self, job_id: str, attempt: int) -> AgentReport | None:
         data = storage.read_json(self._paths(job_id).status)
+        report = AgentReport.model_validate(data) if data else None
         # A status left by an earlier attempt says nothing about this one.
-        if not data or int(data.get("attempt", -1)) != attempt:
-            return None
-        return parse_status(data)
+        return report if report is not None and report.attempt == attempt else None
 
     def final_metrics(self, job_id: str) -> dict[str, Any] | None:
-        return storage.read_json(self._paths(job_id).key("artifacts/metrics.json"))  # type: ignore[no-any-return]
-
-
-def parse_status(data: dict[str, Any]) -> AgentStatus:
-    return AgentStatus(
-        state=AgentState(data["state"]),
-        attempt=int(data["attempt"]),
-        heartbeat_at=datetime.fromisoformat(data["heartbeat_at"]),
-        progress=data.get("progress"),
-        metrics=data.get("metrics"),
-        runtime=data.get("runtime"),
-        error=data.get("error"),
-    )
+        metrics = storage.read_json(self._paths(job_id).key("artifacts/metrics.json"))
+        return metrics if isinstance(metrics, dict) else None

@@ -20,7 +20,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.db import queue
-from service.db.jobstate import JobStatus
+from service.db.jobstate import NOTIFY_CHANGED, NOTIFY_QUEUED, JobStatus
 from service.db.session import session_factory, transaction
 from worker.driver import DriverConfig, JobDriver
 from worker.provisioner import JobChannel, Provisioner, Stager
@@ -63,11 +63,6 @@ class Worker:
             t = threading.Thread(target=target, name=f"worker-{target.__name__}", daemon=True)
             t.start()
             self._threads.append(t)
-
-    def run_forever(self) -> None:
-        self.start()
-        self.stopping.wait()
-        self.shutdown()
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop claiming, let each driver finish its current step, and give every job back with an
@@ -162,8 +157,8 @@ class Worker:
         while not self.stopping.is_set():
             try:
                 with psycopg.connect(dsn, autocommit=True) as conn:
-                    conn.execute(f"LISTEN {queue.NOTIFY_CHANNEL_QUEUED}")
-                    conn.execute(f"LISTEN {queue.NOTIFY_CHANNEL_CHANGED}")
+                    conn.execute(f"LISTEN {NOTIFY_QUEUED}")
+                    conn.execute(f"LISTEN {NOTIFY_CHANGED}")
                     self._wake.set()  # anything queued while we were not listening
                     while not self.stopping.is_set():
                         for note in conn.notifies(timeout=0.5):
@@ -173,7 +168,7 @@ class Worker:
                 self.stopping.wait(1.0)
 
     def _on_notify(self, channel: str, payload: str) -> None:
-        if channel == queue.NOTIFY_CHANNEL_QUEUED:
+        if channel == NOTIFY_QUEUED:
             self._wake.set()
             return
         try:

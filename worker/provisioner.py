@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, Protocol
 
+from trainjobs.messages import AgentReport
 from trainjobs.spec import JobSpec
 
 # Labels every machine carries, so inventory can be searched like a cloud's (orphan checks, adoption).
@@ -77,25 +77,6 @@ class Provisioner(Protocol):
         ...
 
 
-class AgentState(str, enum.Enum):
-    STARTING = "starting"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    TERMINATED = "terminated"  # stopped by a signal (preemption, delete) before finishing
-
-
-@dataclass(frozen=True)
-class AgentStatus:
-    state: AgentState
-    attempt: int
-    heartbeat_at: datetime
-    progress: float | None = None
-    metrics: dict[str, Any] | None = None
-    runtime: dict[str, Any] | None = None
-    error: dict[str, Any] | None = None
-
-
 class JobChannel(Protocol):
     def job_dir(self, job_id: str) -> str: ...
 
@@ -103,7 +84,7 @@ class JobChannel(Protocol):
         """Write what the agent needs before the machine boots (spec.json)."""
         ...
 
-    def read_status(self, job_id: str, attempt: int) -> AgentStatus | None:
+    def read_status(self, job_id: str, attempt: int) -> AgentReport | None:
         """The agent's latest report for this attempt, or None if it has not reported yet."""
         ...
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from trainjobs.spec import JobSpec
-from worker import provisioner
-from worker.staging import DatasetError, stage_dataset
+from worker.staging import stage_dataset
 
 
 class GcsStager:
@@ -18,9 +18,5 @@ class GcsStager:
         work.mkdir(parents=True, exist_ok=True)
         try:
             return stage_dataset(spec.dataset, bucket=self.bucket, work_dir=work).uri
-        except DatasetError as exc:
-            raise provisioner.DatasetError(str(exc)) from exc
         finally:
-            import shutil
-
             shutil.rmtree(work, ignore_errors=True)  # downloads and shards; GCS has them now

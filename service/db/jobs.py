@@ -128,16 +128,17 @@ def list_events(session: Session, job_id: uuid.UUID) -> list[JobEvent]:
     return list(session.scalars(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)))
 
 
-_PROGRESS_COLUMNS = frozenset({"progress", "metrics", "runtime", "machine", "dataset_uri", "error"})
+_PROGRESS_COLUMNS = frozenset({"progress", "metrics", "runtime", "dataset_uri", "error"})
+_JSON_COLUMNS = frozenset({"metrics", "runtime"})
 
 
 def record_progress(session: Session, job_id: uuid.UUID, owner: str, **fields: Any) -> None:
-    """Copy what the agent reports (progress, metrics, runtime, machine, dataset) onto the row."""
+    """Copy what the agent reports (progress, metrics, runtime) or staging found (dataset) onto the row."""
     if unknown := fields.keys() - _PROGRESS_COLUMNS:  # column names go into the SQL text: whitelist them
         raise ValueError(f"not progress columns: {sorted(unknown)}")
     sets = ", ".join(
-        f"{k} = CAST(:{k} AS jsonb)" if k in ("metrics", "runtime", "machine") else f"{k} = :{k}" for k in fields
+        f"{k} = CAST(:{k} AS jsonb)" if k in _JSON_COLUMNS else f"{k} = :{k}" for k in fields
     )
-    params = {k: json.dumps(v) if k in ("metrics", "runtime", "machine") and v is not None else v for k, v in fields.items()}
+    params = {k: json.dumps(v) if k in _JSON_COLUMNS and v is not None else v for k, v in fields.items()}
     session.execute(text(f"UPDATE jobs SET {sets}, updated_at = now() WHERE id = :id AND lease_owner = :owner"),
                     {**params, "id": job_id, "owner": owner})

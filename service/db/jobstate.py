@@ -11,29 +11,21 @@ first (a cancel, a lease takeover): `StaleTransition`, and the caller re-reads.
 
 from __future__ import annotations
 
-import enum
 import uuid
 
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from trainjobs.states import TERMINAL, JobStatus
 
-class JobStatus(str, enum.Enum):
-    QUEUED = "QUEUED"  # stored, waiting for a worker
-    STAGING = "STAGING"  # claimed; dataset being validated and pushed to GCS
-    PROVISIONING = "PROVISIONING"  # machine being created, agent starting
-    RUNNING = "RUNNING"  # agent reports training
-    RECOVERING = "RECOVERING"  # machine lost, preempted or its worker died; being adopted or re-provisioned
-    CANCELLING = "CANCELLING"  # user asked to cancel; machine being torn down
-    SUCCEEDED = "SUCCEEDED"  # artifacts written (terminal)
-    FAILED = "FAILED"  # error recorded (terminal)
-    CANCELLED = "CANCELLED"  # torn down after a cancel (terminal)
+__all__ = ["ALLOWED", "CANCELLABLE", "CLAIM_MOVES", "NOTIFY_CHANGED", "NOTIFY_QUEUED", "TERMINAL", "IllegalTransition",
+           "JobStatus", "StaleTransition", "claim_target_sql", "transition"]
 
+# LISTEN/NOTIFY channels (payload: the job id). Workers treat both as hints and still poll.
+NOTIFY_QUEUED = "trainjobs_job_queued"  # a job was submitted
+NOTIFY_CHANGED = "trainjobs_job_changed"  # a job ended or is being cancelled: its driver should look now
 
 S = JobStatus
-TERMINAL = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED})
-# States a worker holds a lease on: if the lease expires, another worker takes the job over.
-LEASED = frozenset({S.STAGING, S.PROVISIONING, S.RUNNING, S.RECOVERING, S.CANCELLING})
 CANCELLABLE = frozenset({S.QUEUED, S.STAGING, S.PROVISIONING, S.RUNNING, S.RECOVERING})
 
 ALLOWED: frozenset[tuple[JobStatus, JobStatus]] = frozenset({
@@ -54,6 +46,26 @@ ALLOWED: frozenset[tuple[JobStatus, JobStatus]] = frozenset({
     (S.CANCELLING, S.CANCELLING),  # takeover of a half-done teardown
     (S.CANCELLING, S.CANCELLED),
 })
+
+# The moves the claim makes (service/db/queue.py runs them as one statement, with claim_target_sql):
+# a queued job starts STAGING; a job whose worker stopped heartbeating goes RECOVERING, so its new
+# owner adopts or re-creates whatever the dead worker had provisioned; a half-done cancel stays
+# CANCELLING. The keys are also the only statuses a lease can be taken over in.
+CLAIM_MOVES: dict[JobStatus, JobStatus] = {
+    S.QUEUED: S.STAGING,
+    **{s: S.RECOVERING for s in (S.STAGING, S.PROVISIONING, S.RUNNING, S.RECOVERING)},
+    S.CANCELLING: S.CANCELLING,
+}
+
+
+def claim_target_sql(column: str) -> str:
+    """CLAIM_MOVES as a SQL CASE over `column`, so the claim statement moves jobs by this table."""
+    for pair in CLAIM_MOVES.items():
+        if pair not in ALLOWED:
+            raise IllegalTransition(f"claim move {pair[0].value} -> {pair[1].value} is not an allowed transition")
+    whens = " ".join(f"WHEN '{f.value}' THEN '{t.value}'::job_status" for f, t in CLAIM_MOVES.items())
+    return f"CASE {column} {whens} END"
+
 
 # Columns stamped when a job enters a phase.
 _PHASE_COLUMN = {
@@ -116,4 +128,4 @@ def transition(
     if row is None:
         raise StaleTransition(f"job {job_id} was not {from_status.value}" + (f" under lease {owner}" if owner else ""))
     if to_status in TERMINAL or to_status == S.CANCELLING:
-        session.execute(text("SELECT pg_notify('trainjobs_job_changed', :id)"), {"id": str(job_id)})
+        session.execute(text("SELECT pg_notify(:channel, :id)"), {"channel": NOTIFY_CHANGED, "id": str(job_id)})

@@ -10,7 +10,7 @@ from sqlalchemy import BigInteger, DateTime, Enum, ForeignKey, Index, Integer, L
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from service.db.jobstate import JobStatus
+from trainjobs.states import JobStatus
 
 
 class Base(DeclarativeBase):
@@ -57,11 +57,9 @@ class Job(Base):
     progress: Mapped[float | None] = mapped_column()
     metrics: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     runtime: Mapped[dict[str, Any] | None] = mapped_column(JSONB)  # strategy, replicas, batch, lr chosen
-    machine: Mapped[dict[str, Any] | None] = mapped_column(JSONB)  # provisioner handle, for adoption
     dataset_uri: Mapped[str | None] = mapped_column(Text)
     lease_owner: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     __table_args__ = (
         # The claim scans queued jobs oldest first; a partial index keeps that O(queued), not O(all jobs).

@@ -9,18 +9,18 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, text
 from sqlalchemy.orm import Session
 
-from service.db.jobstate import JobStatus
+from service.db.jobstate import CLAIM_MOVES, NOTIFY_QUEUED, JobStatus, claim_target_sql
 
-NOTIFY_CHANNEL_QUEUED = "trainjobs_job_queued"
-NOTIFY_CHANNEL_CHANGED = "trainjobs_job_changed"
+_TAKEOVER_STATUSES = ", ".join(f"'{s.value}'" for s in CLAIM_MOVES if s != JobStatus.QUEUED)
 
 # claim_next_job: one statement takes the oldest queued job, or a job whose worker's lease ran out.
-CLAIM_SQL = text("""
+# Where each goes is jobstate.CLAIM_MOVES, the state machine's table, not a rule of this file.
+CLAIM_SQL = text(f"""
 WITH expired AS (
     -- Jobs whose worker stopped heartbeating come first: their machines may be billing with nobody
     -- watching. Partial index ix_jobs_lease holds only leased rows, so this probe is cheap.
     SELECT id, status FROM jobs
-     WHERE lease_owner IS NOT NULL AND lease_expires_at < now()
+     WHERE lease_owner IS NOT NULL AND lease_expires_at < now() AND status IN ({_TAKEOVER_STATUSES})
      ORDER BY lease_expires_at LIMIT 1 FOR UPDATE SKIP LOCKED
 ),
 queued AS (
@@ -32,17 +32,13 @@ queued AS (
 ),
 candidate AS (SELECT * FROM expired UNION ALL SELECT * FROM queued),
 claimed AS (
-    -- A queued job starts STAGING; a taken-over job goes to RECOVERING so the new owner adopts or
-    -- re-creates whatever the dead worker had provisioned (a half-done cancel stays CANCELLING).
+    -- jobstate.CLAIM_MOVES: queued -> STAGING, taken over -> RECOVERING, cancelling stays.
     UPDATE jobs j SET
-        status = CASE WHEN c.status = 'QUEUED' THEN 'STAGING'::job_status
-                      WHEN c.status = 'CANCELLING' THEN 'CANCELLING'::job_status
-                      ELSE 'RECOVERING'::job_status END,
+        status = {claim_target_sql("c.status")},
         staging_at = CASE WHEN c.status = 'QUEUED' THEN now() ELSE j.staging_at END,
         attempt = CASE WHEN c.status = 'QUEUED' THEN 1 ELSE j.attempt END,
         lease_owner = :owner,
         lease_expires_at = now() + make_interval(secs => :lease_s),
-        heartbeat_at = now(),
         updated_at = now()
     FROM candidate c WHERE j.id = c.id
     RETURNING j.id, c.status AS from_status, j.status AS to_status
@@ -81,7 +77,7 @@ def renew_leases(session: Session, owner: str, lease_s: float) -> dict[uuid.UUID
     """Heartbeat every job this worker holds; returns their current statuses, so the caller also
     learns of cancels. A job missing from the result is no longer ours."""
     rows = session.execute(
-        text("""UPDATE jobs SET lease_expires_at = now() + make_interval(secs => :lease_s), heartbeat_at = now()
+        text("""UPDATE jobs SET lease_expires_at = now() + make_interval(secs => :lease_s)
                 WHERE lease_owner = :owner RETURNING id, status"""),
         {"owner": owner, "lease_s": lease_s},
     ).all()
@@ -99,4 +95,4 @@ def release_lease(session: Session, job_id: uuid.UUID, owner: str) -> None:
 
 def notify_queued(session: Session, job_id: uuid.UUID) -> None:
     # Delivered at commit, so a woken worker always finds the row.
-    session.execute(text(f"SELECT pg_notify('{NOTIFY_CHANNEL_QUEUED}', :id)"), {"id": str(job_id)})
+    session.execute(text("SELECT pg_notify(:channel, :id)"), {"channel": NOTIFY_QUEUED, "id": str(job_id)})

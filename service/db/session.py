@@ -6,9 +6,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import Session, sessionmaker
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
@@ -33,7 +37,7 @@ def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
         yield session
 
 
-def _alembic_config(url: str):  # type: ignore[no-untyped-def]
+def _alembic_config(url: str) -> Config:
     from alembic.config import Config
 
     cfg = Config(str(MIGRATIONS_DIR / "alembic.ini"))
@@ -46,6 +50,12 @@ def upgrade(url: str) -> None:
     from alembic import command
 
     command.upgrade(_alembic_config(url), "head")
+
+
+def downgrade(url: str, revision: str) -> None:
+    from alembic import command
+
+    command.downgrade(_alembic_config(url), revision)
 
 
 def head_revision() -> str:

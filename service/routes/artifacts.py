@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import posixpath
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -33,7 +33,8 @@ def _manifest(paths: storage.JobPaths) -> list[dict[str, Any]]:
     manifest = storage.read_json(paths.artifact_manifest)
     if manifest is None:
         return []
-    return manifest["artifacts"] if isinstance(manifest, dict) else manifest  # type: ignore[no-any-return]
+    items: list[dict[str, Any]] = manifest["artifacts"] if isinstance(manifest, dict) else manifest
+    return items
 
 
 def safe_artifact_path(path: str) -> str:
@@ -44,12 +45,13 @@ def safe_artifact_path(path: str) -> str:
     return norm
 
 
-def _signer(paths: storage.JobPaths):  # type: ignore[no-untyped-def]
+def _signer(paths: storage.JobPaths) -> Callable[[str], str] | None:
     """Signed V4 URLs when the credentials can sign (a service account key, or IAM signBlob);
     None when they cannot (the emulator's anonymous credentials, user credentials)."""
     def sign(rel: str) -> str:
-        return storage.blob(paths.key(f"artifacts/{rel}")).generate_signed_url(  # type: ignore[no-any-return]
+        url: str = storage.blob(paths.key(f"artifacts/{rel}")).generate_signed_url(
             version="v4", expiration=SIGNED_URL_TTL, method="GET")
+        return url
     try:
         sign("manifest.json")
     except Exception:  # AttributeError / google.auth errors: these credentials cannot sign

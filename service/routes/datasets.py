@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import re
-
 from fastapi import APIRouter, UploadFile
 from fastapi.concurrency import run_in_threadpool
 
 from service.deps import ProjectId
 from service.errors import ApiError
 from service.schemas import DatasetPublic
-from worker.staging import store_upload
+from trainjobs.uploads import UploadError, check_filename, store_upload
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 
 
 @router.post("", status_code=201, response_model=DatasetPublic)
@@ -21,10 +18,11 @@ async def upload_dataset(file: UploadFile, project: ProjectId) -> DatasetPublic:
     # Starlette spools the multipart body to disk past 1 MB, and store_upload streams it to GCS in
     # chunks while hashing: the dataset is never whole in memory.
     filename = file.filename or "data"
-    if not _NAME.match(filename) or not any(filename.endswith(ext) for ext in (".npz", ".csv", ".tfrecord", ".zip", ".tar.gz", ".tgz")):
-        raise ApiError(422, f"filename {filename!r}: expected a .npz, .csv, .tfrecord, .zip or .tar.gz file",
-                       "invalid_request", [{"field": "file", "reason": "unsupported file name"}])
-    sha256, size = await run_in_threadpool(store_upload, file.file, filename)
+    try:
+        check_filename(filename, "dataset")
+    except UploadError as exc:
+        raise ApiError(422, str(exc), "invalid_request", [{"field": "file", "reason": "unsupported file name"}]) from exc
+    sha256, size = await run_in_threadpool(store_upload, file.file, filename, kind="dataset")
     if size == 0:
         raise ApiError(422, "the uploaded file is empty", "invalid_request", [{"field": "file", "reason": "empty"}])
     return DatasetPublic(dataset=f"dataset:{sha256}", sha256=sha256, size=size, filename=filename)

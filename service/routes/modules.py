@@ -3,8 +3,6 @@ answer as model.module in a job spec. The agent downloads it and calls model.fun
 
 from __future__ import annotations
 
-import re
-
 from fastapi import APIRouter, UploadFile
 from fastapi.concurrency import run_in_threadpool
 
@@ -12,24 +10,25 @@ from service.deps import ProjectId
 from service.errors import ApiError
 from service.schemas import ModulePublic
 from trainjobs import storage
-from worker.staging import store_upload
-from worker.staging.uploads import find_upload
+from trainjobs.uploads import MAX_MODULE_BYTES, UploadError, check_filename, find_upload, store_upload
 
 router = APIRouter(prefix="/v1/modules", tags=["models"])
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,200}\.(py|zip|tar\.gz|tgz)$")
-MAX_MODULE_BYTES = 50 << 20  # code, not weights
 
 
 @router.post("", status_code=201, response_model=ModulePublic)
 async def upload_module(file: UploadFile, project: ProjectId) -> ModulePublic:
     filename = file.filename or ""
-    if not _NAME.match(filename):
-        raise ApiError(422, f"filename {filename!r}: expected my_model.py, or a package as .zip or .tar.gz",
-                       "invalid_request", [{"field": "file", "reason": "unsupported file name"}])
+    try:
+        check_filename(filename, "module")
+    except UploadError as exc:
+        raise ApiError(422, f"{exc} (my_model.py, or a package as .zip or .tar.gz)", "invalid_request",
+                       [{"field": "file", "reason": "unsupported file name"}]) from exc
     if file.size is not None and file.size > MAX_MODULE_BYTES:
         raise ApiError(413, f"model code over {MAX_MODULE_BYTES >> 20} MiB: ship weights as data, not code")
-    sha256, size = await run_in_threadpool(store_upload, file.file, filename)
+    sha256, size = await run_in_threadpool(store_upload, file.file, filename, kind="module")
     if size == 0:
         raise ApiError(422, "the uploaded file is empty", "invalid_request", [{"field": "file", "reason": "empty"}])
     blob = await run_in_threadpool(find_upload, sha256)
+    if blob is None:  # stored a moment ago; gone only if someone deleted it in between
+        raise ApiError(503, "the upload was stored but cannot be found; try again")
     return ModulePublic(module=f"gs://{storage.bucket_name()}/{blob.name}", sha256=sha256, size=size)

@@ -16,6 +16,7 @@ from pathlib import Path
 from types import FrameType
 
 from trainjobs import storage
+from trainjobs.messages import AgentError, AgentReport, AgentState
 from worker.agent.job import AgentJob, WorkDir, load_job, task_index_from_env
 from worker.agent.status import StatusReporter, setup_logging, utc_now
 
@@ -50,10 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_TERMINATED
     except Exception as exc:
         log.exception("cannot read the job")
-        storage.write_json(f"{args.job_dir.rstrip('/')}/status.json", {
-            "state": "failed", "task_index": task_index, "heartbeat_at": utc_now(),
-            "error": {"type": type(exc).__name__, "message": str(exc), "logs": list(tail.lines)},
-        })
+        report = AgentReport(state=AgentState.FAILED, task_index=task_index, heartbeat_at=utc_now(),
+                             error=AgentError(type=type(exc).__name__, message=str(exc), logs=list(tail.lines)))
+        storage.write_json(storage.JobPaths(args.job_dir.rstrip("/")).status, report.model_dump(mode="json"))
         return EXIT_FAILED
 
     reporter = StatusReporter(job, work.log_file, tail, float(os.environ.get("TRAINJOBS_HEARTBEAT_S", "10")))
@@ -79,14 +79,14 @@ def _run(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> int:
         log.warning("SIGTERM: uploading what there is and stopping")
         if job.is_chief and work.tensorboard.exists():
             storage.upload_dir(work.tensorboard, job.paths.tensorboard)
-        reporter.finish("terminated")
+        reporter.finish(AgentState.TERMINATED)
         return EXIT_TERMINATED
     except Exception as exc:
         log.exception("job failed")
-        reporter.finish("failed", exc)
+        reporter.finish(AgentState.FAILED, exc)
         return EXIT_FAILED
     log.info("job %s attempt %d succeeded", job.job_id, job.attempt)
-    reporter.finish("succeeded")
+    reporter.finish(AgentState.SUCCEEDED)
     return 0
 
 

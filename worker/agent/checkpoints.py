@@ -73,7 +73,7 @@ class CheckpointStore:
             storage.blob(f"{self.remote}/{name}").upload_from_filename(str(self.local_dir / name))
         storage.write_json(f"{self.remote}/{LATEST}", {
             "epoch": at.epoch, "step": at.step, "global_step": at.global_step, "prefix": prefix, "files": files,
-            "attempt": self.attempt, "written_at": utc_now(),
+            "attempt": self.attempt, "written_at": utc_now().isoformat(),
         })
         log.info("checkpoint at epoch %d, step %d (global step %d) uploaded to %s",
                  at.epoch, at.step, at.global_step, self.remote)

@@ -67,7 +67,8 @@ def to_tflite(saved_model: Path, options: TfliteExport, calibration: Any) -> byt
         # Full-integer kernels with float input and output, calibrated on training examples.
         converter.representative_dataset = lambda: ([calibration[i:i + 1]] for i in range(len(calibration)))
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-    return converter.convert()
+    flatbuffer: bytes = converter.convert()
+    return flatbuffer
 
 
 def tflite_accuracy(model: bytes, x: Any, y: Any) -> float | None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainjobs import storage
+from trainjobs.messages import AgentAssignment
 from trainjobs.spec import JobSpec
 
 
@@ -47,11 +48,12 @@ def load_job(job_dir: str, task_index: int) -> AgentJob:
     raw = storage.read_json(storage.JobPaths(job_dir).spec)
     if raw is None:
         raise JobInputError(f"no spec.json under {job_dir}")
+    assignment = AgentAssignment.model_validate(raw)
     return AgentJob(
-        job_id=str(raw["job_id"]),
-        attempt=int(raw["attempt"]),
-        spec=JobSpec.model_validate(raw["spec"]),
-        dataset_uri=str(raw["dataset_uri"]).rstrip("/"),
+        job_id=assignment.job_id,
+        attempt=assignment.attempt,
+        spec=assignment.spec,
+        dataset_uri=assignment.dataset_uri.rstrip("/"),
         job_dir=job_dir,
         task_index=task_index,
     )

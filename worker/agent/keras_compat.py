@@ -57,6 +57,8 @@ def repair_multi_worker_fit(model: Any, strategy: Any) -> list[str]:
                     values)
             return original(values, strategy_, reduction)
 
+        # A marker on the function itself, so a second call in the same process does not wrap the
+        # wrapper; mypy has no type for attributes set on a function.
         reduce_per_replica._trainjobs_repaired = True  # type: ignore[attr-defined]
         tf_trainer.reduce_per_replica = reduce_per_replica
         notes.append("keras multi-worker repair: scalar metrics averaged across replicas (keras-team/keras#20585)")

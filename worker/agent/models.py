@@ -47,7 +47,8 @@ def builder_for(model: ModelSpec, user_model_dir: Path) -> Builder:
     if model.name in BUILTIN_MODELS:
         from worker.agent import builtin_models
 
-        return getattr(builtin_models, model.name)
+        builder: Builder = getattr(builtin_models, model.name)
+        return builder
     return _application_builder(model.name)
 
 

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from trainjobs import storage
+from trainjobs.messages import AgentReport
 from trainjobs.spec import TrainingSpec
 from worker.agent import devices, export
 from worker.agent.checkpoints import CheckpointSchedule, CheckpointStore
@@ -32,7 +33,6 @@ log = logging.getLogger("trainjobs.agent")
 
 STATS_EXAMPLES = 4096  # training examples that fix the built-ins' normalization
 EVAL_EXAMPLES = 10_000  # validation examples scored on the exported models
-CHIEF_DONE = ("succeeded", "failed", "terminated")
 CHIEF_POLL_S = 1.0
 
 
@@ -119,9 +119,10 @@ def _wait_for_chief(job: AgentJob) -> None:
     """Until the chief reports this attempt finished. A chief that dies without a word stops the
     machine, and the worker's delete ends this wait with SIGTERM."""
     while True:
-        status = storage.read_json(job.paths.status) or {}
-        if status.get("attempt") == job.attempt and status.get("state") in CHIEF_DONE:
-            log.info("chief %s; leaving", status["state"])
+        raw = storage.read_json(job.paths.status)
+        chief = AgentReport.model_validate(raw) if raw else None
+        if chief is not None and chief.attempt == job.attempt and chief.state.finished:
+            log.info("chief %s; leaving", chief.state)
             return
         time.sleep(CHIEF_POLL_S)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trainjobs import storage
+from trainjobs.messages import AgentError, AgentReport, AgentState
 from worker.agent.job import AgentJob
 
 log = logging.getLogger("trainjobs.agent")
@@ -50,8 +51,8 @@ def setup_logging(log_file: Path) -> _TailHandler:
     return tail
 
 
-def utc_now() -> str:
-    return datetime.now(UTC).isoformat()
+def utc_now() -> datetime:
+    return datetime.now(UTC)
 
 
 class StatusReporter:
@@ -60,13 +61,13 @@ class StatusReporter:
 
     def __init__(self, job: AgentJob, log_file: Path, tail: _TailHandler, heartbeat_s: float = 10.0):
         self.job, self.log_file, self.tail, self.heartbeat_s = job, log_file, tail, heartbeat_s
-        self.state = "starting"
+        self.state = AgentState.STARTING
         self.phase = "starting"
         self.epoch = 0
         self.progress = 0.0
         self.runtime: dict[str, Any] | None = None
         self.metrics: dict[str, Any] | None = None
-        self.error: dict[str, Any] | None = None
+        self.error: AgentError | None = None
         self.started_at = utc_now()
         self._lock = threading.Lock()
         self._final = False
@@ -81,7 +82,7 @@ class StatusReporter:
         self._thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
         self._thread.start()
 
-    def set_phase(self, phase: str, state: str = "running") -> None:
+    def set_phase(self, phase: str, state: AgentState = AgentState.RUNNING) -> None:
         self.phase, self.state = phase, state
         self.write()
 
@@ -94,15 +95,15 @@ class StatusReporter:
         self.progress = epoch / self.job.spec.training.epochs
         self.write()
 
-    def finish(self, state: str, error: BaseException | None = None) -> None:
+    def finish(self, state: AgentState, error: BaseException | None = None) -> None:
         """The last word: stop the heartbeat, upload the log, write the terminal state."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
         if error is not None:
-            self.error = {"type": type(error).__name__, "message": _message(error), "logs": list(self.tail.lines)}
+            self.error = AgentError(type=type(error).__name__, message=_message(error), logs=list(self.tail.lines))
         self.state = state
-        if state == "succeeded":
+        if state == AgentState.SUCCEEDED:
             self.progress = 1.0
         try:
             self.upload_log()
@@ -112,22 +113,13 @@ class StatusReporter:
 
     # --- GCS ---
 
-    def snapshot(self) -> dict[str, Any]:
-        return {
-            "state": self.state,
-            "phase": self.phase,
-            "job_id": self.job.job_id,
-            "attempt": self.job.attempt,
-            "task_index": self.job.task_index,
-            "started_at": self.started_at,
-            "heartbeat_at": utc_now(),
-            "epoch": self.epoch,
-            "epochs": self.job.spec.training.epochs,
-            "progress": round(self.progress, 4),
-            "runtime": self.runtime,
-            "metrics": self.metrics,
-            "error": self.error,
-        }
+    def snapshot(self) -> AgentReport:
+        return AgentReport(
+            state=self.state, phase=self.phase, job_id=self.job.job_id, attempt=self.job.attempt,
+            task_index=self.job.task_index, started_at=self.started_at, heartbeat_at=utc_now(), epoch=self.epoch,
+            epochs=self.job.spec.training.epochs, progress=round(self.progress, 4), runtime=self.runtime,
+            metrics=self.metrics, error=self.error,
+        )
 
     def write(self, final: bool = False) -> None:
         """A failed routine write is only logged: the next heartbeat carries the same news. The final
@@ -137,7 +129,7 @@ class StatusReporter:
                 return
             for attempt in range(FINAL_WRITE_ATTEMPTS if final else 1):
                 try:
-                    storage.write_json(self.job.status_uri, self.snapshot())
+                    storage.write_json(self.job.status_uri, self.snapshot().model_dump(mode="json"))
                     break
                 except Exception as exc:
                     if not final:

@@ -12,6 +12,7 @@ process on this host can list, adopt or delete what another (even a dead one) cr
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import shutil
@@ -22,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from trainjobs.embedded import free_port
+from trainjobs.ports import free_port
 from worker.provisioner import MachineInfo, MachineRequest, MachineState, NoCapacity
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -92,7 +93,7 @@ class LocalProvisioner:
         self._path(name).unlink(missing_ok=True)
         shutil.rmtree(record["logs"], ignore_errors=True)  # the machine's disk goes with it, as a VM's does
 
-    def list(self, labels: dict[str, str]) -> list[MachineInfo]:
+    def list(self, labels: dict[str, str]) -> builtins.list[MachineInfo]:
         return [self._info(r) for r in self._records() if labels.items() <= r["labels"].items()]
 
     # --- inventory ---
@@ -102,11 +103,12 @@ class LocalProvisioner:
 
     def _read(self, name: str) -> dict | None:
         try:
-            return json.loads(self._path(name).read_text())  # type: ignore[no-any-return]
+            record: dict = json.loads(self._path(name).read_text())
+            return record
         except FileNotFoundError:
             return None
 
-    def _records(self) -> list[dict]:
+    def _records(self) -> builtins.list[dict]:
         out = []
         for p in self.root.glob("*.json"):
             try:

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from trainjobs.messages import AgentError, AgentReport, AgentState
 from trainjobs.spec import JobSpec
-from worker.provisioner import AgentState, AgentStatus, MachineInfo, MachineRequest, MachineState
+from worker.provisioner import MachineInfo, MachineRequest, MachineState
 
 
 @dataclass
@@ -72,7 +73,7 @@ class MemoryCloud:
     def prepare(self, job_id: str, attempt: int, spec: JobSpec, dataset_uri: str) -> None:
         pass
 
-    def read_status(self, job_id: str, attempt: int) -> AgentStatus | None:
+    def read_status(self, job_id: str, attempt: int) -> AgentReport | None:
         with self._lock:
             m = next((m for m in self._machines.values()
                       if m.request.job_id == job_id and m.request.attempt == attempt), None)
@@ -84,11 +85,14 @@ class MemoryCloud:
             elapsed = time.monotonic() - m.created - self.boot_s
             now = datetime.now(UTC)
             if m.fail:
-                return AgentStatus(AgentState.FAILED, attempt, now, error={"type": "RuntimeError", "message": m.fail})
+                return AgentReport(state=AgentState.FAILED, attempt=attempt, heartbeat_at=now,
+                                   error=AgentError(type="RuntimeError", message=m.fail))
             if elapsed < self.train_s:
-                return AgentStatus(AgentState.RUNNING, attempt, now, progress=elapsed / self.train_s,
+                return AgentReport(state=AgentState.RUNNING, attempt=attempt, heartbeat_at=now,
+                                   progress=elapsed / self.train_s,
                                    runtime={"strategy": m.request.spec.resolved_strategy})
-            return AgentStatus(AgentState.SUCCEEDED, attempt, now, progress=1.0, metrics={"val_accuracy": 0.99})
+            return AgentReport(state=AgentState.SUCCEEDED, attempt=attempt, heartbeat_at=now, progress=1.0,
+                               metrics={"val_accuracy": 0.99})
 
     def final_metrics(self, job_id: str) -> dict[str, Any] | None:
         return {"val_accuracy": 0.99}

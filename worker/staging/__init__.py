@@ -12,6 +12,5 @@ TensorFlow is never imported here: the worker stays light, TFRecords are written
 
 from worker.staging.errors import DatasetError
 from worker.staging.stage import StagedDataset, stage_dataset
-from worker.staging.uploads import store_upload
 
-__all__ = ["DatasetError", "StagedDataset", "stage_dataset", "store_upload"]
+__all__ = ["DatasetError", "StagedDataset", "stage_dataset"]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+# Staging implements the worker's Stager port and raises the port's own error: the driver catches
+# exactly what staging throws, with no translation between two classes of the same name.
+from worker.provisioner import DatasetError
 
-class DatasetError(Exception):
-    """The dataset cannot be staged; the message says what is wrong with the data and where."""
+__all__ = ["DatasetError", "short"]
 
 
 def short(value: object, limit: int = 40) -> str:

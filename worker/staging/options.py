@@ -28,7 +28,7 @@ class ConversionOptions:
             label_column=o.label_column or cls.label_column,
             x_key=o.x_key or cls.x_key,
             y_key=o.y_key or cls.y_key,
-            image_size=tuple(o.image_size) if o.image_size else cls.image_size,  # type: ignore[arg-type]
+            image_size=(o.image_size[0], o.image_size[1]) if o.image_size else cls.image_size,
         )
 
     def as_dict(self) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 
     /path or file:///path      a file or folder on the worker host
     https://... http://...     streamed to the work dir with httpx
-    dataset:<sha256>           a file stored by store_upload
+    dataset:<sha256>           a file stored by trainjobs.uploads.store_upload
     gs://bucket/key-or-prefix  see gcs_source.py
     sklearn:<name>             scikit-learn's bundled data, loaded locally
 """
@@ -22,7 +22,7 @@ from worker.staging.examples import Examples
 from worker.staging.formats import read_local
 from worker.staging.options import ConversionOptions
 from worker.staging.read_tabular import read_sklearn
-from worker.staging.uploads import find_upload
+from trainjobs.uploads import find_upload
 
 _DOWNLOAD_CHUNK = 1 << 20
 

@@ -1,8 +1,10 @@
-"""Files users upload (POST /v1/datasets), stored by content: gs://BUCKET/uploads/<sha256>/<filename>.
+"""Files users upload (POST /v1/datasets, POST /v1/modules), stored by content:
+gs://BUCKET/uploads/<sha256>/<filename>.
 
-The sha256 is only known once the last byte has arrived, so the bytes stream to a temporary key
-through a resumable upload (bounded memory, any size) while they are hashed, then are rewritten
-server-side to their content key. A job names the file as `dataset:<sha256>`.
+The API writes them; dataset staging and the agent read them. The sha256 is only known once the last
+byte has arrived, so the bytes stream to a temporary key through a resumable upload (bounded memory,
+any size) while they are hashed, then are rewritten server-side to their content key. A job names a
+dataset as `dataset:<sha256>` and model code by the gs:// URI the upload answered with.
 """
 
 from __future__ import annotations
@@ -12,29 +14,51 @@ import hashlib
 import re
 import uuid
 from pathlib import PurePosixPath
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal
 
 from trainjobs import storage
-from worker.staging.errors import DatasetError, short
+
+UploadKind = Literal["dataset", "module"]
 
 _READ = 1 << 20
 _CHUNK = 8 << 20  # resumable-upload chunk: the most of an upload held in memory (multiple of 256 KiB)
-_FILENAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._ -]{0,254}$")
+# One rule for every uploaded file name: it becomes part of a GCS key and of a path on the agent.
+_FILENAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,200}$")
+SUFFIXES: dict[UploadKind, tuple[str, ...]] = {
+    "dataset": (".npz", ".csv", ".tfrecord", ".zip", ".tar.gz", ".tgz"),
+    "module": (".py", ".zip", ".tar.gz", ".tgz"),
+}
+MAX_MODULE_BYTES = 50 << 20  # code, not weights
 INCOMING = "uploads/.incoming/"
+
+
+class UploadError(ValueError):
+    """The upload cannot be stored; the message says why, for the user."""
+
+
+def check_filename(filename: str, kind: UploadKind) -> str:
+    """The name the file is stored under, or UploadError naming what a name may hold."""
+    suffixes = SUFFIXES[kind]
+    ok = bool(_FILENAME.match(filename)) and filename.endswith(suffixes)
+    if kind == "module":
+        ok = ok and not filename[0].isdigit()  # it is imported by its name
+    if not ok:
+        raise UploadError(f"file name {filename[:60]!r}: expected letters, digits, '.', '_' and '-', ending in "
+                          + ", ".join(suffixes))
+    return filename
 
 
 def upload_prefix(sha256: str) -> str:
     return f"uploads/{sha256}/"
 
 
-def store_upload(stream: BinaryIO, filename: str, *, bucket: str | None = None) -> tuple[str, int]:
+def store_upload(stream: BinaryIO, filename: str, *, kind: UploadKind = "dataset",
+                 bucket: str | None = None) -> tuple[str, int]:
     """Store an uploaded file by content; returns (sha256 of its bytes, size). Idempotent.
 
     An empty file is not stored (size 0 tells the caller to refuse it); any other file is.
     """
-    name = PurePosixPath(filename.replace("\\", "/")).name.strip()
-    if not _FILENAME.match(name):
-        raise DatasetError(f"unusable file name {short(filename)}: use letters, digits, '.', '_', '-' and spaces")
+    name = check_filename(PurePosixPath(filename.replace("\\", "/")).name.strip(), kind)
     b = storage.bucket(bucket)
     incoming = b.blob(f"{INCOMING}{uuid.uuid4().hex}")
     digest, size = hashlib.sha256(), 0

@@ -1,13 +1,18 @@
-"""Wiring: which database, which storage, which provisioner. The one place adapters meet."""
+"""Which database, which storage, which provisioner: the one place adapters meet."""
 
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainjobs.config import database_url_from_env, home
+
+if TYPE_CHECKING:
+    from stack.embedded import GcsEmulator
+    from worker.provisioner import JobChannel, Provisioner, Stager
 
 log = logging.getLogger("trainjobs")
 
@@ -21,7 +26,7 @@ def resolve_database_url(data_dir: Path) -> str:
     url = database_url_from_env()
     if url:
         return url
-    from trainjobs.embedded import start_embedded_postgres
+    from stack.embedded import start_embedded_postgres
 
     url = start_embedded_postgres(data_dir / "postgres")
     log.info("embedded PostgreSQL at %s", data_dir / "postgres")
@@ -30,11 +35,11 @@ def resolve_database_url(data_dir: Path) -> str:
 
 @dataclass
 class StorageHandle:
-    emulator: object | None = None  # GcsEmulator we started, to stop on exit
+    emulator: GcsEmulator | None = None  # the emulator we started, to stop on exit
 
     def stop(self) -> None:
         if self.emulator is not None:
-            self.emulator.stop()  # type: ignore[attr-defined]
+            self.emulator.stop()
 
 
 def resolve_storage(data_dir: Path) -> StorageHandle:
@@ -47,7 +52,7 @@ def resolve_storage(data_dir: Path) -> StorageHandle:
         return StorageHandle()
     if os.environ.get("TRAINJOBS_BUCKET"):
         return StorageHandle()
-    from trainjobs.embedded import start_gcs_emulator, use_emulator
+    from stack.embedded import start_gcs_emulator, use_emulator
 
     emu = start_gcs_emulator(data_dir / "gcs", bucket=storage.DEFAULT_BUCKET)
     use_emulator(emu, storage.DEFAULT_BUCKET)
@@ -57,10 +62,9 @@ def resolve_storage(data_dir: Path) -> StorageHandle:
 
 @dataclass
 class WorkerRuntime:
-    provisioner: object
-    channel: object
-    stager: object
-    closers: list[object] = field(default_factory=list)
+    provisioner: Provisioner
+    channel: JobChannel
+    stager: Stager
 
 
 def build_runtime(kind: str, data_dir: Path, *, local_devices: int = 2, local_slots: int = 2) -> WorkerRuntime:

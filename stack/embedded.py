@@ -8,7 +8,6 @@ and no real bucket.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,11 +15,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+from trainjobs.ports import free_port
 
 
 def start_embedded_postgres(data_dir: Path, database: str = "trainjobs") -> str:

