@@ -11,6 +11,12 @@ import pytest
 from stack.embedded import GcsEmulator, start_gcs_emulator, use_emulator
 
 
+def scaled(seconds: float) -> float:
+    """A wait or deadline in a test, scaled for a loaded machine: TRAINJOBS_TEST_TIME_SCALE=3 triples it.
+    No test may pass or fail on time alone at scale 1 on a quiet machine either."""
+    return seconds * float(os.environ.get("TRAINJOBS_TEST_TIME_SCALE", "1"))
+
+
 @pytest.fixture(scope="session")
 def gcs_emulator() -> Iterator[GcsEmulator]:
     """One in-memory emulator per test process; STORAGE_EMULATOR_HOST points at it."""

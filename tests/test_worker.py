@@ -203,7 +203,7 @@ def test_agent_failure_is_reported_and_machine_deleted(db, database_url, running
 
 
 def test_bad_dataset_fails_before_any_machine(db, database_url, running_workers):
-    def reject(spec, job_id):
+    def reject(spec, job_id, **_):
         raise DatasetError("column 'label' not found; columns are a, b")
 
     cloud = MemoryCloud()

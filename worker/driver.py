@@ -83,7 +83,7 @@ class JobDriver:
 
     def _stage(self, job: Job, spec: JobSpec) -> bool:
         try:
-            uri = self.stager(spec, str(job.id))
+            uri = self.stager(spec, str(job.id), project_id=str(job.project_id), should_stop=self.stop.is_set)
         except DatasetError as exc:
             return self._move(job, S.FAILED, "dataset rejected", error=f"dataset: {exc}")
         return self._move(job, S.PROVISIONING, f"dataset staged at {uri}", record={"dataset_uri": uri})

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from trainjobs.messages import AgentReport
@@ -102,6 +103,13 @@ class DatasetError(Exception):
 
 
 class Stager(Protocol):
-    def __call__(self, spec: JobSpec, job_id: str) -> str:
-        """Stage the job's dataset; return its URI. Raise DatasetError for bad data."""
+    def __call__(self, spec: JobSpec, job_id: str, *, project_id: str,
+                 should_stop: Callable[[], bool] = lambda: False) -> str:
+        """Stage the job's dataset; return its URI. Raise DatasetError for bad data. `project_id` is
+        whose uploads `dataset:<sha>` may name; staging checks `should_stop` between files and chunks
+        and gives up (raising StagingStopped) once it turns true (a cancel, the worker stopping)."""
         ...
+
+
+class StagingStopped(Exception):
+    """Staging gave up because should_stop() turned true."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from trainjobs.spec import JobSpec
@@ -13,7 +14,8 @@ class GcsStager:
     def __init__(self, work_dir: Path, bucket: str | None = None):
         self.work_dir, self.bucket = work_dir, bucket
 
-    def __call__(self, spec: JobSpec, job_id: str) -> str:
+    def __call__(self, spec: JobSpec, job_id: str, *, project_id: str,
+                 should_stop: Callable[[], bool] = lambda: False) -> str:
         work = self.work_dir / job_id
         work.mkdir(parents=True, exist_ok=True)
         try:

@@ -25,6 +25,9 @@ class Project(Base):
     id: Mapped[uuid.UUID] = mapped_column(UUID, primary_key=True, server_default=text("gen_random_uuid()"))
     name: Mapped[str] = mapped_column(String(100), unique=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    # Quotas; NULL means the deployment's default.
+    max_running_jobs: Mapped[int | None] = mapped_column(Integer)
+    max_accelerators: Mapped[int | None] = mapped_column(Integer)
 
 
 class ApiKey(Base):
@@ -58,6 +61,11 @@ class Job(Base):
     metrics: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     runtime: Mapped[dict[str, Any] | None] = mapped_column(JSONB)  # strategy, replicas, batch, lr chosen
     dataset_uri: Mapped[str | None] = mapped_column(Text)
+    # The agent's artifact manifest, copied out of the job's reach when it succeeded.
+    artifacts: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB)
+    wait_reason: Mapped[str | None] = mapped_column(Text)  # why a queued job has not started
+    accelerators: Mapped[int] = mapped_column(Integer, server_default="0")  # chips/GPUs held while running
+    driver_failures: Mapped[int] = mapped_column(Integer, server_default="0")  # consecutive failed driver steps
     lease_owner: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 

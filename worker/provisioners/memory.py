@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -98,5 +99,5 @@ class MemoryCloud:
         return {"val_accuracy": 0.99}
 
 
-def memory_stager(spec: JobSpec, job_id: str) -> str:
+def memory_stager(spec: JobSpec, job_id: str, *, project_id: str, should_stop: Callable[[], bool] = lambda: False) -> str:
     return f"mem://datasets/{abs(hash(spec.dataset.source))}"
