@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import hashlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,10 @@ class ApiError(Exception):
         super().__init__(f"{status} {self.code}: {self.message}")
 
 
+class ArtifactIntegrityError(Exception):
+    """A downloaded artifact's size or sha256 is not the listing's; the file was not kept."""
+
+
 class Client:
     def __init__(self, api_url: str | None = None, api_key: str | None = None, timeout: float = 30.0):
         cfg = load_client_config()
@@ -35,7 +40,10 @@ class Client:
 
     def _call(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
         """The JSON object every /v1 route answers with, or ApiError."""
-        r = self._http.request(method, path, **kw)
+        return self._json_or_raise(self._http.request(method, path, **kw))
+
+    @staticmethod
+    def _json_or_raise(r: httpx.Response) -> dict[str, Any]:
         try:
             body = r.json()
         except ValueError:
@@ -82,21 +90,41 @@ class Client:
         return self._call("GET", f"/v1/jobs/{job_id}/artifacts")
 
     def download_artifacts(self, job_id: str, dest: Path) -> builtins.list[Path]:
+        """Every artifact into dest, each checked against the size and sha256 the listing gives (the
+        job's manifest as the worker kept it): a signed URL reads storage directly, where the object
+        may have changed since the job ended. Raises ArtifactIntegrityError and keeps no file then."""
         out = []
         for item in self.artifacts(job_id)["artifacts"]:
             target = (dest / item["path"]).resolve()
             if not target.is_relative_to(dest.resolve()):
                 raise ValueError(f"artifact path {item['path']!r} leaves {dest}")
             target.parent.mkdir(parents=True, exist_ok=True)
-            url = item["download_url"]
-            # Signed URLs go straight to GCS; API links need our key.
-            with (self._http.stream("GET", url) if url.startswith("/") else httpx.stream("GET", url)) as r:
-                r.raise_for_status()
-                with target.open("wb") as f:
-                    for chunk in r.iter_bytes(1 << 20):
-                        f.write(chunk)
+            partial = target.with_name(target.name + ".part")
+            try:
+                self._download_checked(item, partial)
+                partial.replace(target)
+            finally:
+                partial.unlink(missing_ok=True)
             out.append(target)
         return out
+
+    def _download_checked(self, item: dict[str, Any], path: Path) -> None:
+        url = item["download_url"]
+        digest, size = hashlib.sha256(), 0
+        # Signed URLs go straight to GCS; API links need our key.
+        with (self._http.stream("GET", url) if url.startswith("/") else httpx.stream("GET", url)) as r:
+            if r.status_code >= 400:
+                r.read()
+                self._json_or_raise(r)
+            with path.open("wb") as f:
+                for chunk in r.iter_bytes(1 << 20):
+                    digest.update(chunk)
+                    size += len(chunk)
+                    f.write(chunk)
+        if size != item["size"] or digest.hexdigest() != item["sha256"]:
+            raise ArtifactIntegrityError(
+                f"artifact {item['path']}: got {size} bytes with sha256 {digest.hexdigest()}, expected "
+                f"{item['size']} bytes with sha256 {item['sha256']}; it was changed after the job ended")
 
     def upload_dataset(self, path: Path) -> dict[str, Any]:
         with path.open("rb") as f:

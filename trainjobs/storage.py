@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -38,7 +40,7 @@ def bucket_name() -> str:
 
 
 @lru_cache(maxsize=4)
-def _client(emulator: str | None, project: str | None) -> Any:
+def _client(emulator: str | None, project: str | None, token_file: str | None = None) -> Any:
     from google.cloud import storage
 
     if emulator:
@@ -47,12 +49,39 @@ def _client(emulator: str | None, project: str | None) -> Any:
         from google.auth.credentials import AnonymousCredentials
 
         return storage.Client(project=project or "trainjobs-local", credentials=AnonymousCredentials())
+    if token_file:
+        return storage.Client(project=project, credentials=token_file_credentials(Path(token_file)))
     return storage.Client(project=project)
 
 
 def client() -> Any:
     """The process-wide storage client (thread-safe for requests)."""
-    return _client(os.environ.get("STORAGE_EMULATOR_HOST"), os.environ.get("TRAINJOBS_GCP_PROJECT"))
+    return _client(os.environ.get("STORAGE_EMULATOR_HOST"), os.environ.get("TRAINJOBS_GCP_PROJECT"),
+                   os.environ.get(TOKEN_FILE_ENV))
+
+
+# On a job's machine: the file holding the job's downscoped access token, which the worker rewrites
+# before it expires (worker/credentials.py). The machine holds no other credentials.
+TOKEN_FILE_ENV = "TRAINJOBS_STORAGE_TOKEN_FILE"
+_TOKEN_MIN_LIFE = timedelta(minutes=5)  # google-auth refuses a token within 3m45s of its expiry
+
+
+def token_file_credentials(path: Path, wait_s: float = 120.0) -> Any:
+    """Credentials whose every refresh re-reads the token file; while the file's token is near its
+    end, they wait (up to wait_s) for the worker to write a newer one."""
+    from google.oauth2.credentials import Credentials
+
+    def refresh(request: Any, scopes: Any) -> tuple[str, datetime]:
+        deadline = time.monotonic() + wait_s
+        while True:
+            data = json.loads(path.read_text())
+            # google-auth compares expiries as naive UTC
+            expiry = datetime.fromisoformat(data["expiry"]).astimezone(UTC).replace(tzinfo=None)
+            if expiry - datetime.now(UTC).replace(tzinfo=None) > _TOKEN_MIN_LIFE or time.monotonic() > deadline:
+                return str(data["access_token"]), expiry
+            time.sleep(1.0)
+
+    return Credentials(token=None, refresh_handler=refresh)
 
 
 def bucket(name: str | None = None) -> Any:

@@ -123,9 +123,13 @@ class JobDriver:
         if status is not None:
             progress = {"progress": status.progress, "metrics": status.metrics, "runtime": status.runtime}
             if status.state == AgentState.SUCCEEDED:
-                progress["metrics"] = self.channel.final_metrics(str(job.id)) or status.metrics
+                # Machine first: once it is gone the job's code can no longer change what is read next.
+                # The manifest is copied into the row, where downloads are checked against it.
                 self._delete_machines(job)
-                return self._move(job, S.SUCCEEDED, "agent finished; machine deleted", record=progress)
+                progress["metrics"] = self.channel.final_metrics(str(job.id)) or status.metrics
+                artifacts = self.channel.artifact_manifest(str(job.id))
+                return self._move(job, S.SUCCEEDED, "agent finished; machine deleted",
+                                  record={**progress, "artifacts": artifacts})
             self._record(**progress)
             if status.state == AgentState.FAILED:
                 return self._finish_failed(job, status.error)

@@ -36,3 +36,12 @@ class GcsJobChannel:
     def final_metrics(self, job_id: str) -> dict[str, Any] | None:
         metrics = storage.read_json(self._paths(job_id).key("artifacts/metrics.json"))
         return metrics if isinstance(metrics, dict) else None
+
+    def artifact_manifest(self, job_id: str) -> list[dict[str, Any]] | None:
+        """Only well-formed entries: the job's code could have written this file as well as the agent."""
+        raw = storage.read_json(self._paths(job_id).artifact_manifest)
+        if not isinstance(raw, list):
+            return None
+        return [{"path": e["path"], "size": e["size"], "sha256": e["sha256"]} for e in raw
+                if isinstance(e, dict) and isinstance(e.get("path"), str) and isinstance(e.get("size"), int)
+                and isinstance(e.get("sha256"), str) and len(e["sha256"]) == 64]

@@ -93,6 +93,10 @@ class JobChannel(Protocol):
         """Metrics from the finished job's artifacts, if any."""
         ...
 
+    def artifact_manifest(self, job_id: str) -> list[dict[str, Any]] | None:
+        """The finished job's artifact manifest (path, size, sha256 of each), if it wrote one."""
+        ...
+
 
 class NoCapacity(Exception):
     """No machine can be had right now (quota, stockout, local slots busy); try again later."""

@@ -128,8 +128,8 @@ def list_events(session: Session, job_id: uuid.UUID) -> list[JobEvent]:
     return list(session.scalars(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)))
 
 
-_PROGRESS_COLUMNS = frozenset({"progress", "metrics", "runtime", "dataset_uri", "error"})
-_JSON_COLUMNS = frozenset({"metrics", "runtime"})
+_PROGRESS_COLUMNS = frozenset({"progress", "metrics", "runtime", "dataset_uri", "error", "artifacts"})
+_JSON_COLUMNS = frozenset({"metrics", "runtime", "artifacts"})
 
 
 def record_progress(session: Session, job_id: uuid.UUID, owner: str, **fields: Any) -> None:

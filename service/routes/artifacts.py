@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import posixpath
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 from fastapi import APIRouter, Query
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response
 
+from service.artifact_download import verified_download
 from service.db import jobs as data
 from service.db.session import transaction
 from service.deps import Factory, ProjectId
@@ -29,12 +30,16 @@ def _paths(factory: Factory, project: uuid.UUID, job_id: uuid.UUID) -> storage.J
     return storage.JobPaths.for_job(str(job_id))
 
 
-def _manifest(paths: storage.JobPaths) -> list[dict[str, Any]]:
-    manifest = storage.read_json(paths.artifact_manifest)
-    if manifest is None:
-        return []
-    items: list[dict[str, Any]] = manifest["artifacts"] if isinstance(manifest, dict) else manifest
-    return items
+def _artifacts(factory: Factory, project: uuid.UUID, job_id: uuid.UUID) -> tuple[storage.JobPaths, list[dict[str, Any]]]:
+    """The job's paths and its artifacts as the worker copied them from the agent's manifest when the
+    job succeeded (none before): the job's code cannot change that copy; what it could change in
+    storage is checked against it (service/artifact_download.py)."""
+    with transaction(factory) as session:
+        job = data.get_job(session, project, job_id)
+        if job is None:
+            raise ApiError(404, f"job {job_id} not found")
+        items = list(job.artifacts or [])
+    return storage.JobPaths.for_job(str(job_id)), items
 
 
 def safe_artifact_path(path: str) -> str:
@@ -61,8 +66,7 @@ def _signer(paths: storage.JobPaths) -> Callable[[str], str] | None:
 
 @router.get("/{job_id}/artifacts", response_model=ArtifactList)
 def list_artifacts(job_id: uuid.UUID, project: ProjectId, factory: Factory) -> ArtifactList:
-    paths = _paths(factory, project, job_id)
-    items = _manifest(paths)
+    paths, items = _artifacts(factory, project, job_id)
     sign = _signer(paths) if items else None
     out = []
     for item in items:
@@ -74,21 +78,12 @@ def list_artifacts(job_id: uuid.UUID, project: ProjectId, factory: Factory) -> A
 
 
 @router.get("/{job_id}/artifacts/{path:path}")
-def download_artifact(job_id: uuid.UUID, path: str, project: ProjectId, factory: Factory) -> StreamingResponse:
+def download_artifact(job_id: uuid.UUID, path: str, project: ProjectId, factory: Factory) -> Response:
     rel = safe_artifact_path(path)
-    paths = _paths(factory, project, job_id)
-    if rel not in {i["path"] for i in _manifest(paths)}:
+    paths, items = _artifacts(factory, project, job_id)
+    if (item := next((i for i in items if i["path"] == rel), None)) is None:
         raise ApiError(404, f"job {job_id} has no artifact {rel!r}")
-    blob = storage.blob(paths.key(f"artifacts/{rel}"))
-
-    def chunks() -> Iterator[bytes]:
-        with blob.open("rb", chunk_size=1 << 20) as f:
-            while chunk := f.read(1 << 20):
-                yield chunk
-
-    filename = posixpath.basename(rel)
-    return StreamingResponse(chunks(), media_type="application/octet-stream",
-                             headers={"Content-Disposition": f'attachment; filename="{filename}"'})
+    return verified_download(storage.blob(paths.key(f"artifacts/{rel}")), item, posixpath.basename(rel))
 
 
 @router.get("/{job_id}/logs", response_model=JobLogs)

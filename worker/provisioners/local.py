@@ -8,6 +8,12 @@ with TF_CONFIG on loopback ports: real MultiWorkerMirroredStrategy.
 
 The inventory is a JSON file per machine under `root`, carrying labels like a cloud's: any worker
 process on this host can list, adopt or delete what another (even a dead one) created.
+
+What a job's code reaches: an environment built from an allow-list (`agent_environment`), and
+storage only inside the job's boundary (`worker/access_boundary.py`): through a storage guard
+process per machine in front of the emulator, or with a downscoped token the worker keeps fresh
+in a file when the bucket is real. Both go when the machine is deleted. The processes still run as
+the worker's OS user; README "Security" says what that leaves open.
 """
 
 from __future__ import annotations
@@ -21,12 +27,32 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
+from trainjobs import storage
 from trainjobs.ports import free_port
+from worker import storage_guard
+from worker.access_boundary import JobBoundary, read_boundary
+from worker.credentials import TokenFileRefresher, downscoped_minter
 from worker.provisioner import MachineInfo, MachineRequest, MachineState, NoCapacity
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# What an agent inherits from the worker's environment. Everything else stays behind: the database
+# URL, API keys, cloud credentials, whatever the worker was started with.
+INHERITED = frozenset({"PATH", "HOME", "LANG", "TZ", "TRAINJOBS_HEARTBEAT_S", "TRAINJOBS_GCP_PROJECT"})
+INHERITED_PREFIXES = ("LC_", "TF_")
+NOT_INHERITED = frozenset({"TF_CONFIG"})  # the provisioner writes the cluster a machine is part of
+
+
+def agent_environment(worker_env: Mapping[str, str], **settings: str) -> dict[str, str]:
+    """An agent's environment: the allow-listed part of the worker's, the repository on PYTHONPATH,
+    and `settings` (the machine's devices, its storage endpoint or token file, TF_CONFIG)."""
+    env = {k: v for k, v in worker_env.items()
+           if (k in INHERITED or k.startswith(INHERITED_PREFIXES)) and k not in NOT_INHERITED}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), worker_env.get("PYTHONPATH")]))
+    return {**env, **settings}
 
 
 class LocalProvisioner:
@@ -36,6 +62,7 @@ class LocalProvisioner:
         self.root, self.devices, self.slots = root, devices, slots
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        self._tokens: dict[str, TokenFileRefresher] = {}  # machine name -> its token file's refresher
 
     def create(self, request: MachineRequest) -> MachineInfo:
         with self._lock:
@@ -55,11 +82,22 @@ class LocalProvisioner:
         ports = [free_port() for _ in range(hosts)] if hosts > 1 else []
         logs = self.root / request.name
         logs.mkdir(exist_ok=True)
-        pids = []
-        for task in range(hosts):
-            env = {**os.environ, "TRAINJOBS_LOCAL_DEVICES": str(devices), "PYTHONUNBUFFERED": "1",
-                   "TF_CPP_MIN_LOG_LEVEL": "2"}
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+        record: dict = {"name": request.name, "labels": request.labels, "devices": devices, "created": time.time(),
+                        "logs": str(logs)}
+        storage_env = self._storage_access(request.name, read_boundary(request.job_dir), logs, record)
+        pids: list[int] = []
+        try:
+            self._start_agents(request, devices, ports, logs, storage_env, pids)
+        except BaseException:
+            self._stop_storage_access(request.name, record)
+            raise
+        return {**record, "pids": pids}
+
+    def _start_agents(self, request: MachineRequest, devices: int, ports: list[int], logs: Path,
+                      storage_env: dict[str, str], pids: list[int]) -> None:
+        for task in range(request.spec.workers):
+            env = agent_environment(os.environ, TRAINJOBS_LOCAL_DEVICES=str(devices), PYTHONUNBUFFERED="1",
+                                    TF_CPP_MIN_LOG_LEVEL="2", **storage_env)
             if ports:
                 env["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
                                                "task": {"type": "worker", "index": task}})
@@ -72,11 +110,39 @@ class LocalProvisioner:
                 )
             pids.append(proc.pid)
             threading.Thread(target=proc.wait, daemon=True).start()  # reap, so an exited agent is not a zombie
-        return {"name": request.name, "labels": request.labels, "pids": pids, "devices": devices,
-                "created": time.time(), "logs": str(logs)}
+
+    def _storage_access(self, name: str, boundary: JobBoundary, machine_dir: Path, record: dict) -> dict[str, str]:
+        """Start what lets this machine reach its job's storage and nothing more; return the agent's
+        environment for it. Notes in `record` what delete must stop."""
+        emulator = os.environ.get("STORAGE_EMULATOR_HOST")
+        if emulator:
+            pid, port = storage_guard.launch(boundary, emulator, machine_dir,
+                                             env=agent_environment(os.environ))
+            record["guard_pid"] = pid
+            return {"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}"}
+        token_file = machine_dir / "storage-token.json"
+        record.update(token_file=str(token_file), boundary=boundary.to_json())
+        self._refresh_token(name, token_file, boundary)
+        return {storage.TOKEN_FILE_ENV: str(token_file)}
+
+    def _stop_storage_access(self, name: str, record: dict) -> None:
+        if "guard_pid" in record:
+            _signal_group(record["guard_pid"], signal.SIGKILL)
+        if (refresher := self._tokens.pop(name, None)) is not None:
+            refresher.stop()
+
+    def _refresh_token(self, name: str, token_file: Path, boundary: JobBoundary) -> None:
+        refresher = TokenFileRefresher(token_file, downscoped_minter(boundary))
+        refresher.start()
+        self._tokens[name] = refresher
 
     def get(self, name: str) -> MachineInfo | None:
         record = self._read(name)
+        if record and "boundary" in record and name not in self._tokens and self._alive(record):
+            # Adopted from a worker that died: its token file has no one keeping it fresh.
+            with self._lock:
+                if name not in self._tokens:
+                    self._refresh_token(name, Path(record["token_file"]), JobBoundary.from_json(record["boundary"]))
         return self._info(record) if record else None
 
     def delete(self, name: str) -> None:
@@ -90,6 +156,7 @@ class LocalProvisioner:
             time.sleep(0.1)
         for pid in record["pids"]:
             _signal_group(pid, signal.SIGKILL)
+        self._stop_storage_access(name, record)  # after the agents' last words: their final status needs it
         self._path(name).unlink(missing_ok=True)
         shutil.rmtree(record["logs"], ignore_errors=True)  # the machine's disk goes with it, as a VM's does
 

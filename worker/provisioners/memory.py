@@ -98,6 +98,9 @@ class MemoryCloud:
     def final_metrics(self, job_id: str) -> dict[str, Any] | None:
         return {"val_accuracy": 0.99}
 
+    def artifact_manifest(self, job_id: str) -> None:
+        return None
+
 
 def memory_stager(spec: JobSpec, job_id: str, *, project_id: str, should_stop: Callable[[], bool] = lambda: False) -> str:
     return f"mem://datasets/{abs(hash(spec.dataset.source))}"

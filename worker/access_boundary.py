@@ -1,0 +1,142 @@
+"""What one job's code may reach in storage: its dataset and model code (read), its own job
+directory (read and write), nothing else.
+
+One boundary, two enforcers: on Google Cloud it becomes a Credential Access Boundary on the
+downscoped token the worker mints for the job (`worker/credentials.py`); against the local emulator,
+which checks nothing, the job's storage guard (`worker/storage_guard.py`) answers 403 outside it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from trainjobs import storage
+from trainjobs.messages import AgentAssignment
+
+_MODULE_FILES = (".py", ".zip", ".tar.gz", ".tgz")
+MAX_RULES = 10  # a Credential Access Boundary holds at most 10 rules
+MAX_EXPRESSION = 2048  # characters in one rule's condition
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Objects in one bucket: everything under `key` when it ends in '/', else that one object."""
+
+    bucket: str
+    key: str
+
+    @classmethod
+    def from_uri(cls, uri: str, *, directory: bool) -> Scope:
+        bucket, key = storage.split_uri(uri)
+        return cls(bucket, key.rstrip("/") + "/" if directory else key)
+
+    @property
+    def is_directory(self) -> bool:
+        return self.key.endswith("/")
+
+    def holds(self, bucket: str, name: str) -> bool:
+        return bucket == self.bucket and (name == self.key or (self.is_directory and name.startswith(self.key)))
+
+    def covers_listing(self, bucket: str, prefix: str) -> bool:
+        """A listing by `prefix` returns only objects inside this directory (a single object is read,
+        never listed: a listing by its name would also show any object whose name extends it)."""
+        return self.is_directory and self.holds(bucket, prefix)
+
+
+@dataclass(frozen=True)
+class JobBoundary:
+    job_id: str
+    read: tuple[Scope, ...]  # read-only: the dataset, the model code
+    write: tuple[Scope, ...]  # read and write: the job's own directory
+
+    def can_read(self, bucket: str, name: str) -> bool:
+        return any(s.holds(bucket, name) for s in self.read + self.write)
+
+    def can_list(self, bucket: str, prefix: str) -> bool:
+        return any(s.covers_listing(bucket, prefix) for s in self.read + self.write)
+
+    def can_write(self, bucket: str, name: str) -> bool:
+        return any(s.holds(bucket, name) for s in self.write)
+
+    def to_json(self) -> str:
+        return json.dumps({"job_id": self.job_id, "read": [[s.bucket, s.key] for s in self.read],
+                           "write": [[s.bucket, s.key] for s in self.write]})
+
+    @classmethod
+    def from_json(cls, text: str) -> JobBoundary:
+        raw = json.loads(text)
+        return cls(raw["job_id"], tuple(Scope(*s) for s in raw["read"]), tuple(Scope(*s) for s in raw["write"]))
+
+
+def boundary_for(assignment: AgentAssignment, job_dir: str, dataset_manifest: dict[str, Any] | None) -> JobBoundary:
+    """The boundary of one attempt: its job directory, its staged dataset (and the TFRecord shards a
+    dataset used in place names, wherever they are), its uploaded model code."""
+    read = []
+    if assignment.dataset_uri.startswith("gs://"):
+        read.append(Scope.from_uri(assignment.dataset_uri, directory=True))
+    for split in (dataset_manifest or {}).get("splits", {}).values():
+        read += [Scope.from_uri(s, directory=False) for s in split.get("shards", []) if s.startswith("gs://")]
+    module = assignment.spec.model.module
+    if module and module.startswith("gs://"):
+        # A .py file or an archive is one object; anything else was uploaded as a package directory.
+        read.append(Scope.from_uri(module, directory=not module.endswith(_MODULE_FILES)))
+    write = (Scope.from_uri(job_dir, directory=True),)
+    return JobBoundary(assignment.job_id, tuple(dict.fromkeys(read)), write)
+
+
+def read_boundary(job_dir: str) -> JobBoundary:
+    """The boundary for the attempt whose spec.json the worker has just written under job_dir."""
+    raw = storage.read_json(storage.JobPaths(job_dir.rstrip("/")).spec)
+    if raw is None:
+        raise LookupError(f"no spec.json under {job_dir}")
+    assignment = AgentAssignment.model_validate(raw)
+    manifest = storage.read_json(f"{assignment.dataset_uri.rstrip('/')}/manifest.json") \
+        if assignment.dataset_uri.startswith("gs://") else None
+    return boundary_for(assignment, job_dir, manifest)
+
+
+# --- as a Credential Access Boundary (https://cloud.google.com/iam/docs/downscoping-short-lived-credentials) ---
+
+READ_ROLE = "inRole:roles/storage.objectViewer"  # objects.get, objects.list
+# objects.create/delete/get/list/update and multipart uploads; no IAM or ACL changes (objectAdmin has those).
+WRITE_ROLE = "inRole:roles/storage.objectUser"
+
+
+def access_boundary_rules(boundary: JobBoundary) -> list[dict[str, Any]]:
+    """The `accessBoundaryRules` of the job's downscoped token: per bucket, one rule for what it may
+    read and one for what it may write, each limited by a condition to the boundary's objects."""
+    rules = []
+    for role, scopes in ((READ_ROLE, boundary.read), (WRITE_ROLE, boundary.write)):
+        for bucket in sorted({s.bucket for s in scopes}):
+            expression = " || ".join(_clauses([s for s in scopes if s.bucket == bucket]))
+            if len(expression) > MAX_EXPRESSION:
+                raise ValueError(f"job {boundary.job_id}: the access condition on bucket {bucket} is "
+                                 f"{len(expression)} characters, over the {MAX_EXPRESSION} allowed")
+            rules.append({
+                "availableResource": f"//storage.googleapis.com/projects/_/buckets/{bucket}",
+                "availablePermissions": [role],
+                "availabilityCondition": {"title": f"job {boundary.job_id}", "expression": expression},
+            })
+    if len(rules) > MAX_RULES:
+        raise ValueError(f"job {boundary.job_id} reads from too many buckets for one access boundary")
+    return rules
+
+
+def _clauses(scopes: list[Scope]) -> list[str]:
+    out = []
+    for s in scopes:
+        resource = _cel(f"projects/_/buckets/{s.bucket}/objects/{s.key}")
+        if not s.is_directory:
+            out.append(f"resource.name == {resource}")
+            continue
+        out.append(f"resource.name.startsWith({resource})")
+        # A listing is checked against the bucket, with the prefix asked for as an attribute.
+        out.append(f"api.getAttribute('storage.googleapis.com/objectListPrefix', '').startsWith({_cel(s.key)})")
+    return out
+
+
+def _cel(text: str) -> str:
+    """A CEL string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"

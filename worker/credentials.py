@@ -1,0 +1,102 @@
+"""Per-job storage credentials on Google Cloud: a token limited by the job's access boundary.
+
+The worker mints it from its own credentials with a Credential Access Boundary
+(`google.auth.downscoped`; rules from `worker/access_boundary.py`) and keeps it in a file the agent
+reads (`trainjobs/storage.py`, TRAINJOBS_STORAGE_TOKEN_FILE), rewriting it well before it expires
+for as long as the machine lives. The agent never holds the worker's credentials, so its code can
+reach nothing the boundary leaves out, whatever it does with the token.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from worker.access_boundary import JobBoundary, access_boundary_rules
+
+log = logging.getLogger("trainjobs.worker")
+
+Minter = Callable[[], tuple[str, datetime]]  # -> (access token, when it expires, UTC)
+RETRY_S = 30.0
+
+
+def downscoped_minter(boundary: JobBoundary, source: Any = None) -> Minter:
+    """Mints tokens for this boundary from `source` (default: the worker's Application Default
+    Credentials). A downscoped token lives as long as the source token it came from, so a source
+    token near its end is refreshed first."""
+    import google.auth
+    from google.auth import downscoped
+    from google.auth.transport.requests import Request
+
+    if source is None:
+        source, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
+    rules = [downscoped.AccessBoundaryRule(
+        available_resource=r["availableResource"], available_permissions=r["availablePermissions"],
+        availability_condition=downscoped.AvailabilityCondition(
+            r["availabilityCondition"]["expression"], title=r["availabilityCondition"]["title"]))
+        for r in access_boundary_rules(boundary)]
+    cab = downscoped.CredentialAccessBoundary(rules=rules)
+
+    def mint() -> tuple[str, datetime]:
+        if source.expiry is None or source.expiry - datetime.now(UTC).replace(tzinfo=None) < timedelta(minutes=20):
+            source.refresh(Request())
+        creds = downscoped.Credentials(source_credentials=source, credential_access_boundary=cab)
+        creds.refresh(Request())
+        token, expiry = creds.token, creds.expiry
+        assert isinstance(token, str) and expiry is not None, "the token exchange answered without a token"
+        return token, expiry.replace(tzinfo=UTC)
+
+    return mint
+
+
+def write_token_file(path: Path, token: str, expiry: datetime) -> None:
+    """Whole or not at all (the agent may read it at any moment), readable by its owner only."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"access_token": token, "expiry": expiry.astimezone(UTC).isoformat()}, f)
+    os.replace(tmp, path)
+
+
+class TokenFileRefresher:
+    """Keeps one job's token file fresh: mints at start, then again when half the token's life is
+    gone. A failed mint is logged and retried; the agent keeps the old token until it expires."""
+
+    def __init__(self, path: Path, mint: Minter):
+        self.path, self.mint = path, mint
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Write the first token before returning: the agent starts right after."""
+        expiry = self._refresh_once()
+        if expiry is None:
+            raise RuntimeError(f"could not mint a storage token for {self.path}")
+        self._thread = threading.Thread(target=self._loop, args=(expiry,), name=f"token {self.path.parent.name}",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _refresh_once(self) -> datetime | None:
+        try:
+            token, expiry = self.mint()
+        except Exception as exc:
+            log.warning("minting the storage token for %s failed: %s", self.path, exc)
+            return None
+        write_token_file(self.path, token, expiry)
+        return expiry
+
+    def _loop(self, expiry: datetime) -> None:
+        while True:
+            left = (expiry - datetime.now(UTC)).total_seconds()
+            if self._stop.wait(max(RETRY_S, left / 2)):
+                return
+            expiry = self._refresh_once() or expiry

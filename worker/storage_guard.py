@@ -1,0 +1,304 @@
+"""`python -m worker.storage_guard --upstream URL --boundary FILE --port-file FILE`
+
+The local stand-in for a downscoped token. The GCS emulator checks no credentials, so each local
+machine reaches it only through a guard of its own: a loopback HTTP proxy whose address is the
+agent's STORAGE_EMULATOR_HOST. It forwards a request only when the object (or listing prefix) it
+names lies inside the job's boundary (`worker/access_boundary.py`) and answers anything else with
+403 in GCS's JSON error shape, so the client raises `Forbidden` as it would against Cloud Storage.
+
+Requests are routed as the emulator routes them (`gcp_storage_emulator/server.py`): the same path
+patterns tried in the same order on the same parsed path, object names unquoted once. Whatever the
+guard does not recognise is refused: bucket calls, batch, compose, ACLs, the emulator's own `/wipe`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from email.parser import BytesParser
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, unquote, urlparse
+
+from worker.access_boundary import JobBoundary
+
+log = logging.getLogger("trainjobs.storage_guard")
+
+_API = r"(?:/storage/v1)?"  # the emulator also serves the JSON API without the /storage/v1 prefix
+_BUCKET = r"(?P<bucket>[-.\w]+)"
+_OBJECT = r"(?P<object>.*[^/]+)"
+COPY = re.compile(rf"{_API}/b/{_BUCKET}/o/{_OBJECT}/(?:copyTo|rewriteTo)/b/(?P<dest_bucket>[-.\w]+)/o/(?P<dest>.*[^/]+)")
+OBJECT_SUBRESOURCE = re.compile(rf"{_API}/b/{_BUCKET}/o/{_OBJECT}/(?:compose|acl|restore)")
+OBJECT = re.compile(rf"{_API}/b/{_BUCKET}/o/{_OBJECT}")
+OBJECTS = re.compile(rf"{_API}/b/{_BUCKET}/o")
+UPLOAD = re.compile(rf"/upload/storage/v1/b/{_BUCKET}/o")
+DOWNLOAD = re.compile(rf"/download/storage/v1/b/{_BUCKET}/o/{_OBJECT}")
+HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "upgrade", "content-length"}
+
+
+class Refused(Exception):
+    """The request leaves the job's boundary (or is one the guard does not let through at all)."""
+
+
+class Uploads:
+    """Resumable upload sessions this guard opened: a chunk names only its upload_id, so the object
+    it writes is the one checked when the session was created."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, tuple[str, str]] = {}
+        self._lock = threading.Lock()
+
+    def opened(self, upload_id: str, bucket: str, name: str) -> None:
+        with self._lock:
+            self._ids[upload_id] = (bucket, name)
+
+    def known(self, upload_id: str) -> bool:
+        with self._lock:
+            return upload_id in self._ids
+
+
+def check(boundary: JobBoundary, uploads: Uploads, method: str, url: str, headers: dict[str, str],
+          body: bytes) -> tuple[str, str] | None:
+    """Raise Refused unless the request stays inside the boundary. `url` is the one the emulator will
+    parse: http://<the Host header the guard sends>/<the request target>. Returns (bucket, object)
+    when the request opens a resumable upload, for the caller to remember once it is open."""
+    if "x-http-method-override" in headers or headers.get("content-encoding"):
+        raise Refused("method overrides and encoded request bodies are not let through")
+    parsed = urlparse(url)
+    path, query = parsed.path, parse_qs(parsed.query)
+    if (m := COPY.fullmatch(path)) and method == "POST":
+        _read(boundary, m["bucket"], unquote(m["object"]))
+        _write(boundary, m["dest_bucket"], unquote(m["dest"]))
+        return None
+    if OBJECT_SUBRESOURCE.fullmatch(path):
+        raise Refused("compose, ACLs and restores are not available to jobs")
+    if m := OBJECT.fullmatch(path):
+        if method == "GET":
+            _read(boundary, m["bucket"], unquote(m["object"]))
+        elif method in ("DELETE", "PATCH"):
+            _write(boundary, m["bucket"], unquote(m["object"]))
+        else:
+            raise Refused(f"{method} on an object")
+        return None
+    if m := OBJECTS.fullmatch(path):
+        if method == "GET":
+            prefix = query.get("prefix", [""])[0]
+            if not (boundary.can_list(m["bucket"], prefix) and _plain(prefix.removesuffix("/"))):
+                raise Refused(f"listing gs://{m['bucket']}/{prefix}*")
+            return None
+        if method == "POST" and "uploadType" in query:  # the emulator takes uploads here too
+            return _insert(boundary, uploads, m["bucket"], query, headers, body)
+        raise Refused(f"{method} on a bucket's objects")
+    if m := UPLOAD.fullmatch(path):
+        if method == "POST":
+            return _insert(boundary, uploads, m["bucket"], query, headers, body)
+        if method == "PUT":
+            _chunk(uploads, query)
+            return None
+        raise Refused(f"{method} on the upload endpoint")
+    if (m := DOWNLOAD.fullmatch(path)) and method == "GET":
+        _read(boundary, m["bucket"], unquote(m["object"]))
+        return None
+    raise Refused(f"{method} {path}")
+
+
+def _insert(boundary: JobBoundary, uploads: Uploads, bucket: str, query: dict[str, list[str]],
+            headers: dict[str, str], body: bytes) -> tuple[str, str] | None:
+    kind = query.get("uploadType", [""])[0]
+    if kind == "resumable" and "upload_id" in query:  # a chunk POSTed instead of PUT
+        _chunk(uploads, query)
+        return None
+    if "name" in query:  # the emulator lets the query's name win over the metadata's
+        name = query["name"][0]
+    elif kind == "multipart":
+        name = _multipart_name(headers.get("content-type", ""), body)
+    elif kind == "resumable" and headers.get("content-type", "").startswith("application/json"):
+        name = _json_name(body)
+    else:
+        raise Refused(f"an upload ({kind or 'no uploadType'}) without an object name")
+    _write(boundary, bucket, name)
+    return (bucket, name) if kind == "resumable" else None
+
+
+def _chunk(uploads: Uploads, query: dict[str, list[str]]) -> None:
+    upload_id = query.get("upload_id", [""])[0]
+    if not uploads.known(upload_id):
+        raise Refused("a resumable upload this job did not open")
+
+
+def _multipart_name(content_type: str, body: bytes) -> str:
+    if not content_type.startswith("multipart/related"):
+        raise Refused("a multipart upload that is not multipart/related")
+    message = BytesParser().parsebytes(b"Content-Type:" + content_type.encode() + b"\r\n" + body)
+    parts = message.get_payload()
+    metadata = parts[0].get_payload() if isinstance(parts, list) and parts and not isinstance(parts[0], str) else None
+    if not isinstance(metadata, str):
+        raise Refused("a multipart upload without metadata")
+    return _json_name(metadata.encode())
+
+
+def _json_name(raw: bytes) -> str:
+    try:
+        name = json.loads(raw).get("name")
+    except (ValueError, AttributeError):
+        name = None
+    if not isinstance(name, str):
+        raise Refused("upload metadata without an object name")
+    return name
+
+
+def _read(boundary: JobBoundary, bucket: str, name: str) -> None:
+    if not (_plain(name) and boundary.can_read(bucket, name)):
+        raise Refused(f"reading gs://{bucket}/{name}")
+
+
+def _write(boundary: JobBoundary, bucket: str, name: str) -> None:
+    if not (_plain(name) and boundary.can_write(bucket, name)):
+        raise Refused(f"writing gs://{bucket}/{name}")
+
+
+def _plain(name: str) -> bool:
+    """No '.', '..' or empty segments: the emulator keeps objects as files under its data directory,
+    where such a name would step outside the prefix it was checked against."""
+    return "\\" not in name and "\x00" not in name and all(s not in ("", ".", "..") for s in name.split("/"))
+
+
+def forbidden_body(message: str) -> bytes:
+    """GCS's JSON error shape, so google-cloud-storage raises google.api_core.exceptions.Forbidden."""
+    return json.dumps({"error": {"code": 403, "message": message,
+                                 "errors": [{"message": message, "domain": "global", "reason": "forbidden"}]}}).encode()
+
+
+class GuardHandler(BaseHTTPRequestHandler):
+    """One job's guard; `serve` makes a subclass holding the job's boundary."""
+
+    protocol_version = "HTTP/1.1"  # keep-alive, as the storage client's connection pool expects
+    boundary: JobBoundary
+    uploads: Uploads
+    upstream: tuple[str, int]  # the emulator's host and port
+    guard_host = ""  # 127.0.0.1:<port> the guard listens on
+
+    def _handle(self) -> None:
+        # The emulator parses "http://" + Host + target, so a Host header of the job's making could
+        # move the path it acts on away from the one checked here. It gets the guard's own address
+        # instead, which also makes the upload-session and media links it builds lead back here.
+        body = self._body()
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        try:
+            opened = check(self.boundary, self.uploads, self.command, f"http://{self.guard_host}{self.path}",
+                           headers, body)
+        except Refused as exc:
+            log.warning("refused %s %s: %s", self.command, self.path, exc)
+            payload = forbidden_body(f"job {self.boundary.job_id} may not do this: {exc}")
+            self.send_response(403)
+            self.send_header("Content-Type", "application/json; charset=UTF-8")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+            return
+        self._forward(body, opened)
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
+
+    def _body(self) -> bytes:
+        if length := self.headers.get("Content-Length"):
+            return self.rfile.read(int(length))
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            out = bytearray()
+            while size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16):
+                out += self.rfile.read(size)
+                self.rfile.readline()
+            self.rfile.readline()
+            return bytes(out)
+        return b""
+
+    def _forward(self, body: bytes, opened: tuple[str, str] | None) -> None:
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP | {"host"}}
+        headers.update({"Host": self.guard_host, "Content-Length": str(len(body))})
+        conn = http.client.HTTPConnection(*self.upstream, timeout=600)
+        try:
+            conn.request(self.command, self.path, body=body, headers=headers)
+            response = conn.getresponse()
+            if opened is not None and (location := response.getheader("Location")):
+                if upload_id := parse_qs(urlparse(location).query).get("upload_id", [""])[0]:
+                    self.uploads.opened(upload_id, *opened)
+            length = response.getheader("Content-Length")
+            first = b"" if length is not None else response.read()
+            self.send_response(response.status)
+            for k, v in response.getheaders():
+                if k.lower() not in HOP_BY_HOP:
+                    self.send_header(k, v)
+            self.send_header("Content-Length", length if length is not None else str(len(first)))
+            self.end_headers()
+            self.wfile.write(first)
+            while chunk := response.read(1 << 20):  # shards and checkpoints stream through, not buffered
+                self.wfile.write(chunk)
+        finally:
+            conn.close()
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002  (the base class's name)
+        pass  # a line per request would bury the refusals
+
+
+def serve(boundary: JobBoundary, upstream: str, port_file: Path | None = None) -> ThreadingHTTPServer:
+    """A guard listening on a free loopback port (written to port_file once it listens); call
+    serve_forever() on it."""
+    target = urlparse(upstream)
+    handler: type[GuardHandler] = type("JobGuardHandler", (GuardHandler,), {
+        "boundary": boundary, "uploads": Uploads(), "upstream": (target.hostname or "127.0.0.1", target.port or 80)})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    port = server.server_address[1]
+    handler.guard_host = f"127.0.0.1:{port}"
+    if port_file is not None:
+        tmp = port_file.with_suffix(".tmp")
+        tmp.write_text(str(port))
+        os.replace(tmp, port_file)  # whole or absent: the provisioner polls for it
+    return server
+
+
+def launch(boundary: JobBoundary, upstream: str, directory: Path, env: dict[str, str],
+           timeout_s: float = 30.0) -> tuple[int, int]:
+    """Start a guard process for one machine, in a session of its own (it outlives a worker that
+    dies, as the machine does, and goes when the machine is deleted); return (pid, port)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "boundary.json").write_text(boundary.to_json())
+    port_file = directory / "storage-guard.port"
+    port_file.unlink(missing_ok=True)
+    with (directory / "storage-guard.log").open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "worker.storage_guard", "--upstream", upstream,
+             "--boundary", str(directory / "boundary.json"), "--port-file", str(port_file)],
+            env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    threading.Thread(target=proc.wait, daemon=True).start()  # reap it once it is killed
+    deadline = time.monotonic() + timeout_s
+    while not port_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"the storage guard did not start; see {directory / 'storage-guard.log'}")
+        time.sleep(0.05)
+    return proc.pid, int(port_file.read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m worker.storage_guard", description=__doc__)
+    parser.add_argument("--upstream", required=True, help="the emulator, http://host:port")
+    parser.add_argument("--boundary", required=True, type=Path, help="the job's boundary, as JSON")
+    parser.add_argument("--port-file", required=True, type=Path, help="where to write the port it listens on")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    server = serve(JobBoundary.from_json(args.boundary.read_text()), args.upstream, args.port_file)
+    server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
