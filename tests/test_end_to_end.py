@@ -126,7 +126,8 @@ def test_second_job_on_same_data_uploads_nothing(api, local_stack, bucket):
     assert _dataset_uri(first["id"]) == _dataset_uri(second["id"])
 
 
-def test_bad_data_fails_with_reason_and_no_machine(api, local_stack, tmp_path):
+def test_bad_data_fails_with_reason_and_no_machine(api, local_stack, tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINJOBS_HOST_DATA_DIRS", str(tmp_path))  # host paths are off unless allowed
     bad = tmp_path / "bad.csv"
     bad.write_text("a,b\n1,2\n3,4\n")
     job = api.post("/v1/jobs", json=digits_spec(dataset={"source": str(bad)})).json()

@@ -125,7 +125,7 @@ def _requirement_names(requirements: list[str]) -> set[str]:
 
 # Distribution name -> the names it is imported by.
 IMPORT_NAMES = {
-    "pydantic": {"pydantic", "pydantic_core"}, "pyyaml": {"yaml"}, "httpx": {"httpx"}, "click": {"click"},
+    "pydantic": {"pydantic", "pydantic_core"}, "pyyaml": {"yaml"}, "httpx": {"httpx", "httpcore"}, "click": {"click"},
     "fastapi": {"fastapi", "starlette"}, "uvicorn": {"uvicorn"}, "sqlalchemy": {"sqlalchemy"},
     "alembic": {"alembic"}, "psycopg": {"psycopg"}, "python-multipart": {"multipart", "python_multipart"},
     "google-cloud-storage": {"google", "google_crc32c"}, "numpy": {"numpy"}, "scikit-learn": {"sklearn"},

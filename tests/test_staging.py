@@ -15,14 +15,24 @@ import numpy as np
 import pytest
 
 from trainjobs import storage
+from trainjobs.source_rules import FETCH_ALLOW_HOSTS_ENV, HOST_DATA_DIRS_ENV
 from trainjobs.spec import DatasetSpec
 from trainjobs.uploads import store_upload
 from worker.staging import DatasetError, StagedDataset, stage_dataset
 from worker.staging.tfrecord import frame, iter_examples, write_examples
 
+PROJECT = "6d1f4a52-5d0e-4c3a-9a53-2a4f4f0f1b11"
+
+
+@pytest.fixture(autouse=True)
+def operator_allows_test_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests stage host files and a local HTTP server, as an operator who allows both would."""
+    monkeypatch.setenv(HOST_DATA_DIRS_ENV, str(tmp_path))
+    monkeypatch.setenv(FETCH_ALLOW_HOSTS_ENV, "127.0.0.1")
+
 
 def stage(source: str, bucket: str, work_dir: Path, **spec: Any) -> StagedDataset:
-    return stage_dataset(DatasetSpec(source=source, **spec), bucket=bucket, work_dir=work_dir)
+    return stage_dataset(DatasetSpec(source=source, **spec), project_id=PROJECT, bucket=bucket, work_dir=work_dir)
 
 
 def shard_uri(staged: StagedDataset, shard: str) -> str:
@@ -200,28 +210,28 @@ def test_gcs_object_that_is_not_tfrecord_is_downloaded_and_converted(bucket: str
 def test_uploaded_file_stages_as_dataset_sha(bucket: str, tmp_path: Path) -> None:
     _csv_with_string_labels(tmp_path)
     with (tmp_path / "pets.csv").open("rb") as f:
-        sha, size = store_upload(f, "pets.csv", bucket=bucket)
+        sha, size = store_upload(f, "pets.csv", project_id=PROJECT, bucket=bucket)
 
     staged = stage(f"dataset:{sha}", bucket, tmp_path / "work", options={"label_column": "kind"})
 
     assert size == (tmp_path / "pets.csv").stat().st_size
-    assert f"gs://{bucket}/uploads/{sha}/pets.csv" in objects(bucket)
+    assert f"gs://{bucket}/uploads/{PROJECT}/{sha}/pets.csv" in objects(bucket)
     assert staged.manifest["class_names"] == ["bird", "cat", "dog"]
     local = stage(str(tmp_path / "pets.csv"), bucket, tmp_path / "work", options={"label_column": "kind"})
     assert local.sha256 == staged.sha256 and local.uploaded_objects == 0
 
 
 def test_an_empty_upload_is_not_stored(bucket: str) -> None:
-    assert store_upload(io.BytesIO(b""), "empty.csv", bucket=bucket)[1] == 0
+    assert store_upload(io.BytesIO(b""), "empty.csv", project_id=PROJECT, bucket=bucket)[1] == 0
     assert objects(bucket) == []
 
 
 def test_storing_the_same_upload_twice_keeps_one_object(bucket: str) -> None:
-    first = store_upload(io.BytesIO(b"a,label\n1,0\n2,1\n"), "one.csv", bucket=bucket)
-    second = store_upload(io.BytesIO(b"a,label\n1,0\n2,1\n"), "two.csv", bucket=bucket)
+    first = store_upload(io.BytesIO(b"a,label\n1,0\n2,1\n"), "one.csv", project_id=PROJECT, bucket=bucket)
+    second = store_upload(io.BytesIO(b"a,label\n1,0\n2,1\n"), "two.csv", project_id=PROJECT, bucket=bucket)
 
     assert first == second
-    assert objects(bucket) == [f"gs://{bucket}/uploads/{first[0]}/one.csv"]
+    assert objects(bucket) == [f"gs://{bucket}/uploads/{PROJECT}/{first[0]}/one.csv"]
 
 
 @pytest.fixture
@@ -293,13 +303,13 @@ _FOREIGN_EXAMPLE = b"\x0a\x0c\x0a\x0a\x0a\x01a\x12\x05\x1a\x03\x0a\x01\x01"
 
 BAD_DATA = [
     ("corrupt-npz", _write("d.npz", b"PK\x03\x04 garbage"), {}, "d.npz is not a readable .npz file"),
-    ("npz-missing-key", _npz_of(x=np.zeros((4, 2)), labels=np.arange(4)), {}, "has no array 'y'; its arrays are: x, labels"),
+    ("npz-missing-key", _npz_of(x=np.zeros((4, 2)), labels=np.arange(4)), {}, "has no array 'y' (it holds 2)"),
     ("npz-length-mismatch", _npz_of(x=np.zeros((10, 2)), y=np.arange(9) % 2), {}, "10 examples of features but 9 labels"),
-    ("npz-one-class", _npz_of(x=np.zeros((5, 2)), y=np.zeros(5)), {}, "needs at least 2 classes, found only '0'"),
+    ("npz-one-class", _npz_of(x=np.zeros((5, 2)), y=np.zeros(5)), {}, "needs at least 2 classes, found only 1"),
     ("npz-nan-feature", _npz_of(x=np.array([[1.0], [np.nan]]), y=np.arange(2)), {}, "example 1 has a NaN or infinite feature"),
     ("npz-string-features", _npz_of(x=np.array([["a"], ["b"]]), y=np.arange(2)), {}, "features are not numeric"),
-    ("csv-missing-label", _write("t.csv", "a,b\n1,2\n"), {}, "t.csv has no label column 'label'; its columns are: a, b"),
-    ("csv-non-numeric", _write("t.csv", "a,b,label\n1,2,0\n3,x,1\n"), {}, "feature column 'b' is not numeric: 'x'"),
+    ("csv-missing-label", _write("t.csv", "a,b\n1,2\n"), {}, "t.csv has no label column 'label' in its header (line 1, 2 columns)"),
+    ("csv-non-numeric", _write("t.csv", "a,b,label\n1,2,0\n3,x,1\n"), {}, "t.csv line 3, column 2: a feature that is not a number"),
     ("csv-no-rows", _write("t.csv", "a,label\n"), {}, "t.csv holds no examples"),
     ("csv-empty-file", _write("t.csv", ""), {}, "t.csv is empty"),
     ("csv-ragged", _write("t.csv", "a,b,label\n1,2,0\n3,1\n"), {}, "t.csv is not a well-formed CSV file"),
@@ -313,7 +323,7 @@ BAD_DATA = [
     ("tfrecord-empty", _write("r.tfrecord", b""), {}, "r.tfrecord holds no examples"),
     ("unknown-extension", _write("data.bin", b"123"), {}, "cannot tell the format of 'data.bin'"),
     ("missing-path", lambda tmp: str(tmp / "nope.csv"), {}, "no file or folder at"),
-    ("unknown-upload", lambda tmp: "dataset:" + "0" * 64, {}, "no uploaded dataset 0000"),
+    ("unknown-upload", lambda tmp: "dataset:" + "0" * 64, {}, "no dataset 0000"),
     ("empty-gcs-prefix", lambda tmp: f"gs://{storage.bucket_name()}/nothing/", {}, "no objects at gs://"),
 ]
 

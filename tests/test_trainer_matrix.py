@@ -137,6 +137,7 @@ def matrix_jobs(database_url: str, api_url: str, gcs_emulator: Any,
     monkey.setenv("TRAINJOBS_HEARTBEAT_S", "2")
     source = tmp / "matrix.npz"
     _write_dataset(source)
+    monkey.setenv("TRAINJOBS_HOST_DATA_DIRS", str(tmp))  # host paths are off unless the operator allows them
 
     provisioner = LocalProvisioner(tmp / "machines", devices=2, slots=PARALLEL_MACHINES)
     worker = Worker(engine, provisioner, GcsJobChannel(), GcsStager(tmp / "staging"),

@@ -9,6 +9,15 @@ import numpy as np
 from trainjobs import storage
 
 
+def project_id(db) -> str:
+    """The id of project 'alpha', whose key the `api` client sends: its uploads are stored under it."""
+    from service.db.projects import ensure_project
+    from service.db.session import transaction
+
+    with transaction(db) as session:
+        return str(ensure_project(session, "alpha"))
+
+
 def test_dataset_upload_returns_a_source_jobs_can_name(api, bucket):
     buf = io.BytesIO()
     np.savez(buf, x=np.random.rand(20, 4).astype("float32"), y=np.arange(20) % 2)
@@ -20,21 +29,21 @@ def test_dataset_upload_returns_a_source_jobs_can_name(api, bucket):
     assert job.status_code == 201
 
 
-def test_same_dataset_twice_is_one_object(api, bucket):
+def test_same_dataset_twice_is_one_object(api, bucket, db):
     payload = b"label,a\n0,1\n1,2\n"
     first = api.post("/v1/datasets", files={"file": ("a.csv", payload)}).json()
     second = api.post("/v1/datasets", files={"file": ("b.csv", payload)}).json()
     assert first["sha256"] == second["sha256"]
     stored = [b.name for b in storage.client().list_blobs(bucket, prefix="uploads/") if ".incoming" not in b.name]
-    assert stored == [f"uploads/{first['sha256']}/a.csv"]
+    assert stored == [f"uploads/{project_id(db)}/{first['sha256']}/a.csv"]
 
 
-def test_module_upload_returns_gs_uri_with_the_code(api, bucket):
+def test_module_upload_returns_gs_uri_with_the_code(api, bucket, db):
     code = b"def build_model(input_shape, num_classes, params):\n    raise NotImplementedError\n"
     r = api.post("/v1/modules", files={"file": ("my_model.py", code)})
     assert r.status_code == 201, r.text
     uri = r.json()["module"]
-    assert uri.startswith(f"gs://{bucket}/uploads/") and uri.endswith("/my_model.py")
+    assert uri.startswith(f"gs://{bucket}/uploads/{project_id(db)}/") and uri.endswith("/my_model.py")
     assert storage.blob(uri).download_as_bytes() == code
 
 

@@ -1,5 +1,9 @@
-"""Files users upload (POST /v1/datasets, POST /v1/modules), stored by content:
-gs://BUCKET/uploads/<sha256>/<filename>.
+"""Files users upload (POST /v1/datasets, POST /v1/modules), stored by project and content:
+gs://BUCKET/uploads/<project id>/<sha256>/<filename>.
+
+An upload is its project's alone: the same bytes uploaded by two projects are two objects, and
+`dataset:<sha256>` resolves only inside the project of the job that names it. The layout is a prefix
+per project (and per file), so a storage credential can be limited to "uploads/<project>/<sha>/".
 
 The API writes them; dataset staging and the agent read them. The sha256 is only known once the last
 byte has arrived, so the bytes stream to a temporary key through a resumable upload (bounded memory,
@@ -29,7 +33,8 @@ SUFFIXES: dict[UploadKind, tuple[str, ...]] = {
     "module": (".py", ".zip", ".tar.gz", ".tgz"),
 }
 MAX_MODULE_BYTES = 50 << 20  # code, not weights
-INCOMING = "uploads/.incoming/"
+UPLOADS = "uploads/"
+INCOMING = "uploads/.incoming/"  # never a project id (those are UUIDs), so never anyone's upload
 
 
 class UploadError(ValueError):
@@ -48,13 +53,19 @@ def check_filename(filename: str, kind: UploadKind) -> str:
     return filename
 
 
-def upload_prefix(sha256: str) -> str:
-    return f"uploads/{sha256}/"
+def project_prefix(project_id: str) -> str:
+    """Every upload of one project lies under this key prefix."""
+    return f"{UPLOADS}{uuid.UUID(str(project_id))}/"
 
 
-def store_upload(stream: BinaryIO, filename: str, *, kind: UploadKind = "dataset",
+def upload_prefix(project_id: str, sha256: str) -> str:
+    return f"{project_prefix(project_id)}{sha256}/"
+
+
+def store_upload(stream: BinaryIO, filename: str, *, project_id: str, kind: UploadKind = "dataset",
                  bucket: str | None = None) -> tuple[str, int]:
-    """Store an uploaded file by content; returns (sha256 of its bytes, size). Idempotent.
+    """Store an uploaded file of one project by content; returns (sha256 of its bytes, size).
+    Idempotent within the project.
 
     An empty file is not stored (size 0 tells the caller to refuse it); any other file is.
     """
@@ -69,17 +80,19 @@ def store_upload(stream: BinaryIO, filename: str, *, kind: UploadKind = "dataset
                 size += len(chunk)
                 out.write(chunk)
         sha = digest.hexdigest()
-        if size and find_upload(sha, bucket=bucket) is None:
-            _rewrite(incoming, b.blob(f"{upload_prefix(sha)}{name}"))
+        if size and find_upload(project_id, sha, bucket=bucket) is None:
+            _rewrite(incoming, b.blob(f"{upload_prefix(project_id, sha)}{name}"))
         return sha, size
     finally:
         _delete_quietly(incoming)
 
 
-def find_upload(sha256: str, *, bucket: str | None = None) -> Any | None:
-    """The stored blob for dataset:<sha256>, or None. The first file name it was uploaded under wins."""
+def find_upload(project_id: str, sha256: str, *, bucket: str | None = None) -> Any | None:
+    """The project's stored blob for dataset:<sha256>, or None. The first file name it was uploaded
+    under wins. Another project's upload of the same bytes is never found."""
     name = bucket or storage.bucket_name()
-    return next(iter(storage.client().list_blobs(name, prefix=upload_prefix(sha256), max_results=1)), None)
+    prefix = upload_prefix(project_id, sha256)
+    return next(iter(storage.client().list_blobs(name, prefix=prefix, max_results=1)), None)
 
 
 def _rewrite(source: Any, dest: Any) -> None:

@@ -22,7 +22,8 @@ async def upload_dataset(file: UploadFile, project: ProjectId) -> DatasetPublic:
         check_filename(filename, "dataset")
     except UploadError as exc:
         raise ApiError(422, str(exc), "invalid_request", [{"field": "file", "reason": "unsupported file name"}]) from exc
-    sha256, size = await run_in_threadpool(store_upload, file.file, filename, kind="dataset")
+    sha256, size = await run_in_threadpool(store_upload, file.file, filename, kind="dataset",
+                                           project_id=str(project))
     if size == 0:
         raise ApiError(422, "the uploaded file is empty", "invalid_request", [{"field": "file", "reason": "empty"}])
     return DatasetPublic(dataset=f"dataset:{sha256}", sha256=sha256, size=size, filename=filename)

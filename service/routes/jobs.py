@@ -15,6 +15,7 @@ from service.db.session import transaction
 from service.deps import Factory, ProjectId
 from service.errors import ApiError
 from service.schemas import ErrorResponse, EventList, EventPublic, JobList, JobPublic
+from service.sources import check_job_sources
 from trainjobs.spec import JobSpec
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses={
@@ -36,6 +37,7 @@ def submit_job(
     request_hash = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).digest()
     try:
         with transaction(factory) as session:
+            check_job_sources(session, project, spec)
             job, created = data.create_job(session, project, body, idempotency_key=idempotency_key,
                                            request_hash=request_hash)
             out = JobPublic.model_validate(job)

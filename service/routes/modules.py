@@ -25,10 +25,11 @@ async def upload_module(file: UploadFile, project: ProjectId) -> ModulePublic:
                        [{"field": "file", "reason": "unsupported file name"}]) from exc
     if file.size is not None and file.size > MAX_MODULE_BYTES:
         raise ApiError(413, f"model code over {MAX_MODULE_BYTES >> 20} MiB: ship weights as data, not code")
-    sha256, size = await run_in_threadpool(store_upload, file.file, filename, kind="module")
+    sha256, size = await run_in_threadpool(store_upload, file.file, filename, kind="module",
+                                           project_id=str(project))
     if size == 0:
         raise ApiError(422, "the uploaded file is empty", "invalid_request", [{"field": "file", "reason": "empty"}])
-    blob = await run_in_threadpool(find_upload, sha256)
+    blob = await run_in_threadpool(find_upload, str(project), sha256)
     if blob is None:  # stored a moment ago; gone only if someone deleted it in between
         raise ApiError(503, "the upload was stored but cannot be found; try again")
     return ModulePublic(module=f"gs://{storage.bucket_name()}/{blob.name}", sha256=sha256, size=size)

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+import os
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from worker.staging.budget import StagingBudget
+from worker.staging.errors import DatasetError
 from worker.staging.options import ConversionOptions
 
 STAGING_FORMAT = 1
@@ -41,19 +44,46 @@ def dataset_sha256(requested_format: str, options: ConversionOptions, files: Ite
     return h.hexdigest()
 
 
-def file_sha256(path: Path) -> str:
+def file_sha256(path: Path, budget: StagingBudget) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
         while chunk := f.read(_CHUNK):
+            budget.check_stop()
             h.update(chunk)
     return h.hexdigest()
 
 
-def local_files(root: Path) -> list[SourceFile]:
-    """SourceFiles for a local file or every file under a local folder."""
-    if root.is_file():
-        return [SourceFile("", root.stat().st_size, file_sha256(root))]
-    return [
-        SourceFile(p.relative_to(root).as_posix(), p.stat().st_size, file_sha256(p))
-        for p in sorted(root.rglob("*")) if p.is_file()
-    ]
+def local_files(root: Path, budget: StagingBudget, *, within: Callable[[Path], bool] | None = None) -> list[SourceFile]:
+    """SourceFiles for a local file or every file under a local folder, counted against the budget
+    while the tree is walked. With `within`, every file and folder, links followed, must pass it."""
+    found = sorted(walk_files(root, budget, within), key=lambda f: f[0])
+    return [SourceFile(rel, size, file_sha256(path, budget)) for rel, path, size in found]
+
+
+def walk_files(root: Path, budget: StagingBudget, within: Callable[[Path], bool] | None) -> Iterator[tuple[str, Path, int]]:
+    """(relative path, path, size) of each file; a symlinked folder is walked once (cycles end)."""
+    try:
+        if root.is_file():
+            budget.count(root.stat().st_size, root.name)
+            yield "", root, root.stat().st_size
+            return
+        seen = {root.resolve()}
+        pending = [root]
+        while pending:
+            folder = pending.pop()
+            with os.scandir(folder) as entries:
+                for entry in entries:
+                    path = Path(entry.path)
+                    rel = path.relative_to(root).as_posix()
+                    if within is not None and entry.is_symlink() and not within(path.resolve()):
+                        raise DatasetError(f"{rel} in {root.name} links outside the directories this deployment allows host data from")
+                    if entry.is_dir():
+                        if (real := path.resolve()) not in seen:
+                            seen.add(real)
+                            pending.append(path)
+                    elif entry.is_file():
+                        size = entry.stat().st_size
+                        budget.count(size, root.name)
+                        yield rel, path, size
+    except OSError as exc:
+        raise DatasetError(f"cannot read {root.name}: {exc.strerror or type(exc).__name__}") from None

@@ -1,4 +1,8 @@
-"""The one error staging raises for bad data: its message goes to the user as the job's failure reason."""
+"""The one error staging raises for bad data: its message goes to the user as the job's failure reason.
+
+A message names the file, the line, the column, the record or the example; it never quotes what the
+file holds (a header, a value, a label, an array or feature name, a library's echo of either): a
+source may be a file its job's project should not read, and the message is the way out."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ __all__ = ["DatasetError", "short"]
 
 
 def short(value: object, limit: int = 40) -> str:
-    """A value quoted for an error message, cut short: messages name bad data, they don't echo files."""
+    """A value the user wrote in the spec, quoted for an error message and cut short. Never for bytes
+    read from the data."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -167,7 +167,8 @@ def decode_example(record: bytes, where: str) -> tuple[np.ndarray, int]:
         features = _feature_map(record)
         x_kind, y_kind = features.get("x"), features.get("y")
         if x_kind is None or y_kind is None or x_kind[0] != 2 or y_kind[0] != 3:
-            raise DatasetError(f"{where} is not in our TFRecord schema ({SCHEMA}); it has features {sorted(features)}")
+            # The feature names are the file's bytes: count them, never quote them.
+            raise DatasetError(f"{where} is not in our TFRecord schema ({SCHEMA}); it has {len(features)} other or differently typed features")
         labels = _int64_values(y_kind[1])
         if len(labels) != 1:
             raise DatasetError(f"{where}: feature 'y' must hold exactly one class id, it holds {len(labels)}")

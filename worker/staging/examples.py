@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from worker.staging.errors import DatasetError, short
+from worker.staging.errors import DatasetError
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def make_examples(x: object, labels: object, what: str, class_names: list[str] |
         y, names = encode_labels(y_raw, what)
     distinct = np.unique(y)
     if len(distinct) < 2:
-        raise DatasetError(f"{what}: classification needs at least 2 classes, found only {short(names[int(distinct[0])])}")
+        raise DatasetError(f"{what}: classification needs at least 2 classes, found only 1")
     return Examples(features, y, names)
 
 
@@ -81,8 +81,8 @@ def encode_labels(y: np.ndarray, what: str) -> tuple[np.ndarray, list[str]]:
         y = y.astype(np.int64)
     if y.dtype.kind == "f":
         if not np.isfinite(y).all() or not np.array_equal(y, np.round(y)):
-            bad = y[~np.isfinite(y) | (y != np.round(y))][0]
-            raise DatasetError(f"{what}: labels must be class ids or names, got the number {short(float(bad))}")
+            bad = int(np.argmax(~np.isfinite(y) | (y != np.round(y))))
+            raise DatasetError(f"{what}: labels must be class ids or names; example {bad}'s label is a number that is not whole")
         y = y.astype(np.int64)
     if y.dtype.kind in "iu" and len(y):
         distinct = np.unique(y)

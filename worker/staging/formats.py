@@ -12,6 +12,7 @@ import tarfile
 import zipfile
 from pathlib import Path
 
+from worker.staging.budget import StagingBudget
 from worker.staging.errors import DatasetError
 from worker.staging.examples import Examples, make_examples
 from worker.staging.options import ConversionOptions
@@ -39,10 +40,11 @@ def file_format(path: Path) -> str | None:
     return None
 
 
-def read_local(path: Path, requested: str, options: ConversionOptions, scratch: Path) -> tuple[str, Examples]:
+def read_local(path: Path, requested: str, options: ConversionOptions, scratch: Path,
+               budget: StagingBudget) -> tuple[str, Examples]:
     """(the format read, its Examples) for a file or folder on local disk."""
     if path.is_file() and path.name.lower().endswith(ARCHIVE_SUFFIXES):
-        path = _unpack(path, scratch / "unpacked")
+        path = _unpack(path, scratch / "unpacked", budget)
     path = _unwrap(path)
     fmt = requested if requested != "auto" else _guess(path)
     if fmt in ("npz", "csv") and not path.is_file():
@@ -54,9 +56,9 @@ def read_local(path: Path, requested: str, options: ConversionOptions, scratch: 
     if fmt == "csv":
         return fmt, read_csv(path, options.label_column)
     if fmt == "image_folder":
-        return fmt, read_image_folder(path, options.image_size)
+        return fmt, read_image_folder(path, options.image_size, budget)
     files = [path] if path.is_file() else [p for p in visible(list(path.rglob("*"))) if p.is_file()]
-    x, y = read_tfrecords(files, path)
+    x, y = read_tfrecords(files, path, budget)
     return fmt, make_examples(x, y, path.name)
 
 
@@ -92,15 +94,22 @@ def _unwrap(path: Path) -> Path:
     return path
 
 
-def _unpack(archive: Path, into: Path) -> Path:
+def _unpack(archive: Path, into: Path, budget: StagingBudget) -> Path:
+    """Unpack after counting the members against the budget: an archive bomb fails before a byte is written."""
     into.mkdir(parents=True)
+    unpacked = StagingBudget(budget.limits, budget.should_stop)  # what is inside counts afresh
     try:
         if archive.name.lower().endswith(".zip"):
             with zipfile.ZipFile(archive) as z:
+                for info in z.infolist():
+                    unpacked.count(info.file_size, archive.name)
                 z.extractall(into)  # ZipFile drops absolute paths and '..' from member names
         else:
             with tarfile.open(archive) as t:
+                for member in t:
+                    unpacked.count(member.size, archive.name)
                 t.extractall(into, filter="data")  # refuses links and paths that escape `into`
-    except (zipfile.BadZipFile, tarfile.TarError, OSError, EOFError) as exc:
-        raise DatasetError(f"{archive.name} is not a readable archive ({exc})") from None
+    except (zipfile.BadZipFile, tarfile.TarError, OSError, EOFError, ValueError) as exc:
+        # The library's words may quote member names or bytes of the file: name the error's kind only.
+        raise DatasetError(f"{archive.name} is not a readable archive ({type(exc).__name__})") from None
     return into

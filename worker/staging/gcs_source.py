@@ -8,11 +8,13 @@ data, so the folder of a dataset staged by us, manifest.json included, is itself
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from trainjobs import storage
+from worker.staging.budget import StagingBudget
 from worker.staging.content_hash import SourceFile
 from worker.staging.errors import DatasetError
 from worker.staging.examples import Examples
@@ -33,9 +35,10 @@ class GcsSource:
     prefix: str  # the object's own key for a single object, else a prefix ending in "/"
     blobs: list[Any]
     single: bool
+    budget: StagingBudget
 
     @classmethod
-    def open(cls, uri: str, scratch: Path) -> GcsSource:
+    def open(cls, uri: str, budget: StagingBudget) -> GcsSource:
         from google.api_core.exceptions import Forbidden, NotFound
 
         name, key = storage.split_uri(uri)
@@ -43,16 +46,22 @@ class GcsSource:
             if key and not key.endswith("/"):
                 one = storage.bucket(name).get_blob(key)
                 if one is not None:
-                    return cls(name, key, [one], single=True)
+                    budget.count(int(one.size or 0), uri)
+                    return cls(name, key, [one], single=True, budget=budget)
                 key += "/"
-            blobs = [b for b in storage.client().list_blobs(name, prefix=key) if not b.name.endswith("/")]
+            blobs = []
+            # Counted page by page as GCS lists them: a prefix of millions of objects fails at the limit.
+            for blob in storage.client().list_blobs(name, prefix=key):
+                if not blob.name.endswith("/"):
+                    budget.count(int(blob.size or 0), uri)
+                    blobs.append(blob)
         except NotFound:
             raise DatasetError(f"bucket gs://{name} does not exist") from None
         except Forbidden:
             raise DatasetError(f"the worker may not read {uri}; grant its service account storage.objects.get and .list") from None
         if not blobs:
             raise DatasetError(f"no objects at {uri}")
-        return cls(name, key, sorted(blobs, key=lambda b: b.name), single=False)
+        return cls(name, key, sorted(blobs, key=lambda b: b.name), single=False, budget=budget)
 
     def uri(self, blob: Any) -> str:
         return f"gs://{self.bucket_name}/{blob.name}"
@@ -73,8 +82,23 @@ class GcsSource:
         root = scratch / "gcs"
         if self.single:
             target = root / PurePosixPath(self.prefix).name
+            self._download([(self.blobs[0], target)], root)
+            return read_local(target, requested, options, scratch, self.budget)
+        self._download([(b, root / b.name[len(self.prefix):]) for b in self.blobs], root)
+        return read_local(root, requested, options, scratch, self.budget)
+
+    def _download(self, pairs: list[tuple[Any, Path]], root: Path) -> None:
+        """Object by object, in parallel; each checks for a stop before it starts."""
+        root.mkdir(parents=True, exist_ok=True)
+        inside = root.resolve()
+
+        def one(pair: tuple[Any, Path]) -> None:
+            blob, target = pair
+            self.budget.check_stop()
+            if not target.resolve().is_relative_to(inside):  # object names are not paths: '..' must stay out
+                raise DatasetError(f"object {blob.name} has a name that cannot be a file name")
             target.parent.mkdir(parents=True, exist_ok=True)
-            self.blobs[0].download_to_filename(str(target))
-            return read_local(target, requested, options, scratch)
-        storage.download_prefix(f"gs://{self.bucket_name}/{self.prefix}", root)
-        return read_local(root, requested, options, scratch)
+            blob.download_to_filename(str(target))
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(one, pairs))

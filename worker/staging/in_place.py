@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from worker.staging.budget import StagingBudget
 from worker.staging.errors import DatasetError
 from worker.staging.manifest import Split
 from worker.staging.tfrecord import iter_examples
@@ -31,10 +32,16 @@ class ShardScan:
     labels: frozenset[int]
 
 
-def scan_shard(blob: Any, uri: str) -> ShardScan:
+_STOP_EVERY = 4096  # records between checks for a stop
+
+
+def scan_shard(blob: Any, uri: str, budget: StagingBudget) -> ShardScan:
     count, size, labels = 0, None, set()
+    budget.check_stop()
     with blob.open("rb") as stream:
         for x, y in iter_examples(stream, uri):
+            if count % _STOP_EVERY == _STOP_EVERY - 1:
+                budget.check_stop()
             if size is None:
                 size = len(x)
             elif len(x) != size:
@@ -46,10 +53,11 @@ def scan_shard(blob: Any, uri: str) -> ShardScan:
     return ShardScan(uri, count, size, frozenset(labels))
 
 
-def scan_in_place(shards: list[tuple[Any, str]], validation_split: float) -> tuple[list[str], list[int], dict[str, Split]]:
+def scan_in_place(shards: list[tuple[Any, str]], validation_split: float,
+                  budget: StagingBudget) -> tuple[list[str], list[int], dict[str, Split]]:
     """(class names, feature shape, splits) for TFRecord objects, given as (blob, gs:// URI), used in place."""
     with ThreadPoolExecutor(max_workers=8) as pool:
-        scans = list(pool.map(lambda shard: scan_shard(*shard), shards))
+        scans = list(pool.map(lambda shard: scan_shard(shard[0], shard[1], budget), shards))
     uris = [uri for _, uri in shards]
     sizes = {s.feature_size for s in scans if s.feature_size is not None}
     if not sizes:
@@ -58,9 +66,9 @@ def scan_in_place(shards: list[tuple[Any, str]], validation_split: float) -> tup
         raise DatasetError(f"the TFRecord files disagree on the number of features: {sorted(sizes)}")
     labels = frozenset().union(*(s.labels for s in scans))
     if min(labels) < 0:
-        raise DatasetError(f"TFRecords used in place need class ids 0..K-1 in 'y'; found {min(labels)}")
+        raise DatasetError("TFRecords used in place need class ids 0..K-1 in 'y'; they hold a negative one")
     if len(labels) < 2:
-        raise DatasetError(f"classification needs at least 2 classes, found only {min(labels)}")
+        raise DatasetError("classification needs at least 2 classes, the TFRecords hold only 1")
     splits = _assign_splits(scans, validation_split)
     return [str(i) for i in range(max(labels) + 1)], [sizes.pop()], splits
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from worker.staging.budget import StagingBudget
 from worker.staging.errors import DatasetError
 from worker.staging.examples import Examples, make_examples
 
@@ -24,7 +25,7 @@ def visible(entries: list[Path]) -> list[Path]:
     return sorted(p for p in entries if not p.name.startswith((".", "__MACOSX")))
 
 
-def read_image_folder(root: Path, image_size: tuple[int, int]) -> Examples:
+def read_image_folder(root: Path, image_size: tuple[int, int], budget: StagingBudget) -> Examples:
     classes = [d for d in visible(list(root.iterdir())) if d.is_dir()]
     if len(classes) < 2:
         found = f"only {classes[0].name!r}" if classes else "none"
@@ -41,6 +42,7 @@ def read_image_folder(root: Path, image_size: tuple[int, int]) -> Examples:
     pixels = np.empty((len(files), height, width, 3), dtype=np.uint8)
 
     def decode(i: int) -> None:
+        budget.check_stop()
         pixels[i] = _load_rgb(files[i], root, (width, height))
 
     # Pillow releases the GIL while decoding, so threads use every core.

@@ -14,7 +14,7 @@ from worker.staging.errors import DatasetError, short
 from worker.staging.examples import Examples, make_examples
 
 SKLEARN_DATASETS = ("digits", "iris", "wine", "breast_cancer")
-_NOT_A_NUMBER = re.compile(r"could not convert string '(.*)' to float32 at row \d+, column (\d+)")
+_AT_ROW = re.compile(r"at row (\d+), column (\d+)")
 
 
 def read_npz(path: Path, x_key: str, y_key: str) -> Examples:
@@ -22,14 +22,15 @@ def read_npz(path: Path, x_key: str, y_key: str) -> Examples:
         with np.load(path, allow_pickle=False) as data:
             missing = [k for k in (x_key, y_key) if k not in data.files]
             if missing:
-                raise DatasetError(f"{path.name} has no array {missing[0]!r}; its arrays are: {', '.join(data.files) or 'none'}")
+                raise DatasetError(f"{path.name} has no array {missing[0]!r} (it holds {len(data.files)}); "
+                                   "dataset.options.x_key and y_key name the arrays to use")
             x, y = data[x_key], data[y_key]
     except DatasetError:
         raise
-    except ValueError as exc:  # object arrays need pickle, which we never load from user data
-        raise DatasetError(f"{path.name}: {exc}") from None
+    except ValueError:  # object arrays need pickle, which we never load from user data
+        raise DatasetError(f"{path.name} is not a readable .npz file (it holds pickled objects or is malformed)") from None
     except (OSError, EOFError, zipfile.BadZipFile) as exc:
-        raise DatasetError(f"{path.name} is not a readable .npz file ({exc})") from None
+        raise DatasetError(f"{path.name} is not a readable .npz file ({type(exc).__name__})") from None
     return make_examples(x, y, path.name)
 
 
@@ -42,7 +43,9 @@ def read_csv(path: Path, label_column: str) -> Examples:
             if not header:
                 raise DatasetError(f"{path.name} is empty: a CSV needs a header row naming its columns")
             if label_column not in header:
-                raise DatasetError(f"{path.name} has no label column {label_column!r}; its columns are: {', '.join(header)}")
+                # Never list the header: it is the file's first line, whatever the file is.
+                raise DatasetError(f"{path.name} has no label column {label_column!r} in its header (line 1, "
+                                   f"{len(header)} columns); set dataset.options.label_column")
             at = header.index(label_column)
             labels = []
             for row in reader:
@@ -59,22 +62,26 @@ def read_csv(path: Path, label_column: str) -> Examples:
         raise DatasetError(f"{path.name} has only the label column {label_column!r}: no feature columns")
     if not labels:
         raise DatasetError(f"{path.name} holds no examples (only a header row)")
-    x = _csv_features(path, feature_cols, header)
+    x = _csv_features(path, feature_cols)
     return make_examples(x, _numeric_if_possible(labels), path.name)
 
 
-def _csv_features(path: Path, cols: list[int], header: list[str]) -> np.ndarray:
-    # numpy's C parser: fast, and its errors name the row and column of the bad value.
+def _csv_features(path: Path, cols: list[int]) -> np.ndarray:
+    # numpy's C parser: fast, and its errors name the row and column of the bad value. Messages give
+    # the line and column, never the value or the column's name: both are the file's bytes.
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "input contained no data" is reported by make_examples
             return np.loadtxt(path, delimiter=",", skiprows=1, usecols=cols, dtype=np.float32, ndmin=2, quotechar='"', encoding="utf-8")
     except ValueError as exc:
-        bad = _NOT_A_NUMBER.search(str(exc))
-        if bad:  # numpy numbers file columns from 1
-            column = header[int(bad.group(2)) - 1]
-            raise DatasetError(f"{path.name}: feature column {column!r} is not numeric: {short(bad.group(1))}") from None
-        raise DatasetError(f"{path.name} is not a well-formed CSV file: {exc}") from None
+        at = _AT_ROW.search(str(exc))
+        if at is None:
+            raise DatasetError(f"{path.name} is not a well-formed CSV file") from None
+        # numpy counts data rows from 0 after the header (line 1) and file columns from 1.
+        line, column = int(at.group(1)) + 2, int(at.group(2))
+        if str(exc).startswith("could not convert"):
+            raise DatasetError(f"{path.name} line {line}, column {column}: a feature that is not a number") from None
+        raise DatasetError(f"{path.name} is not a well-formed CSV file (line {line}, column {column})") from None
 
 
 def _numeric_if_possible(labels: list[str]) -> np.ndarray:

@@ -1,11 +1,15 @@
 """Where a dataset comes from. Each kind of `DatasetSpec.source` knows which bytes identify it
 (`files`, what the content hash covers) and how to read it into Examples (`read`).
 
-    /path or file:///path      a file or folder on the worker host
-    https://... http://...     streamed to the work dir with httpx
-    dataset:<sha256>           a file stored by trainjobs.uploads.store_upload
-    gs://bucket/key-or-prefix  see gcs_source.py
+    /path or file:///path      a file or folder on the worker host, inside a directory the operator
+                               allows (TRAINJOBS_HOST_DATA_DIRS); refused otherwise
+    https://...                streamed to the work dir by fetch.py (public hosts only); http:// and
+                               private hosts only when the operator allow-lists them
+    dataset:<sha256>           a file the job's own project stored with trainjobs.uploads.store_upload
+    gs://bucket/key-or-prefix  see gcs_source.py; in our own bucket only the project's uploads and jobs
     sklearn:<name>             scikit-learn's bundled data, loaded locally
+
+The rules are trainjobs/source_rules.py, the same the API applied at submit.
 """
 
 from __future__ import annotations
@@ -16,13 +20,16 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
 
+from trainjobs.source_rules import DataAccessRules, SourceRefused, check_source
+from trainjobs.uploads import find_upload
+from worker.staging.budget import StagingBudget
 from worker.staging.content_hash import SourceFile, local_files
 from worker.staging.errors import DatasetError
 from worker.staging.examples import Examples
+from worker.staging.fetch import fetch
 from worker.staging.formats import read_local
 from worker.staging.options import ConversionOptions
 from worker.staging.read_tabular import read_sklearn
-from trainjobs.uploads import find_upload
 
 _DOWNLOAD_CHUNK = 1 << 20
 
@@ -35,46 +42,39 @@ class Source(Protocol):
 
 @dataclass
 class LocalSource:
-    path: Path
+    path: Path  # resolved, inside an allowed directory
+    rules: DataAccessRules
+    budget: StagingBudget
 
     def files(self) -> list[SourceFile]:
-        return local_files(self.path)
+        return local_files(self.path, self.budget, within=self._allowed)
+
+    def _allowed(self, path: Path) -> bool:
+        return any(path.is_relative_to(d) for d in self.rules.host_dirs)
 
     def read(self, requested: str, options: ConversionOptions, scratch: Path) -> tuple[str, Examples]:
-        return read_local(self.path, requested, options, scratch)
+        return read_local(self.path, requested, options, scratch, self.budget)
 
 
 @dataclass
 class HttpSource:
     url: str
     scratch: Path
+    rules: DataAccessRules
+    budget: StagingBudget
     _path: Path | None = field(default=None, init=False)
 
     def files(self) -> list[SourceFile]:
-        return local_files(self._download())
+        return local_files(self._download(), self.budget)
 
     def read(self, requested: str, options: ConversionOptions, scratch: Path) -> tuple[str, Examples]:
-        return read_local(self._download(), requested, options, scratch)
+        return read_local(self._download(), requested, options, scratch, self.budget)
 
     def _download(self) -> Path:
-        if self._path is not None:
-            return self._path
-        import httpx  # lazy: only URL sources need it
-
-        name = Path(unquote(urlparse(self.url).path)).name or "download"
-        target = self.scratch / "http" / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            with httpx.stream("GET", self.url, follow_redirects=True, timeout=httpx.Timeout(30.0)) as response:
-                if response.status_code >= 400:
-                    raise DatasetError(f"downloading {self.url} failed: HTTP {response.status_code} {response.reason_phrase}")
-                with target.open("wb") as out:
-                    for chunk in response.iter_bytes(_DOWNLOAD_CHUNK):
-                        out.write(chunk)
-        except httpx.HTTPError as exc:
-            raise DatasetError(f"downloading {self.url} failed: {exc or type(exc).__name__}") from None
-        self._path = target
-        return target
+        if self._path is None:
+            name = Path(unquote(urlparse(self.url).path)).name or "download"
+            self._path = fetch(self.url, self.scratch / "http" / name, rules=self.rules, budget=self.budget)
+        return self._path
 
 
 @dataclass
@@ -83,16 +83,20 @@ class StoredUploadSource:
 
     sha256: str
     blob: Any
-    scratch: Path
+    budget: StagingBudget
 
     def files(self) -> list[SourceFile]:
+        self.budget.count(int(self.blob.size), f"dataset:{self.sha256}")
         return [SourceFile("", int(self.blob.size), self.sha256)]
 
     def read(self, requested: str, options: ConversionOptions, scratch: Path) -> tuple[str, Examples]:
         target = scratch / "upload" / Path(self.blob.name).name
         target.parent.mkdir(parents=True, exist_ok=True)
-        self.blob.download_to_filename(str(target))
-        return read_local(target, requested, options, scratch)
+        with self.blob.open("rb") as stream, target.open("wb") as out:
+            while chunk := stream.read(_DOWNLOAD_CHUNK):
+                self.budget.check_stop()
+                out.write(chunk)
+        return read_local(target, requested, options, scratch, self.budget)
 
 
 @dataclass
@@ -111,23 +115,38 @@ class SklearnSource:
         return "sklearn", self.examples
 
 
-def open_source(source: str, *, bucket: str, scratch: Path) -> Source:
+@dataclass(frozen=True)
+class SourceAccess:
+    """Whose job is staging, and what it may reach."""
+
+    project_id: str
+    rules: DataAccessRules
+    budget: StagingBudget
+
+
+def open_source(source: str, *, bucket: str, scratch: Path, access: SourceAccess) -> Source:
+    rules, budget = access.rules, access.budget
+    try:
+        # own_job=None: the worker cannot tell whose another job is; submit checked jobs/<id>/.
+        check_source(source, rules=rules, bucket=bucket, project_id=access.project_id, own_job=None)
+    except SourceRefused as exc:
+        raise DatasetError(str(exc)) from None
     if source.startswith("sklearn:"):
         name = source.removeprefix("sklearn:")
         return SklearnSource(name, read_sklearn(name))
     if source.startswith(("https://", "http://")):
-        return HttpSource(source, scratch)
+        return HttpSource(source, scratch, rules, budget)
     if source.startswith("dataset:"):
         sha = source.removeprefix("dataset:")
-        blob = find_upload(sha, bucket=bucket)
+        blob = find_upload(access.project_id, sha, bucket=bucket)
         if blob is None:
-            raise DatasetError(f"no uploaded dataset {sha} in gs://{bucket}/uploads/; upload it first (POST /v1/datasets)")
-        return StoredUploadSource(sha, blob, scratch)
+            raise DatasetError(f"no dataset {sha} was uploaded by this project; upload it first (POST /v1/datasets)")
+        return StoredUploadSource(sha, blob, budget)
     if source.startswith("gs://"):
         from worker.staging.gcs_source import GcsSource
 
-        return GcsSource.open(source, scratch)
-    path = Path(unquote(source.removeprefix("file://")) if source.startswith("file://") else source).expanduser()
+        return GcsSource.open(source, budget)
+    path = rules.host_path(source)  # checked above: allowed, resolved
     if not path.exists():
         raise DatasetError(f"no file or folder at {source}")
-    return LocalSource(path)
+    return LocalSource(path, rules, budget)

@@ -5,19 +5,22 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trainjobs import storage
+from trainjobs.source_rules import DataAccessRules
 from trainjobs.spec import DatasetSpec
+from worker.staging.budget import StagingBudget, StagingLimits
 from worker.staging.content_hash import dataset_sha256
 from worker.staging.gcs_source import GcsSource
 from worker.staging.in_place import scan_in_place
 from worker.staging.manifest import MANIFEST_NAME, build_manifest
 from worker.staging.options import ConversionOptions
 from worker.staging.shards import write_splits
-from worker.staging.sources import open_source
+from worker.staging.sources import SourceAccess, open_source
 
 log = logging.getLogger(__name__)
 
@@ -34,18 +37,26 @@ class StagedDataset:
         return f"{self.uri}/{MANIFEST_NAME}"
 
 
-def stage_dataset(ds: DatasetSpec, *, bucket: str | None = None, work_dir: Path) -> StagedDataset:
-    """Stage ds once: a dataset whose content hash already has a manifest is reused, uploading nothing.
+def stage_dataset(ds: DatasetSpec, *, project_id: str, work_dir: Path, bucket: str | None = None,
+                  rules: DataAccessRules | None = None, limits: StagingLimits | None = None,
+                  should_stop: Callable[[], bool] = lambda: False) -> StagedDataset:
+    """Stage ds, a dataset of a job of `project_id`, once: a dataset whose content hash already has a
+    manifest is reused, uploading nothing. `rules` and `limits` default to the operator's (from the
+    environment).
 
-    Raises DatasetError for data we cannot use; its message is meant for the user.
+    Raises DatasetError for data we cannot use (its message is meant for the user), and
+    StagingStopped once should_stop() turns true.
     """
     started = time.monotonic()
     bucket = bucket or storage.bucket_name()
+    budget = StagingBudget(limits or StagingLimits.from_env(), should_stop)
+    access = SourceAccess(project_id, rules or DataAccessRules.from_env(), budget)
     options = ConversionOptions.from_spec(ds.options)
     work_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=work_dir, prefix="staging-") as tmp:
         scratch = Path(tmp)
-        source = open_source(ds.source, bucket=bucket, scratch=scratch)
+        source = open_source(ds.source, bucket=bucket, scratch=scratch, access=access)
+        budget.check_stop()
         sha = dataset_sha256(ds.format, options, source.files())
         uri = storage.dataset_uri(sha, bucket)
         existing = storage.read_json(f"{uri}/{MANIFEST_NAME}")
@@ -55,12 +66,14 @@ def stage_dataset(ds: DatasetSpec, *, bucket: str | None = None, work_dir: Path)
 
         in_place = source.in_place_shards(ds.format) if isinstance(source, GcsSource) else []
         if in_place:
-            class_names, shape, splits = scan_in_place(in_place, options.validation_split)
+            class_names, shape, splits = scan_in_place(in_place, options.validation_split, budget)
             source_format, uploaded = "tfrecord", 0
         else:
             source_format, examples = source.read(ds.format, options, scratch)
             class_names, shape = examples.class_names, examples.feature_shape
+            budget.check_stop()
             splits = write_splits(examples, options, scratch / "out")
+            budget.check_stop()
             uploaded = len(storage.upload_dir(scratch / "out", uri))
         manifest = build_manifest(
             sha256=sha, source=ds.source, source_format=source_format, class_names=class_names,

@@ -16,6 +16,7 @@ from typing import BinaryIO
 import google_crc32c
 import numpy as np
 
+from worker.staging.budget import StagingBudget
 from worker.staging.errors import DatasetError
 from worker.staging.example_proto import decode_example, encode_examples
 
@@ -67,11 +68,12 @@ def iter_examples(stream: BinaryIO, name: str) -> Iterator[tuple[np.ndarray, int
         yield decode_example(record, f"{name} record {i}")
 
 
-def read_examples(paths: list[Path], root: Path) -> tuple[np.ndarray, np.ndarray]:
+def read_examples(paths: list[Path], root: Path, budget: StagingBudget) -> tuple[np.ndarray, np.ndarray]:
     """All examples of local TFRecord files as (x [n, D] float32, y [n] int64)."""
     xs: list[np.ndarray] = []
     ys: list[int] = []
     for path in paths:
+        budget.check_stop()
         name = str(path.relative_to(root)) if path != root else path.name
         with path.open("rb") as stream:
             for x, y in iter_examples(stream, name):

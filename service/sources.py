@@ -1,0 +1,32 @@
+"""Submit-time checks of what a job names as its data and code (the rules: trainjobs/source_rules.py).
+Another project's uploads or jobs, host paths the operator does not allow and URLs the worker would
+not fetch are refused before anything is stored: a 422 naming the field."""
+
+from __future__ import annotations
+
+import uuid
+
+from sqlalchemy.orm import Session
+
+from service.db.jobs import get_job
+from service.errors import ApiError
+from trainjobs import storage
+from trainjobs.source_rules import DataAccessRules, SourceRefused, check_source
+from trainjobs.spec import JobSpec
+
+
+def check_job_sources(session: Session, project_id: uuid.UUID, spec: JobSpec) -> None:
+    rules = DataAccessRules.from_env()
+
+    def own_job(job_id: str) -> bool:
+        return get_job(session, project_id, uuid.UUID(job_id)) is not None
+
+    named = {"dataset.source": spec.dataset.source, "model.module": spec.model.module}
+    for field, value in named.items():
+        if value is None:
+            continue
+        try:
+            check_source(value, rules=rules, bucket=storage.bucket_name(), project_id=str(project_id), own_job=own_job)
+        except SourceRefused as exc:
+            raise ApiError(422, f"invalid request: {field}: {exc}", "invalid_spec",
+                           [{"field": field, "reason": str(exc)}]) from None

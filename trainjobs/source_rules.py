@@ -1,0 +1,165 @@
+"""Which data and code a job may name: the rules the API applies at submit and the worker again at
+staging (a job queued before a rule changed is held to the rule of the day it runs).
+
+- Host paths and file:// are refused unless the operator lists directories in
+  TRAINJOBS_HOST_DATA_DIRS (separated by os.pathsep). An allowed path is absolute and resolves,
+  symlinks and '..' followed, inside one of them. A refusal reads the same whether the path exists
+  or not: it must not tell anyone which host paths exist.
+- In trainjobs' own bucket, uploads/<project>/ is that project's and jobs/<id>/ is the job's
+  project's; datasets/ holds every project's staged data and the bucket root lists all of it. A job
+  may name there only its own project's uploads and jobs, and one staged dataset by its content
+  address (datasets/<sha256>/). Keys outside those folders, and other buckets, are the operator's
+  business (the worker's credentials decide).
+- URLs: https://; http:// only for hosts in TRAINJOBS_FETCH_ALLOW_HOSTS (comma-separated), which
+  also exempts those hosts from the public-address rule. Submit can only judge literal addresses;
+  the fetch (worker/staging/fetch.py) resolves every hop and checks what it connects to.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import socket
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from trainjobs import uploads
+
+HOST_DATA_DIRS_ENV = "TRAINJOBS_HOST_DATA_DIRS"
+FETCH_ALLOW_HOSTS_ENV = "TRAINJOBS_FETCH_ALLOW_HOSTS"
+_SCHEMES = ("gs://", "https://", "http://", "dataset:", "sklearn:")
+# Top-level folders of trainjobs' own bucket; a key outside them is not ours to guard.
+_OWN_FOLDERS = ("uploads", "jobs", "datasets")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+OwnJob = Callable[[str], bool]  # is this job id one of the submitting project's jobs?
+
+
+class SourceRefused(ValueError):
+    """A source or module the rules refuse; the message is for the user and names no host facts."""
+
+
+def _short(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def is_host_path(source: str) -> bool:
+    """A path on the worker's host: file://, or anything without a scheme we know."""
+    return not source.startswith(_SCHEMES)
+
+
+def is_public(address: IpAddress) -> bool:
+    """An address on the public internet: not private, loopback, link-local, multicast, reserved or
+    unspecified, also when an IPv6 address only wraps an IPv4 one (mapped, 6to4, NAT64)."""
+    if isinstance(address, ipaddress.IPv6Address):
+        wrapped = address.ipv4_mapped or address.sixtofour
+        if address in ipaddress.IPv6Network("64:ff9b::/96"):
+            wrapped = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+        if wrapped is not None:
+            return is_public(wrapped)
+    return address.is_global and not (address.is_private or address.is_loopback or address.is_link_local
+                                       or address.is_multicast or address.is_reserved or address.is_unspecified)
+
+
+def literal_address(host: str) -> IpAddress | None:
+    """The address a host name spells literally, legacy IPv4 forms (2130706433, 0x7f.1) included."""
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    try:
+        return ipaddress.IPv4Address(socket.inet_aton(host))
+    except OSError:
+        return None
+
+
+@dataclass(frozen=True)
+class DataAccessRules:
+    host_dirs: tuple[Path, ...] = ()  # resolved
+    fetch_allow_hosts: frozenset[str] = field(default_factory=frozenset)  # lower-case host names
+
+    @classmethod
+    def from_env(cls) -> DataAccessRules:
+        dirs = [d for d in os.environ.get(HOST_DATA_DIRS_ENV, "").split(os.pathsep) if d.strip()]
+        hosts = [h.strip().lower() for h in os.environ.get(FETCH_ALLOW_HOSTS_ENV, "").split(",") if h.strip()]
+        return cls(tuple(Path(d.strip()).expanduser().resolve() for d in dirs), frozenset(hosts))
+
+    def host_path(self, source: str) -> Path:
+        """The resolved path a host-path source names, or SourceRefused."""
+        if not self.host_dirs:
+            raise SourceRefused("host paths are not accepted by this deployment: upload the file (trainjobs submit "
+                                "uploads local files; or POST /v1/datasets, POST /v1/modules) or name a gs:// or https:// source")
+        raw = unquote(source.removeprefix("file://")) if source.startswith("file://") else source
+        refused = SourceRefused(f"{_short(source)} is not inside a directory this deployment allows host data from")
+        path = Path(raw)
+        if not path.is_absolute():
+            raise SourceRefused(f"{_short(source)}: a host path must be absolute (inside a directory the operator allows)")
+        try:
+            resolved = path.resolve()
+        except (OSError, ValueError, RuntimeError):  # too long, NUL bytes, a symlink loop: refused like any other
+            raise refused from None
+        if not any(resolved.is_relative_to(d) for d in self.host_dirs):
+            raise refused
+        return resolved
+
+    def allows_host(self, host: str) -> bool:
+        return host.lower().rstrip(".") in self.fetch_allow_hosts
+
+    def check_url(self, url: str) -> str:
+        """The URL's host if the URL may be fetched as far as its text shows, else SourceRefused."""
+        parts = urlsplit(url)
+        host = (parts.hostname or "").rstrip(".")
+        if parts.scheme not in ("https", "http") or not host:
+            raise SourceRefused(f"{_short(url)}: only https:// URLs with a host name are fetched")
+        if self.allows_host(host):
+            return host
+        if parts.scheme == "http":
+            raise SourceRefused(f"{_short(url)}: plain http:// is not fetched; use https:// (or ask the operator to allow the host)")
+        address = literal_address(host)
+        if host == "localhost" or host.endswith(".localhost") or (address is not None and not is_public(address)):
+            raise SourceRefused(f"{_short(url)}: {host} is not a public address; only public hosts are fetched")
+        return host
+
+
+def check_bucket_uri(uri: str, *, bucket: str, project_id: str, own_job: OwnJob | None) -> None:
+    """Refuse a gs:// URI into trainjobs' own bucket that is not the project's own upload or job, or
+    one staged dataset by its content address. `own_job` None: the caller cannot tell whose a job is
+    (the worker); submit has checked."""
+    name, _, key = uri.removeprefix("gs://").partition("/")
+    if name != bucket:
+        return
+    top, _, rest = key.partition("/")
+    first = rest.partition("/")[0]
+    allowed = (
+        (top not in _OWN_FOLDERS and top != "")
+        or (top == "uploads" and key.startswith(uploads.project_prefix(project_id)))
+        or (top == "jobs" and _is_uuid(first) and (own_job is None or own_job(first)))
+        # A staged dataset's address is the sha256 of its content: naming one means knowing the data.
+        or (top == "datasets" and _SHA256.fullmatch(first) is not None)
+    )
+    if not allowed:
+        where = f"gs://{bucket}/"
+        raise SourceRefused(f"{_short(uri)}: in {where} a job may name only its own project's uploads "
+                            f"({where}uploads/<project>/...) and jobs ({where}jobs/<job id>/...)")
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        return str(uuid.UUID(text)) == text
+    except ValueError:
+        return False
+
+
+def check_source(value: str, *, rules: DataAccessRules, bucket: str, project_id: str, own_job: OwnJob | None) -> None:
+    """SourceRefused if a job of `project_id` may not name `value` as its dataset source or module."""
+    if value.startswith("gs://"):
+        check_bucket_uri(value, bucket=bucket, project_id=project_id, own_job=own_job)
+    elif value.startswith(("https://", "http://")):
+        rules.check_url(value)
+    elif is_host_path(value):
+        rules.host_path(value)
