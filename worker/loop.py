@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.db import queue
 from service.db.jobstate import NOTIFY_CHANGED, NOTIFY_QUEUED, JobStatus
 from service.db.session import session_factory, transaction
+from trainjobs.storage_limits import WORKER_LIMITS, limited_calls
 from worker.driver import DriverConfig, JobDriver
 from worker.provisioner import JobChannel, Provisioner, Stager
 
@@ -126,7 +127,10 @@ class Worker:
 
     def _drive(self, driver: JobDriver) -> None:
         try:
-            driver.run()
+            # Storage that does not answer fails a step in seconds (retried by the driver) instead of
+            # holding it for the client's 120 s, deaf to a cancel or a shutdown.
+            with limited_calls(WORKER_LIMITS):
+                driver.run()
         except Exception:
             # Leave the job leased: when the lease lapses another worker takes it over and recovers it.
             log.exception("driving job %s crashed", driver.job_id)

@@ -1,0 +1,342 @@
+"""Storage or PostgreSQL down (issue 8, section 2): the API answers 503 within seconds and says which
+is down, /readyz names it, both recover by themselves, and the worker carries its jobs through.
+
+Each outage is real: an emulator of the test's own, stopped and started again on the same port with
+its data kept, and an embedded PostgreSQL of the module's own, stopped and restarted (never the
+shared servers other tests use). A request that would hang (the storage client's 120 s of retries)
+fails here on the HTTP client's timeout.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import text
+
+from service.db import jobs as jobdata
+from service.db.jobstate import JobStatus
+from service.db.models import Job
+from service.db.projects import ensure_project
+from service.db.session import get_engine, session_factory, transaction, upgrade
+from stack.embedded import GcsEmulator, start_embedded_postgres, start_gcs_emulator, stop_embedded_postgres
+from tests.conftest import digits_spec, make_key, scaled
+from trainjobs import storage
+from trainjobs.messages import AgentReport, AgentState
+from trainjobs.ports import free_port
+from trainjobs.spec import JobSpec
+from worker.driver import DriverConfig
+from worker.gcs_channel import GcsJobChannel
+from worker.loop import Worker, WorkerConfig
+from worker.provisioner import LABEL_JOB, MachineInfo, MachineRequest, MachineState
+from worker.provisioners.memory import MemoryCloud, memory_stager
+
+S = JobStatus
+OUTAGE_BUCKET = "outage-test"
+
+
+def eventually(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result := check():
+            return result
+        time.sleep(0.2)
+    raise AssertionError(f"not within {timeout:.0f}s: {what}")
+
+
+def assert_unavailable(response: httpx.Response, what: str) -> None:
+    assert response.status_code == 503, response.text
+    error = response.json()["error"]
+    assert error["error"] == "unavailable" and what in error["message"], error
+    assert response.headers["retry-after"].isdigit()
+
+
+# --- storage ---------------------------------------------------------------------------------------
+
+class OwnStorage:
+    """An emulator on a port of its own, with its objects on disk so they outlive a stop."""
+
+    def __init__(self, data_dir: Path):
+        self.data_dir, self.port = data_dir, free_port()
+        self.emulator: GcsEmulator = self.start()
+
+    def start(self) -> GcsEmulator:
+        self.emulator = start_gcs_emulator(self.data_dir, bucket=OUTAGE_BUCKET, port=self.port)
+        return self.emulator
+
+    def stop(self) -> None:
+        self.emulator.stop()
+
+
+@pytest.fixture
+def own_storage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[OwnStorage]:
+    """This process (the API under test included) talks to the test's own emulator."""
+    own = OwnStorage(tmp_path / "gcs")
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", own.emulator.url)
+    monkeypatch.setenv("TRAINJOBS_BUCKET", OUTAGE_BUCKET)
+    yield own
+    own.stop()
+
+
+@pytest.fixture
+def slow_api(api: httpx.Client) -> httpx.Client:
+    """The API client, waiting long enough for an answer given within seconds on a loaded machine,
+    and far less than the storage client's retries (79-166 s before this was fixed)."""
+    api.timeout = httpx.Timeout(scaled(30))
+    return api
+
+
+def _job_with_an_artifact(api: httpx.Client, db: Any) -> str:
+    job_id = api.post("/v1/jobs", json=digits_spec()).json()["id"]
+    manifest = '[{"path": "metrics.json", "size": 2, "sha256": "' + "0" * 64 + '"}]'
+    with transaction(db) as session:
+        session.execute(text("UPDATE jobs SET artifacts = CAST(:m AS jsonb) WHERE id = :id"),
+                        {"m": manifest, "id": job_id})
+    return str(job_id)
+
+
+STORAGE_ROUTES: dict[str, Callable[[httpx.Client, str], httpx.Response]] = {
+    "logs": lambda api, job: api.get(f"/v1/jobs/{job}/logs"),
+    "metrics": lambda api, job: api.get(f"/v1/jobs/{job}/metrics"),
+    "artifact download": lambda api, job: api.get(f"/v1/jobs/{job}/artifacts/metrics.json"),
+    "dataset upload": lambda api, job: api.post("/v1/datasets", files={"file": ("data.csv", b"x,label\n1,0\n")}),
+    "module upload": lambda api, job: api.post("/v1/modules", files={"file": ("my_model.py", b"def build(): ...\n")}),
+}
+
+
+@pytest.mark.parametrize("route", STORAGE_ROUTES)
+def test_a_route_that_needs_storage_answers_503_naming_storage_while_it_is_down(own_storage, slow_api, db, route):
+    job_id = _job_with_an_artifact(slow_api, db)
+    own_storage.stop()
+    assert_unavailable(STORAGE_ROUTES[route](slow_api, job_id), "storage")
+
+
+def test_routes_answer_again_once_storage_is_back(own_storage, slow_api, db):
+    job_id = _job_with_an_artifact(slow_api, db)
+    own_storage.stop()
+    assert_unavailable(slow_api.get(f"/v1/jobs/{job_id}/logs"), "storage")
+    own_storage.start()
+    eventually(lambda: slow_api.get(f"/v1/jobs/{job_id}/logs").status_code == 200, scaled(10),
+               "logs answered after storage came back")
+
+
+def test_readyz_names_storage_while_it_is_down(own_storage, slow_api):
+    assert slow_api.get("/readyz").status_code == 200
+    own_storage.stop()
+    response = slow_api.get("/readyz")
+    assert_unavailable_details(response, ["storage"])
+
+
+def assert_unavailable_details(response: httpx.Response, down: list[str]) -> None:
+    assert response.status_code == 503, response.text
+    error = response.json()["error"]
+    assert [d["field"] for d in error["details"]] == down, error
+    assert all(name in error["message"] for name in down)
+
+
+class StandInMachines:
+    """Machines whose 'agent' is a thread that reports through trainjobs.storage, as the real agent
+    does: status.json with a heartbeat while it 'trains', then artifacts/metrics.json and SUCCEEDED.
+    Its threads start without the worker's storage limits, like an agent in its own process: a write
+    during an outage waits for storage (the client's own retries) and lands once it is back."""
+
+    kind = "stand-in"
+
+    def __init__(self, train_s: float):
+        self.train_s = train_s
+        self._machines: dict[str, MachineRequest] = {}
+        self._lock = threading.Lock()
+
+    def create(self, request: MachineRequest) -> MachineInfo:
+        with self._lock:
+            if request.name not in self._machines:
+                self._machines[request.name] = request
+                threading.Thread(target=self._agent, args=(request,), daemon=True).start()
+        return MachineInfo(request.name, MachineState.READY, request.labels)
+
+    def get(self, name: str) -> MachineInfo | None:
+        with self._lock:
+            request = self._machines.get(name)
+        return MachineInfo(name, MachineState.READY, request.labels) if request else None
+
+    def delete(self, name: str) -> None:
+        with self._lock:
+            self._machines.pop(name, None)
+
+    def list(self, labels: dict[str, str]) -> list[MachineInfo]:
+        with self._lock:
+            return [MachineInfo(n, MachineState.READY, r.labels) for n, r in self._machines.items()
+                    if labels.items() <= r.labels.items()]
+
+    def _agent(self, request: MachineRequest) -> None:
+        paths = storage.JobPaths(request.job_dir)
+
+        def report(state: AgentState, progress: float) -> None:
+            storage.write_json(paths.status, AgentReport(state=state, attempt=request.attempt, progress=progress,
+                                                         heartbeat_at=datetime.now(UTC)).model_dump(mode="json"))
+
+        started = time.monotonic()
+        while (elapsed := time.monotonic() - started) < self.train_s:
+            report(AgentState.RUNNING, elapsed / self.train_s)
+            time.sleep(0.5)
+        storage.write_json(paths.key("artifacts/metrics.json"), {"val_accuracy": 0.9})
+        report(AgentState.SUCCEEDED, 1.0)
+
+
+def _submit(factory: Any) -> uuid.UUID:
+    spec = JobSpec.model_validate(digits_spec()).model_dump(mode="json")
+    with transaction(factory) as session:
+        project = ensure_project(session, "outages")
+        job, _ = jobdata.create_job(session, project, spec, idempotency_key=None, request_hash=b"")
+        return job.id
+
+
+def _job(factory: Any, job_id: uuid.UUID) -> Job:
+    with transaction(factory) as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        return job
+
+
+def _worker(database_url: str, provisioner: Any, channel: Any) -> Worker:
+    config = WorkerConfig(concurrency=2, name=f"outage-{uuid.uuid4().hex[:6]}", lease_s=scaled(30), heartbeat_s=0.5,
+                          poll_s=0.3, driver=DriverConfig(poll_s=0.3, retry_backoff_max_s=scaled(4)))
+    return Worker(get_engine(database_url), provisioner, channel, memory_stager, config)
+
+
+def test_a_job_running_while_storage_is_down_for_a_while_succeeds_once_it_is_back(own_storage, db, database_url):
+    machines = StandInMachines(train_s=scaled(5))
+    worker = _worker(database_url, machines, GcsJobChannel())
+    worker.start()
+    try:
+        job_id = _submit(db)
+        eventually(lambda: _job(db, job_id).status == S.RUNNING, scaled(20), "job RUNNING")
+        own_storage.stop()
+        # Longer than the worker's storage limits and than the agent's training: the worker's reads
+        # fail for a while and the agent finishes while storage is away.
+        time.sleep(scaled(30))
+        own_storage.start()
+        job = eventually(lambda: (j := _job(db, job_id)).status in (S.SUCCEEDED, S.FAILED) and j, scaled(60),
+                         "job finished after storage came back")
+    finally:
+        worker.shutdown(timeout=scaled(10))
+    assert (job.status, job.error, job.attempt) == (S.SUCCEEDED, None, 1)
+    assert job.metrics == {"val_accuracy": 0.9}
+    assert machines.list({LABEL_JOB: str(job_id)}) == []
+
+
+# --- PostgreSQL ------------------------------------------------------------------------------------
+
+class OwnPostgres:
+    """An embedded PostgreSQL for this module alone, migrated; stop() cuts every connection at once."""
+
+    def __init__(self, data_dir: Path):
+        self.data_dir = data_dir
+        self.url = start_embedded_postgres(data_dir, database="trainjobs")
+        upgrade(self.url)
+
+    def stop(self) -> None:
+        stop_embedded_postgres(self.data_dir)
+
+    def start(self) -> None:
+        assert start_embedded_postgres(self.data_dir, database="trainjobs") == self.url
+
+
+@pytest.fixture(scope="module")
+def own_postgres() -> Iterator[OwnPostgres]:
+    # Not under pytest's tmp_path: as root the server runs as another user, which must reach its data
+    # directory, and every pytest session resets pytest's temporary root to owner-only.
+    parent = Path(tempfile.mkdtemp(prefix="trainjobs-own-pg-"))
+    own = OwnPostgres(parent / "data")
+    yield own
+    get_engine(own.url).dispose()
+    stop_embedded_postgres(own.data_dir)
+    shutil.rmtree(parent, ignore_errors=True)
+
+
+@pytest.fixture
+def running_postgres(own_postgres: OwnPostgres) -> Iterator[OwnPostgres]:
+    """The module's server, started again after a test that stopped it (even one that failed)."""
+    yield own_postgres
+    own_postgres.start()
+
+
+@pytest.fixture(scope="module")
+def own_api_url(own_postgres: OwnPostgres) -> Iterator[str]:
+    import uvicorn
+
+    from service.app import create_app
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(own_postgres.url), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    eventually(lambda: _answers(url), 10, "own API up")
+    yield url
+    server.should_exit = True
+    thread.join(5)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.fixture
+def own_api(running_postgres: OwnPostgres, own_api_url: str, bucket: str) -> Iterator[httpx.Client]:
+    key = make_key(session_factory(get_engine(running_postgres.url)), f"p-{uuid.uuid4().hex[:8]}")
+    with httpx.Client(base_url=own_api_url, headers={"Authorization": f"Bearer {key}"},
+                      timeout=scaled(30)) as client:
+        yield client
+
+
+def test_routes_answer_503_naming_the_database_while_it_is_down_and_recover_once_it_is_back(running_postgres, own_api):
+    job = own_api.post("/v1/jobs", json=digits_spec()).json()
+    running_postgres.stop()
+    assert_unavailable(own_api.get(f"/v1/jobs/{job['id']}"), "database")
+    assert_unavailable(own_api.post("/v1/jobs", json=digits_spec()), "database")
+    running_postgres.start()
+    eventually(lambda: own_api.get(f"/v1/jobs/{job['id']}").status_code == 200, scaled(10),
+               "the API answered once the database was back")
+
+
+def test_readyz_names_the_database_while_it_is_down(running_postgres, own_api):
+    assert own_api.get("/readyz").status_code == 200
+    running_postgres.stop()
+    assert_unavailable_details(own_api.get("/readyz"), ["database"])
+
+
+def test_a_job_driven_across_a_postgres_restart_ends_succeeded_and_the_worker_claims_new_jobs(running_postgres):
+    factory = session_factory(get_engine(running_postgres.url))
+    cloud = MemoryCloud(train_s=scaled(2))
+    worker = _worker(running_postgres.url, cloud, cloud)
+    worker.start()
+    try:
+        job_id = _submit(factory)
+        eventually(lambda: _job(factory, job_id).status == S.RUNNING, scaled(20), "job RUNNING")
+        running_postgres.stop()
+        time.sleep(scaled(5))  # the agent finishes while the database is away
+        running_postgres.start()
+        job = eventually(lambda: (j := _job(factory, job_id)).status in (S.SUCCEEDED, S.FAILED) and j, scaled(60),
+                         "job finished after the database came back")
+        after = _submit(factory)
+        later = eventually(lambda: (j := _job(factory, after)).status in (S.SUCCEEDED, S.FAILED) and j, scaled(30),
+                           "a job submitted after the restart finished")
+    finally:
+        worker.shutdown(timeout=scaled(10))
+    assert (job.status, job.error, job.attempt) == (S.SUCCEEDED, None, 1)
+    assert later.status == S.SUCCEEDED
+    assert cloud.list({LABEL_JOB: str(job_id)}) == []
