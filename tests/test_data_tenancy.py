@@ -159,6 +159,22 @@ def test_host_paths_are_refused_at_submit_and_the_answer_says_nothing_about_exis
     assert len(reasons) == 1 and "host paths are not accepted" in reasons.pop()
 
 
+def test_the_client_uploads_a_local_folder_so_no_host_path_is_needed(api, db, bucket, tmp_path):
+    from PIL import Image
+
+    from trainjobs.client import Client
+
+    for name, color in (("red", (255, 0, 0)), ("blue", (0, 0, 255))):
+        (tmp_path / "shapes" / name).mkdir(parents=True)
+        for i in range(3):
+            Image.new("RGB", (8, 8), color).save(tmp_path / "shapes" / name / f"{i}.png")
+    client = Client(str(api.base_url), api.headers["Authorization"].removeprefix("Bearer "))
+
+    source = client.upload_dataset(tmp_path / "shapes")["dataset"]
+
+    assert stage(source, project_id(db, "alpha"), tmp_path / "work").manifest["class_names"] == ["blue", "red"]
+
+
 @pytest.fixture
 def allowed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A directory the operator allows host data from, and a secret beside it."""

@@ -87,7 +87,7 @@ def _upload_local_files(c: Any, spec: dict[str, Any], base: Path) -> None:
         click.echo(f"uploaded model code {module} -> {model['module']}", err=True)
     dataset = spec.get("dataset") or {}
     source = dataset.get("source")
-    if isinstance(source, str) and ":" not in source and (base / source).is_file():
+    if isinstance(source, str) and ":" not in source and (base / source).exists():
         dataset["source"] = c.upload_dataset(base / source)["dataset"]
         click.echo(f"uploaded dataset {source} -> {dataset['source']}", err=True)
 

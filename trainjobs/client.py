@@ -127,6 +127,17 @@ class Client:
                 f"{item['size']} bytes with sha256 {item['sha256']}; it was changed after the job ended")
 
     def upload_dataset(self, path: Path) -> dict[str, Any]:
+        """Upload a dataset file; a folder (an image folder, TFRecord shards) is packed as .tar.gz here,
+        on disk, and staging unpacks it: the API takes no host paths, so the data travels."""
+        if path.is_dir():
+            import tarfile
+            import tempfile
+
+            with tempfile.TemporaryDirectory() as tmp:
+                packed = Path(tmp) / "dataset.tar.gz"
+                with tarfile.open(packed, "w:gz") as tar:
+                    tar.add(path, arcname=path.name)
+                return self.upload_dataset(packed)
         with path.open("rb") as f:
             return self._call("POST", "/v1/datasets", files={"file": (path.name, f)}, timeout=None)
 
