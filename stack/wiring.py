@@ -84,4 +84,9 @@ def build_runtime(kind: str, data_dir: Path, *, local_devices: int = 2, local_sl
 
         return WorkerRuntime(LocalProvisioner(data_dir / "machines", devices=local_devices, slots=local_slots),
                              channel, stager)
-    raise ValueError(f"unknown provisioner {kind!r}: memory or local")
+    if kind == "gcp":
+        from worker.cloud.config import GcpConfig
+        from worker.provisioners.gcp_tpu import TpuVmProvisioner
+
+        return WorkerRuntime(TpuVmProvisioner(GcpConfig.from_env()), channel, stager)
+    raise ValueError(f"unknown provisioner {kind!r}: memory, local or gcp")

@@ -164,6 +164,15 @@ def _allowed(layer: str) -> set[str]:
     return _extra_imports(LAYER_EXTRA[layer])
 
 
+# Modules that come with another extra than their layer's: the Google Cloud provisioners need `gcp`.
+MODULE_EXTRA = {"worker.provisioners.gcp_": "gcp", "worker.cloud": "gcp"}
+
+
+def _allowed_for(module: str) -> set[str]:
+    extra = next((e for prefix, e in MODULE_EXTRA.items() if module.startswith(prefix)), None)
+    return _extra_imports(extra) if extra else _allowed(layer_of(module))
+
+
 def _third_party(module: str) -> list[tuple[str, int]]:
     return [(t, line) for t, line in _imports(SOURCES[module])
             if t.split(".")[0] not in sys.stdlib_module_names and t.split(".")[0] not in PACKAGES]
@@ -172,8 +181,13 @@ def _third_party(module: str) -> list[tuple[str, int]]:
 def test_each_layer_imports_only_what_its_extra_installs() -> None:
     missing = [f"{SOURCES[m].relative_to(ROOT)}:{line}: {target} (layer {layer_of(m)})"
                for m in sorted(SOURCES) for target, line in _third_party(m)
-               if target.split(".")[0] not in _allowed(layer_of(m)) | OPTIONAL]
+               if target.split(".")[0] not in _allowed_for(m) | OPTIONAL]
     assert not missing, "imports no extra of that layer installs:\n" + "\n".join(missing)
+
+
+def test_only_the_cloud_tpu_provisioner_imports_the_cloud_tpu_client() -> None:
+    importers = {m for m in SOURCES for target, _ in _imports(SOURCES[m]) if target.startswith("google.cloud.tpu")}
+    assert importers == {"worker.provisioners.gcp_tpu"}
 
 
 def _closure(roots: list[str]) -> set[str]:

@@ -1,0 +1,83 @@
+"""What the Google Cloud provisioners share: configuration, the agent's wheel and startup script."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from io import BytesIO
+from pathlib import Path
+
+import pytest
+
+from trainjobs import storage
+from worker.cloud.bootstrap import build_agent_wheel, startup_script, upload_agent_wheel
+from worker.cloud.config import ConfigError, GcpConfig
+
+
+def test_configuration_comes_from_trainjobs_gcp_variables() -> None:
+    config = GcpConfig.from_env({
+        "TRAINJOBS_GCP_PROJECT": "proj", "TRAINJOBS_GCP_ZONE": "us-central2-b",
+        "TRAINJOBS_GCP_FALLBACK_ZONES": "us-central1-a, europe-west4-a", "TRAINJOBS_GCP_NETWORK": "train",
+        "TRAINJOBS_GCP_SERVICE_ACCOUNT": "vm@proj.iam.gserviceaccount.com", "TRAINJOBS_GCP_TAGS": "a,b",
+        "TRAINJOBS_GCP_CAPACITY_WAIT_MINUTES": "45", "TRAINJOBS_TPU_API_ENDPOINT": "http://127.0.0.1:8470"})
+    assert config.zones == ("us-central2-b", "us-central1-a", "europe-west4-a")
+    assert (config.network, config.tags, config.capacity_wait_s) == ("train", ("a", "b"), 2700.0)
+    assert config.service_account == "vm@proj.iam.gserviceaccount.com"
+    assert config.tpu_api_endpoint == "http://127.0.0.1:8470"
+
+
+@pytest.mark.parametrize("env, variable", [
+    ({"TRAINJOBS_GCP_ZONE": "us-central2-b"}, "TRAINJOBS_GCP_PROJECT"),
+    ({"TRAINJOBS_GCP_PROJECT": "proj"}, "TRAINJOBS_GCP_ZONE"),
+    ({"TRAINJOBS_GCP_PROJECT": "p", "TRAINJOBS_GCP_ZONE": "z", "TRAINJOBS_GCP_CAPACITY_WAIT_MINUTES": "soon"},
+     "TRAINJOBS_GCP_CAPACITY_WAIT_MINUTES"),
+])
+def test_missing_or_malformed_configuration_names_the_variable(env: dict[str, str], variable: str) -> None:
+    with pytest.raises(ConfigError, match=variable):
+        GcpConfig.from_env(env)
+
+
+def test_the_agent_wheel_is_the_same_bytes_for_the_same_code() -> None:
+    assert build_agent_wheel() == build_agent_wheel()
+
+
+def test_the_agent_wheel_holds_the_agent_and_its_dependencies_but_not_tensorflow() -> None:
+    name, data = build_agent_wheel()
+    with zipfile.ZipFile(BytesIO(data)) as wheel:
+        files = set(wheel.namelist())
+        metadata = wheel.read(next(f for f in files if f.endswith(".dist-info/METADATA"))).decode()
+    assert {"worker/__init__.py", "worker/agent/__main__.py", "trainjobs/spec.py"} <= files
+    assert not any(f.startswith(("service/", "stack/", "worker/provisioners/")) for f in files)
+    assert "Requires-Dist: google-cloud-storage" in metadata and "Requires-Dist: numpy" in metadata
+    assert "tensorflow" not in metadata.lower()
+
+
+def test_the_agent_wheel_installs_with_pip_and_imports(tmp_path: Path) -> None:
+    name, data = build_agent_wheel()
+    (tmp_path / name).write_bytes(data)
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--target",
+                    str(tmp_path / "site"), str(tmp_path / name)], check=True, timeout=300)
+    probe = subprocess.run([sys.executable, "-c", "import worker.agent.job, trainjobs.spec; print(worker.agent.job.__file__)"],
+                           env={"PYTHONPATH": str(tmp_path / "site")}, cwd=tmp_path, capture_output=True, text=True,
+                           timeout=120)
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.startswith(str(tmp_path / "site"))
+
+
+def test_the_wheel_is_uploaded_once_under_its_sha256(bucket: str) -> None:
+    uri = upload_agent_wheel(bucket)
+    assert uri == upload_agent_wheel(bucket)
+    import hashlib
+
+    name, data = build_agent_wheel()
+    assert uri == f"gs://{bucket}/agent/{hashlib.sha256(data).hexdigest()}/{name}"
+    assert storage.blob(uri).download_as_bytes() == data
+
+
+def test_the_startup_script_is_valid_bash_that_runs_the_agent_for_the_job(tmp_path: Path) -> None:
+    script = startup_script("gs://b/jobs/j'1", "gs://b/agent/abc/trainjobs-0.1.0-py3-none-any.whl")
+    (tmp_path / "s.sh").write_text(script)
+    subprocess.run(["bash", "-n", str(tmp_path / "s.sh")], check=True)
+    assert "-m worker.agent --job-dir \"$JOB_DIR\"" in script
+    assert "JOB_DIR='gs://b/jobs/j'\"'\"'1'" in script  # quoted: a job dir cannot inject shell

@@ -1,0 +1,100 @@
+"""Getting the agent onto a cloud machine: the agent wheel and the startup script that installs and runs it.
+
+The wheel holds the shared core (trainjobs/) and the agent (worker/agent/): everything the agent
+imports. We write it ourselves, with fixed timestamps, so the same sources give the same bytes: its
+sha256 addresses it in the bucket (gs://BUCKET/agent/<sha256>/...), a worker builds and uploads it
+once per version of the code, and every VM of that version installs the identical file.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import shlex
+import tomllib
+import zipfile
+from functools import lru_cache
+from pathlib import Path
+
+from trainjobs import storage
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+AGENT_PACKAGES = ("trainjobs", "worker/agent")
+EPOCH = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip can hold: no build time leaks into the bytes
+
+# The TPU runtime image brings TensorFlow built for the TPU; installing PyPI's would replace it.
+NOT_INSTALLED_ON_VMS = ("tensorflow",)
+
+
+def agent_requirements() -> list[str]:
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    wanted = project["dependencies"] + project["optional-dependencies"]["train"]
+    return sorted({r for r in wanted if not r.lower().startswith(NOT_INSTALLED_ON_VMS)})
+
+
+def _files() -> list[tuple[str, bytes]]:
+    paths = [REPO_ROOT / "worker" / "__init__.py"]
+    for package in AGENT_PACKAGES:
+        paths += sorted((REPO_ROOT / package).rglob("*.py"))
+    return sorted((str(p.relative_to(REPO_ROOT)), p.read_bytes()) for p in paths if "__pycache__" not in p.parts)
+
+
+def _record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def build_agent_wheel() -> tuple[str, bytes]:
+    """(file name, bytes) of a py3-none-any wheel of the agent: deterministic for the same sources."""
+    version = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
+    dist_info = f"trainjobs-{version}.dist-info"
+    metadata = "Metadata-Version: 2.1\nName: trainjobs\nVersion: {}\n{}".format(
+        version, "".join(f"Requires-Dist: {r}\n" for r in agent_requirements()))
+    wheel = "Wheel-Version: 1.0\nGenerator: trainjobs\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    entries = _files() + [(f"{dist_info}/METADATA", metadata.encode()), (f"{dist_info}/WHEEL", wheel.encode())]
+    record = "".join(f"{name},{_record_hash(data)},{len(data)}\n" for name, data in entries) + f"{dist_info}/RECORD,,\n"
+    entries.append((f"{dist_info}/RECORD", record.encode()))
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in entries:
+            info = zipfile.ZipInfo(name, EPOCH)
+            info.external_attr = 0o644 << 16
+            zf.writestr(info, data, zipfile.ZIP_DEFLATED)
+    return f"trainjobs-{version}-py3-none-any.whl", out.getvalue()
+
+
+@lru_cache(maxsize=8)
+def upload_agent_wheel(bucket: str) -> str:
+    """gs:// URI of this code's agent wheel, uploaded if the bucket lacks it. Once per process and bucket."""
+    name, data = build_agent_wheel()
+    uri = f"gs://{bucket}/agent/{hashlib.sha256(data).hexdigest()}/{name}"
+    blob = storage.blob(uri)
+    if not blob.exists():
+        blob.upload_from_string(data, content_type="application/zip")
+    return uri
+
+
+def startup_script(job_dir: str, wheel_uri: str) -> str:
+    """Runs as root on every host at boot. TRAINJOBS_SKIP_INSTALL and TRAINJOBS_TASK_INDEX let the fake
+    cloud run the same script on this machine (the agent from the checkout, CPU devices for chips)."""
+    return f"""#!/bin/bash
+# trainjobs agent bootstrap: install the agent, then run it for one job on this host.
+set -euo pipefail
+JOB_DIR={shlex.quote(job_dir)}
+AGENT_WHEEL={shlex.quote(wheel_uri)}
+PYTHON="${{TRAINJOBS_PYTHON:-python3}}"
+if [ -z "${{TRAINJOBS_SKIP_INSTALL:-}}" ]; then
+  WHEEL_DIR="$(mktemp -d)"
+  gcloud storage cp "$AGENT_WHEEL" "$WHEEL_DIR/"
+  # The wheel brings the agent's dependencies but not TensorFlow: the TPU runtime image has its own.
+  "$PYTHON" -m pip install --quiet "$WHEEL_DIR"/*.whl
+fi
+if [ -n "${{TRAINJOBS_TASK_INDEX:-}}" ]; then
+  TASK="$TRAINJOBS_TASK_INDEX"
+else
+  # Each host of a TPU slice knows its own number from the metadata server.
+  TASK="$(curl -sf -H 'Metadata-Flavor: Google' \\
+    http://metadata.google.internal/computeMetadata/v1/instance/attributes/agent-worker-number || echo 0)"
+fi
+exec "$PYTHON" -m worker.agent --job-dir "$JOB_DIR" --task-index "$TASK"
+"""

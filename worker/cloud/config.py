@@ -1,0 +1,55 @@
+"""Where a Google Cloud worker creates machines, read once from the environment (README, "Running on
+Google Cloud"). Credentials are not here: the clients find Application Default Credentials themselves."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+class ConfigError(ValueError):
+    """A TRAINJOBS_GCP_* variable is missing or malformed; the message names it."""
+
+
+@dataclass(frozen=True)
+class GcpConfig:
+    project: str
+    zone: str
+    fallback_zones: tuple[str, ...] = ()  # tried in order when `zone` has no capacity
+    service_account: str | None = None  # the VM's identity; it needs the bucket (README)
+    network: str | None = None
+    subnetwork: str | None = None
+    tags: tuple[str, ...] = ()  # network tags, for firewall rules
+    capacity_wait_s: float = 1800.0  # how long a job waits for a stocked-out type before it fails
+    tpu_api_endpoint: str | None = None  # http://host:port: a fake TPU API (anonymous, REST)
+    compute_api_endpoint: str | None = None
+
+    @property
+    def zones(self) -> tuple[str, ...]:
+        return (self.zone, *self.fallback_zones)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> GcpConfig:
+        def get(name: str) -> str | None:
+            return env.get(f"TRAINJOBS_{name}", "").strip() or None
+
+        def required(name: str) -> str:
+            if (value := get(name)) is None:
+                raise ConfigError(f"TRAINJOBS_{name} is not set: the Google Cloud provisioner needs it")
+            return value
+
+        def words(name: str) -> tuple[str, ...]:
+            return tuple(w.strip() for w in (get(name) or "").split(",") if w.strip())
+
+        wait = get("GCP_CAPACITY_WAIT_MINUTES") or "30"
+        try:
+            capacity_wait_s = float(wait) * 60
+        except ValueError:
+            raise ConfigError(f"TRAINJOBS_GCP_CAPACITY_WAIT_MINUTES must be a number of minutes, got {wait!r}") from None
+        return cls(
+            project=required("GCP_PROJECT"), zone=required("GCP_ZONE"), fallback_zones=words("GCP_FALLBACK_ZONES"),
+            service_account=get("GCP_SERVICE_ACCOUNT"), network=get("GCP_NETWORK"), subnetwork=get("GCP_SUBNETWORK"),
+            tags=words("GCP_TAGS"), capacity_wait_s=capacity_wait_s, tpu_api_endpoint=get("TPU_API_ENDPOINT"),
+            compute_api_endpoint=get("COMPUTE_API_ENDPOINT"),
+        )
