@@ -107,10 +107,11 @@ def test_the_stager_refuses_another_projects_module(api, db, bucket, tmp_path):
         GcsStager(tmp_path)(spec, "j1", project_id=project_id(db, "beta"))
 
 
-def _paths_of_others(bucket: str, alpha: str, beta_job: str) -> list[str]:
+def _paths_of_others(bucket: str, alpha: str, beta: str, beta_job: str) -> list[str]:
     return [
         f"gs://{bucket}/uploads/{alpha}/{'0' * 64}/a.csv",  # another project's upload
         f"gs://{bucket}/uploads/{alpha}/",
+        f"gs://{bucket}/uploads/{beta}/../{alpha}/{'0' * 64}/a.csv",
         f"gs://{bucket}/uploads/",  # every project's uploads
         f"gs://{bucket}/uploads",
         f"gs://{bucket}/uploads/.incoming/x",
@@ -125,9 +126,9 @@ def _paths_of_others(bucket: str, alpha: str, beta_job: str) -> list[str]:
 @pytest.mark.parametrize("field", ["dataset.source", "model.module"])
 def test_paths_into_another_projects_uploads_and_jobs_are_refused_at_submit(api, other, db, bucket, field):
     beta_job = other.post("/v1/jobs", json=job()).json()["id"]
-    alpha = project_id(db, "alpha")
+    alpha, beta = project_id(db, "alpha"), project_id(db, "beta")
 
-    for uri in _paths_of_others(bucket, alpha, beta_job):
+    for uri in _paths_of_others(bucket, alpha, beta, beta_job):
         spec = job(source=uri) if field == "dataset.source" else job(module=uri)
         answer = refusal(other.post("/v1/jobs", json=spec) if "uploads" in uri else api.post("/v1/jobs", json=spec))
         assert answer["field"] == field, uri
@@ -137,6 +138,7 @@ def test_paths_into_another_projects_uploads_and_jobs_are_refused_at_submit(api,
 def test_a_project_may_name_its_own_uploads_and_jobs_and_other_buckets(api, db, bucket):
     first = api.post("/v1/jobs", json=job()).json()["id"]
     own = [f"gs://{bucket}/uploads/{project_id(db, 'alpha')}/{'0' * 64}/a.csv", f"gs://{bucket}/jobs/{first}/",
+           f"gs://{bucket}/uploads/{project_id(db, 'alpha')}",
            f"gs://{bucket}/datasets/{'a' * 64}/", "gs://someone-elses-bucket/uploads/x.csv", f"gs://{bucket}/shared/x.csv"]
 
     for uri in own:
@@ -201,6 +203,11 @@ def test_dot_dot_and_symlinks_cannot_leave_an_allowed_directory(api, allowed, es
 def test_staging_refuses_host_paths_the_operator_does_not_allow(allowed, bucket, tmp_path):
     with pytest.raises(DatasetError, match="host paths are not accepted"):
         stage(str(allowed / "data.csv"), "6d1f4a52-5d0e-4c3a-9a53-2a4f4f0f1b11", tmp_path / "work")
+
+
+def test_a_path_too_long_for_the_filesystem_is_bad_data_not_a_crash(allowed, bucket, tmp_path):
+    with pytest.raises(DatasetError, match="no file or folder at"):
+        stage(f"{allowed}/{'x' * 1000}.csv", PROJECT, tmp_path / "work", rules=DataAccessRules.from_env())
 
 
 def test_staging_refuses_a_link_inside_an_allowed_folder_that_leads_out(allowed, bucket, tmp_path):

@@ -135,9 +135,13 @@ def check_bucket_uri(uri: str, *, bucket: str, project_id: str, own_job: OwnJob 
         return
     top, _, rest = key.partition("/")
     first = rest.partition("/")[0]
-    allowed = (
+    own_uploads = uploads.project_prefix(project_id)
+    # GCS keys are literal, but a '..' that any layer (an emulator, a client) might normalise must not
+    # turn our own prefix into another project's.
+    dotted = any(part in (".", "..") for part in key.split("/"))
+    allowed = not dotted and (
         (top not in _OWN_FOLDERS and top != "")
-        or (top == "uploads" and key.startswith(uploads.project_prefix(project_id)))
+        or (top == "uploads" and (key.startswith(own_uploads) or key == own_uploads.rstrip("/")))
         or (top == "jobs" and _is_uuid(first) and (own_job is None or own_job(first)))
         # A staged dataset's address is the sha256 of its content: naming one means knowing the data.
         or (top == "datasets" and _SHA256.fullmatch(first) is not None)

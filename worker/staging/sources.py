@@ -147,6 +147,10 @@ def open_source(source: str, *, bucket: str, scratch: Path, access: SourceAccess
 
         return GcsSource.open(source, budget)
     path = rules.host_path(source)  # checked above: allowed, resolved
-    if not path.exists():
+    try:
+        exists = path.exists()
+    except OSError:  # a name too long for the filesystem: there is nothing there to read
+        exists = False
+    if not exists:
         raise DatasetError(f"no file or folder at {source}")
     return LocalSource(path, rules, budget)
