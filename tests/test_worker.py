@@ -117,7 +117,7 @@ def test_notify_wakes_an_idle_worker_quickly(db, database_url, running_workers):
 
 
 def test_lease_expiry_hands_the_job_to_another_worker_which_adopts_the_machine(db, database_url, running_workers):
-    cloud = MemoryCloud(train_s=2.0)
+    cloud = MemoryCloud(train_s=6.0)  # still training when the heir takes over (a finished one just succeeds)
     dead = make_worker(database_url, cloud, "dead")
     dead.start()
     [job_id] = submit(db)

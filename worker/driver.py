@@ -4,6 +4,11 @@ Each step reads the row, does the outside-world work for the current status (sta
 watch, tear down), then moves the job with one conditional transition. If the transition finds the
 job changed underneath (a cancel, a lost lease) it raises `StaleTransition` and the next step
 re-reads. A step never holds a database transaction open across a cloud call.
+
+A step that raises anything else is logged and retried with capped exponential backoff. Consecutive
+failures are counted on the row (jobs.driver_failures), so a worker restart does not reset them;
+after `max_driver_failures` in a row the job ends FAILED with the error, its machines deleted.
+Errors that only say a service is unreachable (worker/outages.py) are retried but not counted.
 """
 
 from __future__ import annotations
@@ -15,17 +20,20 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.db import jobs as jobdata
 from service.db.jobstate import TERMINAL, JobStatus, StaleTransition, transition
 from service.db.models import Job
 from service.db.session import transaction
-from trainjobs.messages import AgentError, AgentState
+from trainjobs.messages import AgentError, AgentReport, AgentState
 from trainjobs.spec import JobSpec
+from worker.outages import is_outage
 from worker.pricing import hourly_price_usd
 from worker.provisioner import (
     LABEL_JOB, DatasetError, JobChannel, MachineRequest, MachineState, NoCapacity, Provisioner, Stager,
+    StagingStopped,
 )
 
 log = logging.getLogger("trainjobs.worker")
@@ -37,30 +45,43 @@ class DriverConfig:
     poll_s: float = 1.0  # how often a running job's machine and agent are checked
     agent_stale_s: float = 120.0  # a READY machine whose agent is silent this long is treated as lost
     boot_timeout_s: float = 900.0  # a machine that never reports is replaced
+    max_driver_failures: int = 5  # steps failing in a row before the job is failed
+    retry_backoff_s: float = 1.0  # wait after a failed step, doubled per failure in a row
+    retry_backoff_max_s: float = 30.0  # ... up to this; an outage is retried this often for as long as it lasts
 
 
 class JobDriver:
     def __init__(self, job_id: uuid.UUID, owner: str, factory: sessionmaker[Session], provisioner: Provisioner,
-                 channel: JobChannel, stager: Stager, config: DriverConfig, stop: threading.Event,
-                 wake: threading.Event):
+                 channel: JobChannel, stager: Stager, config: DriverConfig, stop: threading.Event):
         self.job_id, self.owner, self.factory = job_id, owner, factory
         self.provisioner, self.channel, self.stager, self.config = provisioner, channel, stager, config
-        self.stop, self.wake = stop, wake
+        self.stop = stop  # the worker is stopping
+        self.wake = threading.Event()  # something changed: look now instead of at the next poll
+        self.cancel_requested = threading.Event()  # the job is CANCELLING: give up staging
+        self._failed_in_a_row = 0  # this driver's own count, outages included: sets the backoff
 
     def run(self) -> None:
         """Step until the job is terminal, no longer ours, or the worker is stopping."""
         while not self.stop.is_set():
-            job = self._load()
-            if job is None or job.lease_owner != self.owner or job.status in TERMINAL:
-                return
             try:
-                if self._step(job):
-                    continue  # moved: take the next step at once
+                job = self._load()
+                if job is None or job.lease_owner != self.owner or job.status in TERMINAL:
+                    return
+                moved = self._step(job)
+                self._step_succeeded(job)
             except StaleTransition as exc:
                 log.info("job %s moved underneath us (%s); re-reading", self.job_id, exc)
                 continue
+            except Exception as exc:
+                self._step_failed(exc)
+                continue
+            if moved:
+                continue  # take the next step at once
             self.wake.wait(self.config.poll_s)
             self.wake.clear()
+
+    def _should_stop_staging(self) -> bool:
+        return self.stop.is_set() or self.cancel_requested.is_set()
 
     # --- one step per status; return True when the job moved ---
 
@@ -83,7 +104,9 @@ class JobDriver:
 
     def _stage(self, job: Job, spec: JobSpec) -> bool:
         try:
-            uri = self.stager(spec, str(job.id), project_id=str(job.project_id), should_stop=self.stop.is_set)
+            uri = self.stager(spec, str(job.id), project_id=str(job.project_id), should_stop=self._should_stop_staging)
+        except StagingStopped:
+            return True  # re-read: the job is CANCELLING, or the loop ends because the worker stops
         except DatasetError as exc:
             return self._move(job, S.FAILED, "dataset rejected", error=f"dataset: {exc}")
         return self._move(job, S.PROVISIONING, f"dataset staged at {uri}", record={"dataset_uri": uri})
@@ -123,13 +146,7 @@ class JobDriver:
         if status is not None:
             progress = {"progress": status.progress, "metrics": status.metrics, "runtime": status.runtime}
             if status.state == AgentState.SUCCEEDED:
-                # Machine first: once it is gone the job's code can no longer change what is read next.
-                # The manifest is copied into the row, where downloads are checked against it.
-                self._delete_machines(job)
-                progress["metrics"] = self.channel.final_metrics(str(job.id)) or status.metrics
-                artifacts = self.channel.artifact_manifest(str(job.id))
-                return self._move(job, S.SUCCEEDED, "agent finished; machine deleted",
-                                  record={**progress, "artifacts": artifacts})
+                return self._finish_succeeded(job, status, "agent finished; machine deleted")
             self._record(**progress)
             if status.state == AgentState.FAILED:
                 return self._finish_failed(job, status.error)
@@ -142,13 +159,19 @@ class JobDriver:
         return False
 
     def _recover(self, job: Job, spec: JobSpec) -> bool:
-        """After a lost machine or a dead worker: adopt what still runs, else start a new attempt."""
+        """After a lost machine or a dead worker: an attempt whose agent finished is judged by what the
+        agent said, whatever became of its machine (a finished local agent's process has exited; a
+        dead worker saw neither); else adopt what still runs; else start a new attempt."""
+        status = self.channel.read_status(str(job.id), job.attempt) if job.attempt else None
+        if status is not None and status.state == AgentState.SUCCEEDED:
+            return self._finish_succeeded(job, status, "the agent had finished; machine deleted")
+        if status is not None and status.state == AgentState.FAILED:
+            return self._finish_failed(job, status.error)
         request = self._request(job, spec)
         machine = self.provisioner.get(request.name) if job.attempt else None
-        status = self.channel.read_status(str(job.id), job.attempt) if machine else None
-        if machine and machine.state == MachineState.READY and status and _age(status.heartbeat_at) < self.config.agent_stale_s:
-            if status.state in (AgentState.RUNNING, AgentState.SUCCEEDED):
-                return self._move(job, S.RUNNING, f"adopted running machine {machine.name}")
+        if (machine and machine.state == MachineState.READY and status and status.state == AgentState.RUNNING
+                and _age(status.heartbeat_at) < self.config.agent_stale_s):
+            return self._move(job, S.RUNNING, f"adopted running machine {machine.name}")
         if job.dataset_uri is None:
             return self._move(job, S.STAGING, "restaging: the previous worker had not finished staging")
         self._delete_machines(job)
@@ -157,7 +180,68 @@ class JobDriver:
                               error=f"machine lost {job.attempt} times; limits.max_retries is {spec.limits.max_retries}")
         return self._move(job, S.PROVISIONING, f"starting attempt {job.attempt + 1}", bump_attempt=True)
 
+    # --- a step that raised ---
+
+    def _step_succeeded(self, job: Job) -> None:
+        self._failed_in_a_row = 0
+        if job.driver_failures:
+            with transaction(self.factory) as session:
+                jobdata.reset_driver_failures(session, job.id, self.owner)
+
+    def _step_failed(self, exc: Exception) -> None:
+        self._failed_in_a_row += 1
+        if is_outage(exc):
+            log.warning("job %s: a service is unreachable (%s); retrying, not counted as a failure",
+                        self.job_id, _describe(exc))
+        else:
+            log.error("job %s: driver step failed", self.job_id, exc_info=exc)
+            failures = self._count_failure()
+            if failures is not None and failures >= self.config.max_driver_failures:
+                self._give_up(exc, failures)
+                return
+        delay = min(self.config.retry_backoff_s * 2 ** (self._failed_in_a_row - 1), self.config.retry_backoff_max_s)
+        self.wake.wait(delay)
+        self.wake.clear()
+
+    def _count_failure(self) -> int | None:
+        """The row's count after this failure; None when it cannot be written (then the database is
+        what failed, and a failure nobody can record is not held against the job) or the job is no
+        longer ours."""
+        try:
+            with transaction(self.factory) as session:
+                return jobdata.count_driver_failure(session, self.job_id, self.owner)
+        except Exception as exc:
+            log.warning("job %s: could not record the failure: %s", self.job_id, _describe(exc))
+            return None
+
+    def _give_up(self, exc: Exception, failures: int) -> None:
+        error = f"the worker could not drive this job: {_describe(exc)}"
+        try:
+            job = self._load()
+            if job is None or job.lease_owner != self.owner or job.status in TERMINAL:
+                return
+            try:
+                self._delete_machines(job)
+            except Exception:
+                log.warning("job %s: could not delete its machines", self.job_id, exc_info=True)
+            # A cancel whose teardown keeps failing still ends as the user asked, with the error kept.
+            to = S.CANCELLED if job.status == S.CANCELLING else S.FAILED
+            self._move(job, to, f"driver failed {failures} times in a row", error=error, step_worked=False)
+        except StaleTransition:
+            pass  # moved underneath us: the next step re-reads
+        except Exception:
+            log.exception("job %s: could not end the job after %d failures; retrying", self.job_id, failures)
+
     # --- helpers ---
+
+    def _finish_succeeded(self, job: Job, status: AgentReport, reason: str) -> bool:
+        # Machine first: once it is gone the job's code can no longer change what is read next. The
+        # manifest is copied into the row, where downloads are checked against it.
+        self._delete_machines(job)
+        metrics = self.channel.final_metrics(str(job.id)) or status.metrics
+        artifacts = self.channel.artifact_manifest(str(job.id))
+        return self._move(job, S.SUCCEEDED, reason, record={"progress": status.progress, "metrics": metrics,
+                                                            "runtime": status.runtime, "artifacts": artifacts})
 
     def _finish_failed(self, job: Job, error: AgentError | None) -> bool:
         self._delete_machines(job)
@@ -191,16 +275,26 @@ class JobDriver:
             jobdata.record_progress(session, self.job_id, self.owner, **fields)
 
     def _move(self, job: Job, to: JobStatus, reason: str, *, error: str | None = None, bump_attempt: bool = False,
-              record: dict[str, Any] | None = None) -> bool:
+              record: dict[str, Any] | None = None, step_worked: bool = True) -> bool:
         """Move the job; `record` (what the agent or staging reported) is written in the same
         transaction, so the row never shows the new status without it, or it without the status."""
         with transaction(self.factory) as session:
             if record:
                 jobdata.record_progress(session, job.id, self.owner, **record)
+            if step_worked and job.driver_failures:  # reset while the lease (gone once terminal) is ours
+                jobdata.reset_driver_failures(session, job.id, self.owner)
+                job.driver_failures = 0
             transition(session, job.id, job.status, to, reason=reason, owner=self.owner, error=error,
                        bump_attempt=bump_attempt)
         log.info("job %s: %s -> %s (%s)", job.id, job.status.value, to.value, reason)
         return True
+
+
+def _describe(exc: BaseException) -> str:
+    # SQLAlchemy's text carries the statement and its parameters; the driver's own words are enough.
+    if isinstance(exc, DBAPIError) and exc.orig is not None:
+        exc = exc.orig
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _age(t: datetime | None) -> float:

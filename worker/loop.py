@@ -2,6 +2,9 @@
 
 LISTEN/NOTIFY is a hint that wakes the claim loop at once; a poll timer still runs, because
 notifications are lost while the listening connection is down.
+
+Every loop survives losing the database: it logs, waits and tries again, and a job's lease is
+renewed only while its driver runs, so a job nobody drives is taken over when its lease lapses.
 """
 
 from __future__ import annotations
@@ -11,7 +14,8 @@ import os
 import socket
 import threading
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import psycopg
@@ -35,6 +39,9 @@ class WorkerConfig:
     lease_s: float = 30.0  # a job whose worker has not heartbeated this long is taken over
     heartbeat_s: float = 5.0
     poll_s: float = 2.0  # claim poll when no notification arrives
+    # Slots beyond `concurrency` that only jobs taken over from a dead worker may fill, so an orphaned
+    # machine is watched again at once instead of after a queued job frees a slot. None: `concurrency`.
+    takeover_slots: int | None = None
     driver: DriverConfig = field(default_factory=DriverConfig)
     name: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
 
@@ -47,15 +54,20 @@ class Worker:
         self.factory: sessionmaker[Session] = session_factory(engine)
         self.stopping = threading.Event()
         self._wake = threading.Event()  # new work may be queued
-        self._active: dict[uuid.UUID, tuple[Future[None], threading.Event]] = {}
+        self._active: dict[uuid.UUID, JobDriver] = {}  # jobs with a live driver: the only leases renewed
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(self.config.concurrency, thread_name_prefix="job")
+        self._pool = ThreadPoolExecutor(self.config.concurrency + self._takeover_slots, thread_name_prefix="job")
         self._threads: list[threading.Thread] = []
         self._claim_conn: Connection | None = None
 
     @property
     def name(self) -> str:
         return self.config.name
+
+    @property
+    def _takeover_slots(self) -> int:
+        slots = self.config.takeover_slots
+        return self.config.concurrency if slots is None else slots
 
     # --- lifecycle ---
 
@@ -73,12 +85,15 @@ class Worker:
         self._wake.set()
         with self._lock:
             active = dict(self._active)
-        for _, wake in active.values():
-            wake.set()
+        for driver in active.values():
+            driver.wake.set()
         self._pool.shutdown(wait=True, cancel_futures=True)
-        with transaction(self.factory) as session:
-            for job_id in active:
-                queue.release_lease(session, job_id, self.name)
+        try:
+            with transaction(self.factory) as session:
+                for job_id in active:
+                    queue.release_lease(session, job_id, self.name)
+        except Exception:  # the database is down: the leases lapse on their own instead
+            log.warning("could not release leases on shutdown; they expire in %.0fs", self.config.lease_s, exc_info=True)
         for t in self._threads:
             t.join(timeout)
         if self._claim_conn is not None:
@@ -89,36 +104,48 @@ class Worker:
 
     def _claim_loop(self) -> None:
         while not self.stopping.is_set():
-            claimed = False
-            if self._free_slots() > 0:
-                try:
-                    claimed = self.claim_one()
-                except Exception:
-                    log.exception("claim failed")
+            try:
+                claimed = self.claim_one()
+            except Exception as exc:
+                claimed = False
+                log.warning("claim failed; retrying in %.1fs: %s", self.config.poll_s, exc)
             if not claimed:
                 self._wake.wait(self.config.poll_s)
                 self._wake.clear()
 
     def claim_one(self) -> bool:
-        claim = self._claim()
+        """Claim a job if a slot is free: any job while fewer than `concurrency` are driven, only a
+        taken-over one in the takeover slots beyond."""
+        with self._lock:
+            busy = len(self._active)
+        if busy < self.config.concurrency:
+            claim = self._claim(queue.claim_next_job)
+        elif busy < self.config.concurrency + self._takeover_slots:
+            claim = self._claim(queue.take_over_expired_job)
+        else:
+            return False
         if claim is None:
             return False
         log.info("claimed job %s (%s -> %s)", claim.job_id, claim.from_status.value, claim.to_status.value)
-        wake = threading.Event()
-        driver = JobDriver(claim.job_id, self.name, self.factory, self.provisioner, self.channel, self.stager,
-                           self.config.driver, self.stopping, wake)
         with self._lock:
-            future = self._pool.submit(self._drive, driver)
-            self._active[claim.job_id] = (future, wake)
+            if (running := self._active.get(claim.job_id)) is not None:
+                # Our own lease lapsed (a long database outage) and we took the job over from ourselves:
+                # its driver still runs and re-reads the job; a second one would drive it twice.
+                running.wake.set()
+                return True
+            driver = JobDriver(claim.job_id, self.name, self.factory, self.provisioner, self.channel, self.stager,
+                               self.config.driver, self.stopping)
+            self._active[claim.job_id] = driver
+            self._pool.submit(self._drive, driver)
         return True
 
-    def _claim(self) -> queue.Claim | None:
+    def _claim(self, statement: Callable[[Connection, str, float], queue.Claim | None]) -> queue.Claim | None:
         # The claim loop is one thread; it keeps one autocommit connection, so a claim costs one
         # round trip (no pool checkout ping, no BEGIN/COMMIT around a single atomic statement).
         if self._claim_conn is None:
             self._claim_conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         try:
-            return queue.claim_next_job(self._claim_conn, self.name, self.config.lease_s)
+            return statement(self._claim_conn, self.name, self.config.lease_s)
         except DBAPIError:
             self._claim_conn.invalidate()
             self._claim_conn.close()
@@ -132,29 +159,37 @@ class Worker:
             with limited_calls(WORKER_LIMITS):
                 driver.run()
         except Exception:
-            # Leave the job leased: when the lease lapses another worker takes it over and recovers it.
+            # The driver retries its own failures; this is a bug in it. The job's lease is no longer
+            # renewed once it leaves _active, so another worker (or this one) takes it over.
             log.exception("driving job %s crashed", driver.job_id)
         finally:
             with self._lock:
-                self._active.pop(driver.job_id, None)
+                if self._active.get(driver.job_id) is driver:
+                    del self._active[driver.job_id]
             self._wake.set()  # a slot is free
-
-    def _free_slots(self) -> int:
-        with self._lock:
-            return self.config.concurrency - len(self._active)
 
     def _heartbeat_loop(self) -> None:
         while not self.stopping.wait(self.config.heartbeat_s):
+            with self._lock:
+                job_ids = list(self._active)
             try:
                 with transaction(self.factory) as session:
-                    statuses = queue.renew_leases(session, self.name, self.config.lease_s)
-            except Exception:
-                log.exception("heartbeat failed")
+                    statuses = queue.renew_leases(session, self.name, job_ids, self.config.lease_s)
+            except Exception as exc:
+                log.warning("heartbeat failed; retrying in %.1fs: %s", self.config.heartbeat_s, exc)
                 continue
             with self._lock:
-                for job_id, (_, wake) in self._active.items():
-                    if job_id not in statuses or statuses[job_id] == JobStatus.CANCELLING:
-                        wake.set()
+                for job_id in job_ids:
+                    if (driver := self._active.get(job_id)) is not None:
+                        self._tell(driver, statuses.get(job_id))
+
+    @staticmethod
+    def _tell(driver: JobDriver, status: JobStatus | None) -> None:
+        """Pass what the database says about a driven job to its driver. None: no longer ours."""
+        if status == JobStatus.CANCELLING:
+            driver.cancel_requested.set()
+        if status is None or status == JobStatus.CANCELLING or status.terminal:
+            driver.wake.set()
 
     def _listen_loop(self) -> None:
         dsn = self.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
@@ -167,8 +202,8 @@ class Worker:
                     while not self.stopping.is_set():
                         for note in conn.notifies(timeout=0.5):
                             self._on_notify(note.channel, note.payload)
-            except psycopg.Error:
-                log.warning("LISTEN connection lost; polling until it is back", exc_info=True)
+            except Exception as exc:
+                log.warning("LISTEN connection lost; polling until it is back: %s", exc)
                 self.stopping.wait(1.0)
 
     def _on_notify(self, channel: str, payload: str) -> None:
@@ -180,6 +215,16 @@ class Worker:
         except ValueError:
             return
         with self._lock:
-            entry = self._active.get(job_id)
-        if entry:
-            entry[1].set()
+            driver = self._active.get(job_id)
+        if driver is None:
+            return
+        driver.wake.set()
+        # The payload names the job, not its status: read it, because a driver blocked in staging
+        # learns of a cancel only through cancel_requested.
+        try:
+            with transaction(self.factory) as session:
+                status = queue.renew_leases(session, self.name, [job_id], self.config.lease_s).get(job_id)
+        except Exception as exc:
+            log.warning("could not read job %s after a notification: %s", job_id, exc)
+            return
+        self._tell(driver, status)

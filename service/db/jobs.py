@@ -13,7 +13,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from service.db import queue
-from service.db.jobstate import CANCELLABLE, JobStatus, transition
+from service.db.jobstate import CANCELLABLE, JobStatus, clean_text, transition
 from service.db.models import IdempotencyKey, Job, JobEvent
 
 
@@ -140,5 +140,22 @@ def record_progress(session: Session, job_id: uuid.UUID, owner: str, **fields: A
         f"{k} = CAST(:{k} AS jsonb)" if k in _JSON_COLUMNS else f"{k} = :{k}" for k in fields
     )
     params = {k: json.dumps(v) if k in _JSON_COLUMNS and v is not None else v for k, v in fields.items()}
+    if params.get("error") is not None:
+        params["error"] = clean_text(params["error"])
     session.execute(text(f"UPDATE jobs SET {sets}, updated_at = now() WHERE id = :id AND lease_owner = :owner"),
                     {**params, "id": job_id, "owner": owner})
+
+
+def count_driver_failure(session: Session, job_id: uuid.UUID, owner: str) -> int | None:
+    """One more driver step failed in a row; the count after it, or None if the job is not ours."""
+    return session.execute(
+        text("""UPDATE jobs SET driver_failures = driver_failures + 1
+                WHERE id = :id AND lease_owner = :owner RETURNING driver_failures"""),
+        {"id": job_id, "owner": owner},
+    ).scalar()
+
+
+def reset_driver_failures(session: Session, job_id: uuid.UUID, owner: str) -> None:
+    """A driver step worked: the failures are no longer in a row."""
+    session.execute(text("UPDATE jobs SET driver_failures = 0 WHERE id = :id AND lease_owner = :owner"),
+                    {"id": job_id, "owner": owner})

@@ -11,6 +11,7 @@ first (a cancel, a lease takeover): `StaleTransition`, and the caller re-reads.
 
 from __future__ import annotations
 
+import re
 import uuid
 
 from sqlalchemy import text
@@ -19,7 +20,7 @@ from sqlalchemy.orm import Session
 from trainjobs.states import TERMINAL, JobStatus
 
 __all__ = ["ALLOWED", "CANCELLABLE", "CLAIM_MOVES", "NOTIFY_CHANGED", "NOTIFY_QUEUED", "TERMINAL", "IllegalTransition",
-           "JobStatus", "StaleTransition", "claim_target_sql", "transition"]
+           "JobStatus", "StaleTransition", "claim_target_sql", "clean_text", "transition"]
 
 # LISTEN/NOTIFY channels (payload: the job id). Workers treat both as hints and still poll.
 NOTIFY_QUEUED = "trainjobs_job_queued"  # a job was submitted
@@ -41,7 +42,8 @@ ALLOWED: frozenset[tuple[JobStatus, JobStatus]] = frozenset({
     (S.RECOVERING, S.STAGING),
     (S.RECOVERING, S.PROVISIONING),
     (S.RECOVERING, S.RUNNING),  # adopted: the machine and agent were still alive
-    (S.RECOVERING, S.FAILED),  # retries exhausted
+    (S.RECOVERING, S.SUCCEEDED),  # the agent had finished while nobody watched (its worker died)
+    (S.RECOVERING, S.FAILED),  # retries exhausted, or the agent had failed
     *((s, S.CANCELLING) for s in (S.STAGING, S.PROVISIONING, S.RUNNING, S.RECOVERING)),
     (S.CANCELLING, S.CANCELLING),  # takeover of a half-done teardown
     (S.CANCELLING, S.CANCELLED),
@@ -76,6 +78,22 @@ _PHASE_COLUMN = {
     S.FAILED: "finished_at",
     S.CANCELLED: "finished_at",
 }
+
+# Error text comes from anywhere: user data quoted in an exception, an agent's log lines, a cloud's
+# message. PostgreSQL refuses NUL in text (that error stranded a job, issue 8), escape codes recolour
+# the terminal of whoever reads `trainjobs status`, a lone surrogate cannot be encoded at all, and a
+# cap keeps one huge traceback out of every read of the job.
+MAX_TEXT = 4000
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # all but \t and \n
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def clean_text(value: str, limit: int = MAX_TEXT) -> str:
+    """`value` as it is safe to store and show: no escape codes or control characters but newlines
+    and tabs, lone surrogates replaced, at most `limit` characters."""
+    value = _SURROGATE.sub("\ufffd", _CONTROL.sub("", _ANSI.sub("", value)))
+    return value if len(value) <= limit else value[: limit - 1] + "…"
 
 
 class IllegalTransition(ValueError):
@@ -122,8 +140,8 @@ def transition(
             SELECT id, CAST(:from AS job_status), CAST(:to AS job_status), :reason, :worker FROM moved
             RETURNING job_id"""
         ),
-        {"id": job_id, "from": from_status.value, "to": to_status.value, "reason": reason,
-         "worker": worker or owner, "owner": owner, "error": error},
+        {"id": job_id, "from": from_status.value, "to": to_status.value, "reason": clean_text(reason),
+         "worker": worker or owner, "owner": owner, "error": None if error is None else clean_text(error)},
     ).first()
     if row is None:
         raise StaleTransition(f"job {job_id} was not {from_status.value}" + (f" under lease {owner}" if owner else ""))

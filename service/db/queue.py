@@ -73,13 +73,52 @@ def claim_next_job(conn: Session | Connection, owner: str, lease_s: float) -> Cl
     return Claim(row.id, JobStatus(row.from_status), JobStatus(row.to_status))
 
 
-def renew_leases(session: Session, owner: str, lease_s: float) -> dict[uuid.UUID, JobStatus]:
-    """Heartbeat every job this worker holds; returns their current statuses, so the caller also
-    learns of cancels. A job missing from the result is no longer ours."""
+# take_over_expired_job: the claim without its queued half, for a worker whose slots are all busy.
+TAKEOVER_SQL = text(f"""
+WITH expired AS (
+    -- Only jobs whose worker stopped heartbeating: an orphaned machine may be billing with nobody
+    -- watching, so it must not wait behind queued jobs for a slot (issue 8). Same probe as CLAIM_SQL's.
+    SELECT id, status FROM jobs
+     WHERE lease_owner IS NOT NULL AND lease_expires_at < now() AND status IN ({_TAKEOVER_STATUSES})
+     ORDER BY lease_expires_at LIMIT 1 FOR UPDATE SKIP LOCKED
+),
+claimed AS (
+    -- jobstate.CLAIM_MOVES: taken over -> RECOVERING, cancelling stays; staging_at and attempt are kept.
+    UPDATE jobs j SET
+        status = {claim_target_sql("c.status")},
+        lease_owner = :owner,
+        lease_expires_at = now() + make_interval(secs => :lease_s),
+        updated_at = now()
+    FROM expired c WHERE j.id = c.id
+    RETURNING j.id, c.status AS from_status, j.status AS to_status
+),
+event AS (
+    -- Its event row in the same statement, as every transition.
+    INSERT INTO job_events (job_id, from_status, to_status, reason, worker)
+    SELECT id, from_status, to_status, 'lease expired; taken over', :owner FROM claimed
+)
+SELECT id, from_status, to_status FROM claimed
+""")
+
+
+def take_over_expired_job(conn: Session | Connection, owner: str, lease_s: float) -> Claim | None:
+    """Like claim_next_job, but never a queued job: for the takeover slots beyond a worker's concurrency."""
+    row = conn.execute(TAKEOVER_SQL, {"owner": owner, "lease_s": lease_s}).first()
+    if row is None:
+        return None
+    return Claim(row.id, JobStatus(row.from_status), JobStatus(row.to_status))
+
+
+def renew_leases(session: Session, owner: str, job_ids: list[uuid.UUID], lease_s: float) -> dict[uuid.UUID, JobStatus]:
+    """Heartbeat the jobs this worker is driving right now; returns their current statuses, so the
+    caller also learns of cancels. A job missing from the result is no longer ours. Only the ids
+    given: a job whose driver died keeps its old expiry, lapses, and is taken over."""
+    if not job_ids:
+        return {}
     rows = session.execute(
         text("""UPDATE jobs SET lease_expires_at = now() + make_interval(secs => :lease_s)
-                WHERE lease_owner = :owner RETURNING id, status"""),
-        {"owner": owner, "lease_s": lease_s},
+                WHERE lease_owner = :owner AND id = ANY(:ids) RETURNING id, status"""),
+        {"owner": owner, "ids": job_ids, "lease_s": lease_s},
     ).all()
     return {r.id: JobStatus(r.status) for r in rows}
 
