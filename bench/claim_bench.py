@@ -57,14 +57,20 @@ def fresh_database() -> str:
     return rendered
 
 
-def fill_queue(url: str, n: int) -> None:
+def fill_queue(url: str, n: int, per_project: int = 8) -> None:
+    """n queued jobs, round-robin over projects whose job quota is `per_project`: no claimed job ever
+    finishes here, so every project must have room for all of its jobs. The default, 8, is the
+    deployment's default quota: each claim checks a quota as it would in production."""
     engine = get_engine(url)
+    projects = max(1, -(-n // per_project))
     with engine.begin() as conn:
         conn.execute(text("TRUNCATE job_events, idempotency_keys, jobs CASCADE"))
-        project = conn.execute(text("INSERT INTO projects (name) VALUES ('bench') ON CONFLICT (name) DO UPDATE SET name = 'bench' RETURNING id")).scalar()
+        conn.execute(text("""INSERT INTO projects (name, max_running_jobs) SELECT 'bench-' || i, :q FROM generate_series(1, :p) i
+            ON CONFLICT (name) DO UPDATE SET max_running_jobs = :q"""), {"p": projects, "q": per_project})
         conn.execute(text("""INSERT INTO jobs (project_id, name, spec, status, created_at)
-            SELECT :p, 'j' || g, '{}'::jsonb, 'QUEUED', now() + g * interval '1 microsecond' FROM generate_series(1, :n) g"""),
-                     {"p": project, "n": n})
+            SELECT p.id, 'j' || g, '{}'::jsonb, 'QUEUED', now() + g * interval '1 microsecond'
+              FROM generate_series(1, :n) g JOIN projects p ON p.name = 'bench-' || (1 + g % :p)"""),
+                     {"p": projects, "n": n})
         conn.execute(text("ANALYZE jobs"))
 
 
@@ -78,7 +84,7 @@ def run_threads(threads: int, body) -> float:  # type: ignore[no-untyped-def]
     return time.perf_counter() - t0
 
 
-def bench_claims(url: str, jobs: int, threads: int) -> dict[str, float]:
+def bench_claims(url: str, jobs: int, threads: int, per_project: int) -> dict[str, float]:
     engine = get_engine(url)
     counts = [0] * threads
 
@@ -97,7 +103,7 @@ def bench_claims(url: str, jobs: int, threads: int) -> dict[str, float]:
 
     results = {}
     for name, body in (("raw", raw), ("ours", ours), ("raw2", raw), ("ours2", ours)):  # interleaved, twice
-        fill_queue(url, jobs)
+        fill_queue(url, jobs, per_project)
         counts[:] = [0] * threads
         elapsed = run_threads(threads, body)
         assert sum(counts) == jobs, (name, sum(counts))
@@ -121,6 +127,8 @@ def bench_dispatch(url: str, posts: int) -> dict[str, float]:
     factory = session_factory(get_engine(url))
     with transaction(factory) as s:
         ensure_project(s, "bench")
+        # This measures dispatch, not waiting for a quota: no job here may wait for a slot.
+        s.execute(text("UPDATE projects SET max_running_jobs = :n WHERE name = 'bench'"), {"n": posts + 1})
         key = create_api_key(s, "bench")
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(url), host="127.0.0.1", port=port, log_level="warning"))
@@ -156,9 +164,11 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2000)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--posts", type=int, default=200)
+    ap.add_argument("--jobs-per-project", type=int, default=8,
+                    help="claim throughput: jobs (and job quota) per project; --jobs-per-project 2000 puts all in one")
     args = ap.parse_args()
     url = fresh_database()
-    claims = bench_claims(url, args.jobs, args.threads)
+    claims = bench_claims(url, args.jobs, args.threads, args.jobs_per_project)
     dispatch = bench_dispatch(url, args.posts)
     print(json.dumps({"claim_throughput": claims, "dispatch_latency": dispatch}, indent=2))
     ok = claims["ratio"] >= 0.5 and dispatch["p50_ms"] <= 20 and dispatch["p99_ms"] <= 100

@@ -30,6 +30,8 @@ class JobPublic(BaseModel):
     metrics: dict[str, Any] | None
     runtime: dict[str, Any] | None
     error: str | None
+    # Why a QUEUED job has not started, e.g. "project at quota: 8 of 8 running jobs"; computed when read.
+    wait_reason: str | None = None
 
 
 class JobList(BaseModel):

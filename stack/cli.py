@@ -93,6 +93,54 @@ def keys_create(project: str, data_dir: Path) -> None:
         click.echo(create_api_key(session, project))
 
 
+class QuotaLimit(click.ParamType):
+    """A whole number >= 0, or `default` for the deployment's (TRAINJOBS_DEFAULT_MAX_*)."""
+
+    name = "N|default"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> int | str:
+        if value == "default":
+            return "default"
+        if isinstance(value, int) or (isinstance(value, str) and value.isdigit()):
+            return int(value)
+        self.fail(f"{value!r} is not a whole number >= 0 or 'default'", param, ctx)
+
+
+@main.group()
+def projects() -> None:
+    """Projects and their quotas."""
+
+
+@projects.command("set-quota")
+@click.argument("name")
+@click.option("--max-running-jobs", type=QuotaLimit(),
+              help="jobs holding a machine at once (staging to cancelling); 'default' for the deployment's")
+@click.option("--max-accelerators", type=QuotaLimit(),
+              help="TPU chips plus GPUs held at once; 'default' for the deployment's")
+@DATA_DIR
+def projects_set_quota(name: str, max_running_jobs: int | str | None, max_accelerators: int | str | None,
+                       data_dir: Path) -> None:
+    """Limit what project NAME runs at once. Jobs over it wait in QUEUED, with the reason shown."""
+    _require("server", "projects set-quota")
+    from service.db.quotas import UnknownProject, project_usage, set_quota
+    from service.db.session import check_migrated, get_engine, session_factory, transaction
+
+    engine = get_engine(_database(data_dir, migrate=False))
+    check_migrated(engine)
+    # An option left out keeps its limit; `default` stores NULL, the deployment's default.
+    limits = {k: None if v == "default" else int(v)
+              for k, v in (("max_running_jobs", max_running_jobs), ("max_accelerators", max_accelerators))
+              if v is not None}
+    try:
+        with transaction(session_factory(engine)) as session:
+            project_id = set_quota(session, name, **limits)
+            usage = project_usage(session, project_id)
+    except UnknownProject as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"project {name}: {usage.running_jobs} of {usage.max_running_jobs} running jobs, "
+               f"{usage.accelerators_in_use} of {usage.max_accelerators} accelerators in use")
+
+
 def _serve_api(url: str, host: str, port: int) -> uvicorn.Server:
     import uvicorn
 

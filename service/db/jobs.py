@@ -30,16 +30,18 @@ class BadCursor(ValueError):
 
 
 def create_job(
-    session: Session, project_id: uuid.UUID, spec: dict[str, Any], *, idempotency_key: str | None, request_hash: bytes
+    session: Session, project_id: uuid.UUID, spec: dict[str, Any], *, idempotency_key: str | None, request_hash: bytes,
+    accelerators: int = 0,
 ) -> tuple[Job, bool]:
     """Insert a queued job; with an idempotency key, return the first job made with it instead.
+    `accelerators` is what it will count against its project's quota (quotas.job_accelerators).
     Returns (job, created)."""
     if idempotency_key is not None and (job := _job_for_key(session, project_id, idempotency_key, request_hash)):
         return job, False
     # A savepoint, so that losing the race for the key undoes only our job row, not the caller's transaction.
     savepoint = session.begin_nested()
     job = Job(id=uuid.uuid4(), project_id=project_id, name=spec["name"], spec=spec, labels=spec.get("labels", {}),
-              status=JobStatus.QUEUED, attempt=0)
+              status=JobStatus.QUEUED, attempt=0, accelerators=accelerators)
     session.add(job)
     session.flush()
     session.add(JobEvent(job_id=job.id, from_status=None, to_status=JobStatus.QUEUED, reason="submitted"))

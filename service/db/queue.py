@@ -10,6 +10,7 @@ from sqlalchemy import Connection, text
 from sqlalchemy.orm import Session
 
 from service.db.jobstate import CLAIM_MOVES, NOTIFY_QUEUED, JobStatus, claim_target_sql
+from service.db.quotas import HOLDING_SQL, QuotaDefaults
 
 _TAKEOVER_STATUSES = ", ".join(f"'{s.value}'" for s in CLAIM_MOVES if s != JobStatus.QUEUED)
 
@@ -24,11 +25,34 @@ WITH expired AS (
      ORDER BY lease_expires_at LIMIT 1 FOR UPDATE SKIP LOCKED
 ),
 queued AS (
-    -- Otherwise the oldest queued job (partial index ix_jobs_queued). SKIP LOCKED lets concurrent
-    -- workers pass over each other's rows instead of queueing behind them; LIMIT 1 locks one row.
-    SELECT id, status FROM jobs
-     WHERE status = 'QUEUED' AND NOT EXISTS (SELECT 1 FROM expired)
-     ORDER BY created_at LIMIT 1 FOR UPDATE SKIP LOCKED
+    -- Otherwise the oldest queued job (partial index ix_jobs_queued) that its project's quotas
+    -- (service/db/quotas.py) let start now. A job whose project is at a quota is passed over, not
+    -- waited on, so one project's backlog never holds another project's jobs behind it; passing over
+    -- costs a few index probes per row of that backlog. SKIP LOCKED lets concurrent workers pass over
+    -- each other's rows instead of queueing behind them; LIMIT 1 locks one row.
+    SELECT j.id, j.status FROM jobs j
+      JOIN projects p ON p.id = j.project_id
+     CROSS JOIN LATERAL (SELECT COALESCE(p.max_running_jobs, :default_jobs) AS jobs,
+                                COALESCE(p.max_accelerators, :default_accelerators) AS accelerators) quota
+     CROSS JOIN LATERAL (
+        -- What the project holds now, counted no further than its job quota: bounded work per row.
+        SELECT count(*) AS jobs, COALESCE(sum(h.accelerators), 0) AS accelerators FROM (
+            SELECT accelerators FROM jobs h WHERE h.project_id = j.project_id AND h.status IN ({HOLDING_SQL})
+             LIMIT quota.jobs) h) held
+     CROSS JOIN LATERAL (
+        -- Its queued jobs ahead of this one: within a project the queue is first in, first out, so
+        -- a big job is not overtaken forever by small ones. Counting them also keeps concurrent
+        -- claims within the quota although each counts from its own snapshot: a job another claim
+        -- took meanwhile is still queued in ours, so it is counted here (and skipped as locked or
+        -- no longer queued). Only jobs committed out of created_at order can slip past.
+        SELECT count(*) AS jobs, COALESCE(sum(a.accelerators), 0) AS accelerators FROM (
+            SELECT accelerators FROM jobs a
+             WHERE a.project_id = j.project_id AND a.status = 'QUEUED' AND (a.created_at, a.id) < (j.created_at, j.id)
+             LIMIT quota.jobs) a) ahead
+     WHERE j.status = 'QUEUED' AND NOT EXISTS (SELECT 1 FROM expired)
+       AND held.jobs + ahead.jobs < quota.jobs
+       AND held.accelerators + ahead.accelerators + j.accelerators <= quota.accelerators
+     ORDER BY j.created_at LIMIT 1 FOR UPDATE OF j SKIP LOCKED
 ),
 candidate AS (SELECT * FROM expired UNION ALL SELECT * FROM queued),
 claimed AS (
@@ -67,7 +91,9 @@ class Claim:
 
 def claim_next_job(conn: Session | Connection, owner: str, lease_s: float) -> Claim | None:
     """Atomic on its own, so the worker runs it on an autocommit connection: one round trip."""
-    row = conn.execute(CLAIM_SQL, {"owner": owner, "lease_s": lease_s}).first()
+    quota = QuotaDefaults.from_env()
+    row = conn.execute(CLAIM_SQL, {"owner": owner, "lease_s": lease_s, "default_jobs": quota.max_running_jobs,
+                                   "default_accelerators": quota.max_accelerators}).first()
     if row is None:
         return None
     return Claim(row.id, JobStatus(row.from_status), JobStatus(row.to_status))

@@ -10,10 +10,13 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Response
 
 from service.db import jobs as data
+from service.db import quotas
 from service.db.jobstate import JobStatus
+from service.db.models import Job
 from service.db.session import transaction
 from service.deps import Factory, ProjectId
 from service.errors import ApiError
+from service.limits import JobSizeLimits, beyond_project_quota
 from service.schemas import ErrorResponse, EventList, EventPublic, JobList, JobPublic
 from service.sources import check_job_sources
 from trainjobs.spec import JobSpec
@@ -21,6 +24,13 @@ from trainjobs.spec import JobSpec
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses={
     401: {"model": ErrorResponse}, 404: {"model": ErrorResponse}, 409: {"model": ErrorResponse},
     422: {"model": ErrorResponse}})
+
+
+def _public(job: Job, usage: quotas.ProjectUsage) -> JobPublic:
+    out = JobPublic.model_validate(job)
+    if job.status == JobStatus.QUEUED:
+        out.wait_reason = usage.wait_reason(job.accelerators)
+    return out
 
 
 def _not_found(job_id: uuid.UUID) -> ApiError:
@@ -33,14 +43,20 @@ def submit_job(
     spec: JobSpec, project: ProjectId, factory: Factory, response: Response,
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
 ) -> JobPublic:
+    if refusals := JobSizeLimits.from_env().refusals(spec):
+        raise ApiError(422, "; ".join(f"{d['field']}: {d['reason']}" for d in refusals), "invalid_spec", refusals)
     body = spec.model_dump(mode="json")
     request_hash = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).digest()
+    accelerators = quotas.job_accelerators(spec)
     try:
         with transaction(factory) as session:
             check_job_sources(session, project, spec)
+            usage = quotas.project_usage(session, project)
+            if refusal := beyond_project_quota(usage, accelerators):
+                raise ApiError(422, refusal["reason"], "over_quota", [refusal])
             job, created = data.create_job(session, project, body, idempotency_key=idempotency_key,
-                                           request_hash=request_hash)
-            out = JobPublic.model_validate(job)
+                                           request_hash=request_hash, accelerators=accelerators)
+            out = _public(job, usage)
     except data.IdempotencyConflict as exc:
         raise ApiError(409, str(exc), "idempotency_conflict") from exc
     if not created:
@@ -56,7 +72,7 @@ def get_job(job_id: uuid.UUID, project: ProjectId, factory: Factory) -> JobPubli
         job = data.get_job(session, project, job_id)
         if job is None:
             raise _not_found(job_id)
-        return JobPublic.model_validate(job)
+        return _public(job, quotas.project_usage(session, project))
 
 
 @router.get("", response_model=JobList)
@@ -78,7 +94,8 @@ def list_jobs(
         with transaction(factory) as session:
             jobs, next_cursor = data.list_jobs(session, project, statuses=status or [], labels=labels, limit=limit,
                                                cursor=cursor)
-            return JobList(jobs=[JobPublic.model_validate(j) for j in jobs], next_cursor=next_cursor)
+            usage = quotas.project_usage(session, project)
+            return JobList(jobs=[_public(j, usage) for j in jobs], next_cursor=next_cursor)
     except data.BadCursor as exc:
         raise ApiError(422, str(exc), "invalid_request", [{"field": "cursor", "reason": str(exc)}]) from exc
 

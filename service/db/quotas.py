@@ -1,0 +1,115 @@
+"""Per-project quotas: how many jobs, and how many accelerators, a project may hold at once.
+
+A job holds a machine (and counts against its project) from the claim until it ends: STAGING,
+PROVISIONING, RUNNING, RECOVERING and CANCELLING. The claim (service/db/queue.py) enforces the
+limits; this module reads them, sets them, and says why a queued job waits. Why a job waits is
+computed when it is read, not stored: it changes whenever another job of the project starts or
+ends, and writing it on every such change would put a write on the claim's hot path.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass
+
+from sqlalchemy import select, text, update
+from sqlalchemy.orm import Session
+
+from service.db.models import Project
+from trainjobs.catalogue import tpu_chips
+from trainjobs.spec import GpuAccelerator, JobSpec, TpuAccelerator
+from trainjobs.states import JobStatus
+
+HOLDING = (JobStatus.STAGING, JobStatus.PROVISIONING, JobStatus.RUNNING, JobStatus.RECOVERING, JobStatus.CANCELLING)
+HOLDING_SQL = ", ".join(f"'{s.value}'" for s in HOLDING)
+
+
+def env_int(name: str, default: int) -> int:
+    """A whole-number setting from the environment; a bad value names the variable."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a whole number") from None
+    if value < 0:
+        raise ValueError(f"{name}={raw!r} must not be negative")
+    return value
+
+
+@dataclass(frozen=True)
+class QuotaDefaults:
+    """The deployment's limits for a project that has none of its own (a NULL column)."""
+
+    max_running_jobs: int
+    max_accelerators: int
+
+    @classmethod
+    def from_env(cls) -> QuotaDefaults:
+        # Read on every call, not cached: an operator's change applies at the next claim.
+        return cls(env_int("TRAINJOBS_DEFAULT_MAX_RUNNING_JOBS", 8),
+                   env_int("TRAINJOBS_DEFAULT_MAX_ACCELERATORS", 64))
+
+
+def job_accelerators(spec: JobSpec) -> int:
+    """What a job counts against max_accelerators: TPU chips, or GPUs on every worker. CPU replicas
+    count 0: they are bounded per job by TRAINJOBS_MAX_CPU_REPLICAS and per project by the job quota."""
+    acc = spec.accelerator
+    if isinstance(acc, TpuAccelerator):
+        return tpu_chips(acc.tpu_type)
+    if isinstance(acc, GpuAccelerator):
+        return acc.count * spec.workers
+    return 0
+
+
+@dataclass(frozen=True)
+class ProjectUsage:
+    max_running_jobs: int
+    max_accelerators: int
+    running_jobs: int
+    accelerators_in_use: int
+
+    def wait_reason(self, job_accelerators: int) -> str | None:
+        """Why a queued job needing `job_accelerators` cannot start now, or None when the project has room."""
+        if self.running_jobs >= self.max_running_jobs:
+            return f"project at quota: {self.running_jobs} of {self.max_running_jobs} running jobs"
+        if self.accelerators_in_use + job_accelerators > self.max_accelerators:
+            return (f"project at quota: {self.accelerators_in_use} of {self.max_accelerators} accelerators in use, "
+                    f"this job needs {job_accelerators}")
+        return None
+
+
+_USAGE_SQL = text(f"""
+SELECT COALESCE(p.max_running_jobs, :default_jobs) AS max_running_jobs,
+       COALESCE(p.max_accelerators, :default_accelerators) AS max_accelerators,
+       count(j.id) AS running_jobs, COALESCE(sum(j.accelerators), 0) AS accelerators_in_use
+  FROM projects p LEFT JOIN jobs j ON j.project_id = p.id AND j.status IN ({HOLDING_SQL})
+ WHERE p.id = :project GROUP BY p.id
+""")
+
+
+def project_usage(session: Session, project_id: uuid.UUID) -> ProjectUsage:
+    d = QuotaDefaults.from_env()
+    row = session.execute(_USAGE_SQL, {"project": project_id, "default_jobs": d.max_running_jobs,
+                                       "default_accelerators": d.max_accelerators}).one()
+    return ProjectUsage(row.max_running_jobs, row.max_accelerators, row.running_jobs, row.accelerators_in_use)
+
+
+class UnknownProject(LookupError):
+    pass
+
+
+def set_quota(session: Session, name: str, **limits: int | None) -> uuid.UUID:
+    """Set a project's max_running_jobs and/or max_accelerators; None returns a limit to the
+    deployment default. Returns the project's id."""
+    if unknown := limits.keys() - {"max_running_jobs", "max_accelerators"}:
+        raise ValueError(f"not quota columns: {sorted(unknown)}")
+    project_id = session.scalars(
+        update(Project).where(Project.name == name).values(**limits).returning(Project.id)
+        if limits else select(Project.id).where(Project.name == name)
+    ).first()
+    if project_id is None:
+        raise UnknownProject(f"no project named {name!r}")
+    return project_id
