@@ -6,7 +6,23 @@ from fastapi import FastAPI
 
 from service import errors, outages
 from service.db.session import check_migrated, get_engine, session_factory
+from service.middleware import AnswerUnexpectedErrors, BodyLimit, BodyLimits
 from service.routes import artifacts, datasets, health, jobs, modules
+from trainjobs.uploads import UploadKind, max_upload_bytes, too_large_message
+
+MAX_JSON_BODY = 256 << 10  # a job spec; model.params alone is held to 64 KiB by the spec
+# The multipart framing around an uploaded file (boundaries, part headers); the file itself is held
+# to its exact cap by store_upload while it streams to storage.
+MULTIPART_ALLOWANCE = 64 << 10
+_UPLOADS: dict[str, UploadKind] = {"/v1/datasets": "dataset", "/v1/modules": "module"}
+
+
+def body_limit(method: str, path: str) -> BodyLimit:
+    if method == "POST" and (kind := _UPLOADS.get(path)):
+        limit = max_upload_bytes(kind)
+        return BodyLimit(limit + MULTIPART_ALLOWANCE, too_large_message(kind, limit))
+    return BodyLimit(MAX_JSON_BODY, f"a request body (a job spec) is limited to {MAX_JSON_BODY >> 10} KiB: "
+                                    "send data as a dataset (POST /v1/datasets), not inside the spec")
 
 
 def create_app(database_url: str, *, check_schema: bool = True) -> FastAPI:
@@ -18,6 +34,9 @@ def create_app(database_url: str, *, check_schema: bool = True) -> FastAPI:
     app.state.session_factory = session_factory(engine)
     errors.install(app)
     outages.install(app)  # 503s, within seconds, while PostgreSQL or storage is down
+    # The last added runs first: unexpected errors are answered around everything else.
+    app.add_middleware(BodyLimits, limit_for=body_limit)
+    app.add_middleware(AnswerUnexpectedErrors)
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(artifacts.router)

@@ -70,6 +70,24 @@ class ErrorResponse(BaseModel):
     error: ErrorBody
 
 
+_ERROR_MEANINGS = {
+    400: "The request body could not be parsed (not UTF-8, not multipart)",
+    401: "Missing, unknown or revoked API key",
+    404: "No such job (or artifact) in this project",
+    409: "Conflicts with the job's state or an earlier request",
+    413: "The request body is over its size limit",
+    422: "Invalid request; `details` names each field and why",
+    503: "The database or storage is unavailable; retry later",
+}
+AUTHED = (401, 422, 503)  # every /v1 route: the key is checked in the database, parameters are validated
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """A route's `responses=`: each error status it can answer, all in the ErrorResponse shape, so the
+    OpenAPI document lists exactly what a client will see."""
+    return {status: {"model": ErrorResponse, "description": _ERROR_MEANINGS[status]} for status in sorted(statuses)}
+
+
 class ArtifactPublic(BaseModel):
     path: str  # relative to the job's artifacts/ directory
     size: int

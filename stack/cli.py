@@ -93,6 +93,49 @@ def keys_create(project: str, data_dir: Path) -> None:
         click.echo(create_api_key(session, project))
 
 
+@keys.command("list")
+@click.option("--project", required=True, help="project name")
+@DATA_DIR
+def keys_list(project: str, data_dir: Path) -> None:
+    """PROJECT's API keys: prefix, created, revoked (secrets are never stored, so never shown)."""
+    _require("server", "keys list")
+    from service.db.projects import list_api_keys
+    from service.db.session import check_migrated, get_engine, session_factory, transaction
+
+    engine = get_engine(_database(data_dir, migrate=False))
+    check_migrated(engine)
+    with transaction(session_factory(engine)) as session:
+        found = list_api_keys(session, project)
+    if found is None:
+        raise click.ClickException(f"no project named {project!r}")
+    click.echo(f"{'PREFIX':<12} {'CREATED':<20} REVOKED")
+    for key in found:
+        revoked = f"{key.revoked_at:%Y-%m-%d %H:%M:%S}" if key.revoked_at else "-"
+        click.echo(f"{key.prefix:<12} {key.created_at:%Y-%m-%d %H:%M:%S}  {revoked}")
+
+
+@keys.command("revoke")
+@click.argument("prefix")
+@DATA_DIR
+def keys_revoke(prefix: str, data_dir: Path) -> None:
+    """Revoke the key starting with PREFIX (as `keys list` shows it), or the whole key given. A running
+    API refuses it from its next request."""
+    _require("server", "keys revoke")
+    from service.db.projects import AmbiguousKeyPrefix, revoke_api_key
+    from service.db.session import check_migrated, get_engine, session_factory, transaction
+
+    engine = get_engine(_database(data_dir, migrate=False))
+    check_migrated(engine)
+    try:
+        with transaction(session_factory(engine)) as session:
+            revoked = revoke_api_key(session, prefix)
+    except AmbiguousKeyPrefix as exc:
+        raise click.ClickException(str(exc)) from exc
+    if revoked is None:
+        raise click.ClickException(f"no API key starts with {prefix!r}")
+    click.echo(f"revoked {revoked.prefix} (at {revoked.revoked_at:%Y-%m-%d %H:%M:%S})")
+
+
 class QuotaLimit(click.ParamType):
     """A whole number >= 0, or `default` for the deployment's (TRAINJOBS_DEFAULT_MAX_*)."""
 

@@ -7,23 +7,69 @@ Every contradiction we can see at submit time is rejected here with the field th
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from datetime import timedelta
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from trainjobs.catalogue import GPU_TYPES, TPU_GENERATIONS
+
+# Strict numbers: JSON true is not the integer 1, and "3" is not the number 3.
+Int = Annotated[int, Strict()]
+Number = Annotated[float, Strict()]
+# model.params is stored with the job and returned by every GET: keep it small and shallow.
+MAX_PARAMS_BYTES = 64 << 10
+MAX_NESTING = 32
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _storable(cls, data: Any) -> Any:
+        """Refuse what PostgreSQL's JSONB cannot hold, anywhere in the spec (model.params included):
+        it rejects NUL, a lone surrogate cannot be encoded as UTF-8, and JSON has no NaN or Infinity.
+        The outermost model sees the whole input first, so the path it names is the full one."""
+        if problem := _unstorable(data):
+            raise _fail(*problem)
+        return data
+
 
 def _fail(field: str, msg: str) -> PydanticCustomError:
     """A validation error that remembers which field is wrong, even when raised by a model validator."""
     return PydanticCustomError("invalid_spec", msg, {"field": field})
+
+
+_UNSTORABLE_CHAR = re.compile(r"[\x00\ud800-\udfff]")
+
+
+def _unstorable(data: Any) -> tuple[str, str] | None:
+    """(dotted path, reason) of the first value in `data` that cannot be stored, else None.
+    Iterative, so a deeply nested params dict cannot exhaust the interpreter's stack."""
+    stack: list[tuple[tuple[str, ...], Any]] = [((), data)]
+    while stack:
+        path, value = stack.pop()
+        where = ".".join(path)
+        if len(path) > MAX_NESTING:
+            return where, f"nested deeper than {MAX_NESTING} levels"
+        if isinstance(value, str) and (m := _UNSTORABLE_CHAR.search(value)):
+            return where, ("contains a NUL character (\\u0000)" if m.group() == "\x00"
+                           else "contains an unpaired surrogate, which is not valid Unicode")
+        if isinstance(value, float) and not math.isfinite(value):
+            return where, "NaN and Infinity are not JSON numbers"
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if isinstance(key, str) and _UNSTORABLE_CHAR.search(key):
+                    return where, "a key contains a NUL character or an unpaired surrogate"
+                stack.append(((*path, str(key)), item))
+        elif isinstance(value, list | tuple):
+            stack.extend(((*path, str(i)), item) for i, item in enumerate(value))
+    return None
 
 
 def describe_errors(errors: list[dict[str, Any]], strip: tuple[str, ...] = ()) -> list[dict[str, str]]:
@@ -42,7 +88,8 @@ def describe_errors(errors: list[dict[str, Any]], strip: tuple[str, ...] = ()) -
 
 # --- accelerators -------------------------------------------------------------------------------
 
-_TPU_TYPE = re.compile(rf"^({'|'.join(TPU_GENERATIONS)})-(\d{{1,4}})$")
+# Patterns are matched with fullmatch: `$` also matches before a trailing newline.
+_TPU_TYPE = re.compile(rf"({'|'.join(TPU_GENERATIONS)})-(\d{{1,4}})")
 
 
 class TpuAccelerator(_Strict):
@@ -58,7 +105,7 @@ class TpuAccelerator(_Strict):
     @field_validator("tpu_type")
     @classmethod
     def _known_type(cls, v: str) -> str:
-        m = _TPU_TYPE.match(v)
+        m = _TPU_TYPE.fullmatch(v)
         if not m:
             raise _fail("tpu_type", f"unknown TPU type {v!r}: expected e.g. v4-8, v5litepod-8, v6e-8")
         gen, n = m.group(1), int(m.group(2))
@@ -81,7 +128,7 @@ class TpuAccelerator(_Strict):
 class GpuAccelerator(_Strict):
     type: Literal["gpu"]
     gpu_type: str
-    count: int = Field(default=1, ge=1, le=16)
+    count: Int = Field(default=1, ge=1, le=16)
     machine_type: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9]*(-[a-z0-9]+)+$")
     spot: bool = False
 
@@ -110,7 +157,7 @@ class GpuAccelerator(_Strict):
 
 class CpuAccelerator(_Strict):
     type: Literal["cpu"]
-    replicas: int = Field(default=1, ge=1, le=64, description="CPU devices to train over (logical devices locally).")
+    replicas: Int = Field(default=1, ge=1, le=64, description="CPU devices to train over (logical devices locally).")
 
 
 Accelerator = Annotated[TpuAccelerator | GpuAccelerator | CpuAccelerator, Field(discriminator="type")]
@@ -118,24 +165,23 @@ Accelerator = Annotated[TpuAccelerator | GpuAccelerator | CpuAccelerator, Field(
 # --- data, model, training, export ----------------------------------------------------------------
 
 DatasetFormat = Literal["auto", "npz", "csv", "tfrecord", "image_folder"]
-_SOURCE = re.compile(r"^(gs://[a-z0-9][a-z0-9._-]{1,220}/.+|https://\S+|http://\S+|file://\S+|dataset:[0-9a-f]{64}|sklearn:(digits|iris|wine|breast_cancer)|[^:]+)$")
+_SOURCE = re.compile(r"gs://[a-z0-9][a-z0-9._-]{1,220}/.+|https://\S+|http://\S+|file://\S+|dataset:[0-9a-f]{64}|sklearn:(digits|iris|wine|breast_cancer)|[^:\n]+")
 
 
 class DatasetOptions(_Strict):
-    validation_split: float = Field(default=0.2, ge=0.0, le=0.5)
-    label_column: str | None = Field(default=None, min_length=1, description="csv: the label column (default 'label').")
-    x_key: str | None = Field(default=None, min_length=1, description="npz: the features array (default 'x').")
-    y_key: str | None = Field(default=None, min_length=1, description="npz: the labels array (default 'y').")
-    image_size: tuple[Annotated[int, Field(ge=8, le=1024)], Annotated[int, Field(ge=8, le=1024)]] | None = None
-    shard_examples: int = Field(default=4096, ge=64, le=1_000_000, description="examples per staged TFRecord shard")
+    validation_split: Number = Field(default=0.2, ge=0.0, le=0.5)
+    label_column: str | None = Field(default=None, min_length=1, max_length=256, description="csv: the label column (default 'label').")
+    x_key: str | None = Field(default=None, min_length=1, max_length=256, description="npz: the features array (default 'x').")
+    y_key: str | None = Field(default=None, min_length=1, max_length=256, description="npz: the labels array (default 'y').")
+    image_size: tuple[Annotated[Int, Field(ge=8, le=1024)], Annotated[Int, Field(ge=8, le=1024)]] | None = None
+    shard_examples: Int = Field(default=4096, ge=64, le=1_000_000, description="examples per staged TFRecord shard")
 
 
 class DatasetSpec(_Strict):
     source: str = Field(
         min_length=1, max_length=2048,
-        description="dataset:<sha256> (uploaded through POST /v1/datasets), https:// (public hosts), "
-        "gs://BUCKET/PATH (in trainjobs' own bucket only the project's uploads and jobs), sklearn:digits "
-        "(bundled data), or a worker host path / file:// inside a directory the operator allows.",
+        description="A path on the worker host, file://, https://, gs://BUCKET/PATH, dataset:<sha256> "
+        "(uploaded through POST /v1/datasets) or sklearn:digits (bundled data).",
     )
     format: DatasetFormat = "auto"
     options: DatasetOptions = DatasetOptions()
@@ -143,7 +189,7 @@ class DatasetSpec(_Strict):
     @field_validator("source")
     @classmethod
     def _source_shape(cls, v: str) -> str:
-        if not _SOURCE.match(v):
+        if not _SOURCE.fullmatch(v):
             raise _fail("source", f"unsupported dataset source {v!r}")
         return v
 
@@ -177,10 +223,20 @@ class ModelSpec(_Strict):
         default=None, description="mlp, cnn, resnet, or a keras.applications architecture (random init)."
     )
     module: str | None = Field(
-        default=None, description="Your model: a gs:// URI to a .py file or a zipped package (POST /v1/modules returns one), or a path on the machine inside a directory the operator allows."
+        default=None, min_length=1, max_length=2048, description="Your model: a gs:// URI to a .py file or a zipped package (POST /v1/modules returns one), or a path on the machine."
     )
     function: str = Field(default="build_model", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: dict[str, Any] = Field(default_factory=dict, description=f"keyword arguments for your model function, at most "
+                                           f"{MAX_PARAMS_BYTES >> 10} KiB as JSON")
+
+    @field_validator("params")
+    @classmethod
+    def _params_small(cls, v: dict[str, Any]) -> dict[str, Any]:
+        size = len(json.dumps(v, ensure_ascii=False).encode())
+        if size > MAX_PARAMS_BYTES:
+            raise _fail("params", f"params are {size} bytes as JSON, over the {MAX_PARAMS_BYTES >> 10} KiB limit: "
+                                  "pass data as a dataset or inside your module, not as params")
+        return v
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
@@ -193,17 +249,17 @@ class ModelSpec(_Strict):
 
 
 class TrainingSpec(_Strict):
-    epochs: int = Field(default=10, ge=1, le=10_000)
-    per_replica_batch_size: int | None = Field(default=None, ge=1, le=65_536)
-    global_batch_size: int | None = Field(default=None, ge=1, le=1_048_576)
+    epochs: Int = Field(default=10, ge=1, le=10_000)
+    per_replica_batch_size: Int | None = Field(default=None, ge=1, le=65_536)
+    global_batch_size: Int | None = Field(default=None, ge=1, le=1_048_576)
     optimizer: Literal["adam", "adamw", "sgd", "rmsprop"] = "adam"
-    learning_rate: float = Field(default=1e-3, gt=0.0, le=10.0)
+    learning_rate: Number = Field(default=1e-3, gt=0.0, le=10.0)
     lr_scaling: Literal["none", "linear", "sqrt"] = "none"
-    lr_base_batch_size: int = Field(default=256, ge=1, le=1_048_576, description="batch the learning rate was tuned for")
-    warmup_epochs: float = Field(default=0.0, ge=0.0, le=1000.0)
-    seed: int = Field(default=0, ge=0, le=2**31 - 1)
-    checkpoint_every_epochs: int = Field(default=1, ge=1, le=10_000)
-    checkpoint_every_steps: int | None = Field(
+    lr_base_batch_size: Int = Field(default=256, ge=1, le=1_048_576, description="batch the learning rate was tuned for")
+    warmup_epochs: Number = Field(default=0.0, ge=0.0, le=1000.0)
+    seed: Int = Field(default=0, ge=0, le=2**31 - 1)
+    checkpoint_every_epochs: Int = Field(default=1, ge=1, le=10_000)
+    checkpoint_every_steps: Int | None = Field(
         default=None, ge=1, le=100_000_000,
         description="Also checkpoint every this many optimizer steps, counted over the whole job, so a restarted "
         "job resumes mid-epoch. A save happens between calls of the train function: with steps_per_execution > 1, "
@@ -222,7 +278,7 @@ class TrainingSpec(_Strict):
 
 class TfliteExport(_Strict):
     quantization: Literal["none", "dynamic", "float16", "int8"] = "none"
-    calibration_examples: int = Field(default=200, ge=0, le=100_000, description="int8: representative training examples")
+    calibration_examples: Int = Field(default=200, ge=0, le=100_000, description="int8: representative training examples")
 
     @model_validator(mode="after")
     def _int8_needs_data(self) -> TfliteExport:
@@ -236,26 +292,33 @@ class ExportSpec(_Strict):
     tflite: TfliteExport | None = None
 
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d)$")
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|h|d)")
+MAX_RUNTIME = timedelta(days=14)
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 class LimitsSpec(_Strict):
     max_runtime: timedelta = Field(default=timedelta(hours=24), description="'90m', '2h', seconds, or ISO 8601")
-    max_retries: int = Field(default=2, ge=0, le=20)
-    max_cost_usd: float | None = Field(default=None, gt=0, le=1_000_000)
+    max_retries: Int = Field(default=2, ge=0, le=20)
+    max_cost_usd: Number | None = Field(default=None, gt=0, le=1_000_000)
 
     @field_validator("max_runtime", mode="before")
     @classmethod
     def _parse_duration(cls, v: Any) -> Any:
-        if isinstance(v, str) and (m := _DURATION.match(v.strip())):
-            return timedelta(seconds=float(m.group(1)) * _UNIT_SECONDS[m.group(2)])
+        if isinstance(v, bool):
+            raise _fail("max_runtime", "max_runtime is a duration ('90m', '2h', seconds), not true/false")
+        if isinstance(v, str) and (m := _DURATION.fullmatch(v.strip())):
+            seconds = float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+            # Checked before timedelta() sees it: a huge number of hours overflows it (an OverflowError, a 500).
+            if not 0 < seconds <= MAX_RUNTIME.total_seconds():
+                raise _fail("max_runtime", "max_runtime must be between 1 second and 14 days")
+            return timedelta(seconds=seconds)
         return v
 
     @field_validator("max_runtime")
     @classmethod
     def _sane_runtime(cls, v: timedelta) -> timedelta:
-        if v <= timedelta(0) or v > timedelta(days=14):
+        if v <= timedelta(0) or v > MAX_RUNTIME:
             raise _fail("max_runtime", "max_runtime must be between 1 second and 14 days")
         return v
 
@@ -263,9 +326,18 @@ class LimitsSpec(_Strict):
 # GCP label rules (https://cloud.google.com/compute/docs/labeling-resources): at most 64 labels;
 # keys 1-63 chars starting with a lowercase letter; keys and values use lowercase letters, digits,
 # '_' and '-'; values may be empty. We copy labels onto VMs, so we refuse what GCP would refuse.
-_LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
-_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
+_LABEL_KEY = re.compile(r"[a-z][a-z0-9_-]{0,62}")
+_LABEL_VALUE = re.compile(r"[a-z0-9_-]{0,63}")
 RESERVED_LABEL_PREFIX = "trainjobs-"
+
+
+def label_problem(key: str, value: str) -> str | None:
+    """Why GCP would refuse this label, or None. Also checks the label filters of GET /v1/jobs."""
+    if not _LABEL_KEY.fullmatch(key):
+        return f"label key {key!r} is not a GCP label key: lowercase letters, digits, '_' or '-', starting with a letter, at most 63"
+    if not _LABEL_VALUE.fullmatch(value):
+        return f"label value {value!r} for {key!r} is not a GCP label value: lowercase letters, digits, '_' or '-', at most 63"
+    return None
 
 Strategy = Literal["auto", "default", "one_device", "mirrored", "multi_worker_mirrored", "tpu"]
 Precision = Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"]
@@ -274,16 +346,24 @@ Precision = Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"]
 class JobSpec(_Strict):
     name: str = Field(default="job", pattern=r"^[A-Za-z0-9][A-Za-z0-9._ -]{0,127}$")
     accelerator: Accelerator = CpuAccelerator(type="cpu")
-    workers: int = Field(default=1, ge=1, le=64, description="hosts training together")
+    workers: Int = Field(default=1, ge=1, le=64, description="hosts training together")
     strategy: Strategy = "auto"
     precision: Precision = "auto"
-    steps_per_execution: int | Literal["auto"] = "auto"
+    steps_per_execution: Int | Literal["auto"] = "auto"
     dataset: DatasetSpec
     model: ModelSpec
     training: TrainingSpec = TrainingSpec()
     export: ExportSpec = ExportSpec()
     limits: LimitsSpec = LimitsSpec()
     labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("steps_per_execution", mode="before")
+    @classmethod
+    def _spe_not_bool(cls, v: Any) -> Any:
+        # Python counts True as the integer 1, and the int | 'auto' union would take it as one.
+        if isinstance(v, bool):
+            raise _fail("steps_per_execution", "steps_per_execution is an integer or 'auto', not true/false")
+        return v
 
     @field_validator("steps_per_execution")
     @classmethod
@@ -298,12 +378,10 @@ class JobSpec(_Strict):
         if len(v) > 32:
             raise _fail("labels", "at most 32 labels (GCP allows 64; trainjobs adds its own)")
         for key, value in v.items():
-            if not _LABEL_KEY.match(key):
-                raise _fail("labels", f"label key {key!r} is not a GCP label key: lowercase letters, digits, '_' or '-', starting with a letter, at most 63")
+            if problem := label_problem(key, value):
+                raise _fail("labels", problem)
             if key.startswith(RESERVED_LABEL_PREFIX):
                 raise _fail("labels", f"label key {key!r}: the prefix {RESERVED_LABEL_PREFIX!r} is reserved")
-            if not _LABEL_VALUE.match(value):
-                raise _fail("labels", f"label value {value!r} for {key!r} is not a GCP label value: lowercase letters, digits, '_' or '-', at most 63")
         return v
 
     @model_validator(mode="after")

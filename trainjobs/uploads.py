@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import re
 import uuid
 from pathlib import PurePosixPath
@@ -33,12 +34,31 @@ SUFFIXES: dict[UploadKind, tuple[str, ...]] = {
     "module": (".py", ".zip", ".tar.gz", ".tgz"),
 }
 MAX_MODULE_BYTES = 50 << 20  # code, not weights
+DEFAULT_MAX_DATASET_BYTES = 20 << 30  # TRAINJOBS_MAX_UPLOAD_BYTES overrides it
 UPLOADS = "uploads/"
 INCOMING = "uploads/.incoming/"  # never a project id (those are UUIDs), so never anyone's upload
 
 
 class UploadError(ValueError):
     """The upload cannot be stored; the message says why, for the user."""
+
+
+class UploadTooLarge(UploadError):
+    """The upload passed its kind's size cap (HTTP 413); nothing was kept."""
+
+
+def max_upload_bytes(kind: UploadKind) -> int:
+    """The size cap for one upload. Read per call, so an operator's TRAINJOBS_MAX_UPLOAD_BYTES applies
+    to a running API's next upload."""
+    if kind == "module":
+        return MAX_MODULE_BYTES
+    return int(os.environ.get("TRAINJOBS_MAX_UPLOAD_BYTES") or DEFAULT_MAX_DATASET_BYTES)
+
+
+def too_large_message(kind: UploadKind, limit: int) -> str:
+    if kind == "module":
+        return f"model code is limited to {limit >> 20} MiB: ship weights as a dataset, not as code"
+    return f"a dataset upload is limited to {limit} bytes (TRAINJOBS_MAX_UPLOAD_BYTES on the server)"
 
 
 def check_filename(filename: str, kind: UploadKind) -> str:
@@ -63,11 +83,12 @@ def upload_prefix(project_id: str, sha256: str) -> str:
 
 
 def store_upload(stream: BinaryIO, filename: str, *, project_id: str, kind: UploadKind = "dataset",
-                 bucket: str | None = None) -> tuple[str, int]:
+                 bucket: str | None = None, max_bytes: int | None = None) -> tuple[str, int]:
     """Store an uploaded file of one project by content; returns (sha256 of its bytes, size).
     Idempotent within the project.
 
-    An empty file is not stored (size 0 tells the caller to refuse it); any other file is.
+    An empty file is not stored (size 0 tells the caller to refuse it); any other file is. Past
+    max_bytes it stops reading and raises UploadTooLarge, and the partial object is deleted.
     """
     name = check_filename(PurePosixPath(filename.replace("\\", "/")).name.strip(), kind)
     b = storage.bucket(bucket)
@@ -78,6 +99,8 @@ def store_upload(stream: BinaryIO, filename: str, *, project_id: str, kind: Uplo
             while chunk := stream.read(_READ):
                 digest.update(chunk)
                 size += len(chunk)
+                if max_bytes is not None and size > max_bytes:
+                    raise UploadTooLarge(too_large_message(kind, max_bytes))
                 out.write(chunk)
         sha = digest.hexdigest()
         if size and find_upload(project_id, sha, bucket=bucket) is None:

@@ -16,7 +16,7 @@ from service.db import jobs as data
 from service.db.session import transaction
 from service.deps import Factory, ProjectId
 from service.errors import ApiError
-from service.schemas import ArtifactList, ArtifactPublic, JobLogs
+from service.schemas import AUTHED, ArtifactList, ArtifactPublic, JobLogs, error_responses
 from trainjobs import storage
 
 router = APIRouter(prefix="/v1/jobs", tags=["artifacts"])
@@ -64,7 +64,7 @@ def _signer(paths: storage.JobPaths) -> Callable[[str], str] | None:
     return sign
 
 
-@router.get("/{job_id}/artifacts", response_model=ArtifactList)
+@router.get("/{job_id}/artifacts", response_model=ArtifactList, responses=error_responses(*AUTHED, 404))
 def list_artifacts(job_id: uuid.UUID, project: ProjectId, factory: Factory) -> ArtifactList:
     paths, items = _artifacts(factory, project, job_id)
     sign = _signer(paths) if items else None
@@ -77,7 +77,9 @@ def list_artifacts(job_id: uuid.UUID, project: ProjectId, factory: Factory) -> A
     return ArtifactList(artifacts=out, signed=sign is not None)
 
 
-@router.get("/{job_id}/artifacts/{path:path}")
+@router.get("/{job_id}/artifacts/{path:path}", response_class=Response, responses={
+    200: {"content": {"application/octet-stream": {}}, "description": "The artifact's bytes"},
+    **error_responses(*AUTHED, 400, 404, 409)})
 def download_artifact(job_id: uuid.UUID, path: str, project: ProjectId, factory: Factory) -> Response:
     rel = safe_artifact_path(path)
     paths, items = _artifacts(factory, project, job_id)
@@ -86,7 +88,7 @@ def download_artifact(job_id: uuid.UUID, path: str, project: ProjectId, factory:
     return verified_download(storage.blob(paths.key(f"artifacts/{rel}")), item, posixpath.basename(rel))
 
 
-@router.get("/{job_id}/logs", response_model=JobLogs)
+@router.get("/{job_id}/logs", response_model=JobLogs, responses=error_responses(*AUTHED, 404))
 def job_logs(job_id: uuid.UUID, project: ProjectId, factory: Factory,
              tail: int | None = Query(default=None, ge=1, le=100_000, description="last N lines")) -> JobLogs:
     paths = _paths(factory, project, job_id)
@@ -99,7 +101,7 @@ def job_logs(job_id: uuid.UUID, project: ProjectId, factory: Factory,
     return JobLogs(text=text)
 
 
-@router.get("/{job_id}/metrics")
+@router.get("/{job_id}/metrics", responses=error_responses(*AUTHED, 404))
 def job_metrics(job_id: uuid.UUID, project: ProjectId, factory: Factory) -> dict[str, Any]:
     """Per-epoch metrics so far (loss, accuracy, examples/s, step time, input-wait fraction)."""
     paths = _paths(factory, project, job_id)

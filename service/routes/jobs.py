@@ -17,13 +17,11 @@ from service.db.session import transaction
 from service.deps import Factory, ProjectId
 from service.errors import ApiError
 from service.limits import JobSizeLimits, beyond_project_quota
-from service.schemas import ErrorResponse, EventList, EventPublic, JobList, JobPublic
+from service.schemas import AUTHED, EventList, EventPublic, JobList, JobPublic, error_responses
 from service.sources import check_job_sources
-from trainjobs.spec import JobSpec
+from trainjobs.spec import JobSpec, label_problem
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses={
-    401: {"model": ErrorResponse}, 404: {"model": ErrorResponse}, 409: {"model": ErrorResponse},
-    422: {"model": ErrorResponse}})
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 
 def _public(job: Job, usage: quotas.ProjectUsage) -> JobPublic:
@@ -38,7 +36,9 @@ def _not_found(job_id: uuid.UUID) -> ApiError:
     return ApiError(404, f"job {job_id} not found")
 
 
-@router.post("", status_code=201, response_model=JobPublic)
+@router.post("", status_code=201, response_model=JobPublic, responses={
+    200: {"model": JobPublic, "description": "Replayed: this Idempotency-Key already made the job"},
+    **error_responses(*AUTHED, 400, 409, 413)})
 def submit_job(
     spec: JobSpec, project: ProjectId, factory: Factory, response: Response,
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
@@ -66,7 +66,7 @@ def submit_job(
     return out
 
 
-@router.get("/{job_id}", response_model=JobPublic)
+@router.get("/{job_id}", response_model=JobPublic, responses=error_responses(*AUTHED, 404))
 def get_job(job_id: uuid.UUID, project: ProjectId, factory: Factory) -> JobPublic:
     with transaction(factory) as session:
         job = data.get_job(session, project, job_id)
@@ -75,7 +75,7 @@ def get_job(job_id: uuid.UUID, project: ProjectId, factory: Factory) -> JobPubli
         return _public(job, quotas.project_usage(session, project))
 
 
-@router.get("", response_model=JobList)
+@router.get("", response_model=JobList, responses=error_responses(*AUTHED))
 def list_jobs(
     project: ProjectId, factory: Factory,
     status: Annotated[list[JobStatus] | None, Query()] = None,
@@ -89,6 +89,9 @@ def list_jobs(
         if not sep or not key:
             raise ApiError(422, f"label filter {item!r} must be key=value", "invalid_request",
                            [{"field": "label", "reason": "expected key=value"}])
+        # A filter no job's labels could match is a mistake, and some (NUL) PostgreSQL cannot even compare.
+        if problem := label_problem(key, value):
+            raise ApiError(422, f"label filter: {problem}", "invalid_request", [{"field": "label", "reason": problem}])
         labels[key] = value
     try:
         with transaction(factory) as session:
@@ -100,7 +103,8 @@ def list_jobs(
         raise ApiError(422, str(exc), "invalid_request", [{"field": "cursor", "reason": str(exc)}]) from exc
 
 
-@router.post("/{job_id}/cancel", status_code=202, response_model=JobPublic)
+@router.post("/{job_id}/cancel", status_code=202, response_model=JobPublic,
+             responses=error_responses(*AUTHED, 404, 409))
 def cancel_job(job_id: uuid.UUID, project: ProjectId, factory: Factory) -> JobPublic:
     try:
         with transaction(factory) as session:
@@ -112,7 +116,7 @@ def cancel_job(job_id: uuid.UUID, project: ProjectId, factory: Factory) -> JobPu
         raise ApiError(409, f"job {job_id} cannot be cancelled: {exc}", "job_finished") from exc
 
 
-@router.get("/{job_id}/events", response_model=EventList)
+@router.get("/{job_id}/events", response_model=EventList, responses=error_responses(*AUTHED, 404))
 def job_events(job_id: uuid.UUID, project: ProjectId, factory: Factory) -> EventList:
     with transaction(factory) as session:
         if data.get_job(session, project, job_id) is None:

@@ -8,14 +8,15 @@ from fastapi.concurrency import run_in_threadpool
 
 from service.deps import ProjectId
 from service.errors import ApiError
-from service.schemas import ModulePublic
+from service.schemas import AUTHED, ModulePublic, error_responses
 from trainjobs import storage
-from trainjobs.uploads import MAX_MODULE_BYTES, UploadError, check_filename, find_upload, store_upload
+from trainjobs.uploads import (MAX_MODULE_BYTES, UploadError, UploadTooLarge, check_filename, find_upload,
+                              max_upload_bytes, store_upload)
 
 router = APIRouter(prefix="/v1/modules", tags=["models"])
 
 
-@router.post("", status_code=201, response_model=ModulePublic)
+@router.post("", status_code=201, response_model=ModulePublic, responses=error_responses(*AUTHED, 400, 413))
 async def upload_module(file: UploadFile, project: ProjectId) -> ModulePublic:
     filename = file.filename or ""
     try:
@@ -25,8 +26,11 @@ async def upload_module(file: UploadFile, project: ProjectId) -> ModulePublic:
                        [{"field": "file", "reason": "unsupported file name"}]) from exc
     if file.size is not None and file.size > MAX_MODULE_BYTES:
         raise ApiError(413, f"model code over {MAX_MODULE_BYTES >> 20} MiB: ship weights as data, not code")
-    sha256, size = await run_in_threadpool(store_upload, file.file, filename, kind="module",
-                                           project_id=str(project))
+    try:
+        sha256, size = await run_in_threadpool(store_upload, file.file, filename, kind="module",
+                                               project_id=str(project), max_bytes=max_upload_bytes("module"))
+    except UploadTooLarge as exc:
+        raise ApiError(413, str(exc)) from exc
     if size == 0:
         raise ApiError(422, "the uploaded file is empty", "invalid_request", [{"field": "file", "reason": "empty"}])
     blob = await run_in_threadpool(find_upload, str(project), sha256)

@@ -1,0 +1,85 @@
+"""ASGI middleware around the API: request bodies capped while they arrive, and unexpected errors
+answered without costing the client its keep-alive connection."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.errors import error_response
+
+
+@dataclass(frozen=True)
+class BodyLimit:
+    max_bytes: int
+    message: str  # for the 413, e.g. "a job spec is limited to 256 KiB"
+
+
+class BodyTooLarge(HTTPException):
+    def __init__(self, limit: BodyLimit) -> None:
+        super().__init__(413, limit.message)
+
+
+class BodyLimits:
+    """413 as soon as a request body passes its cap: before reading it when Content-Length says so,
+    else when the bytes received pass it. The cap holds while the body arrives, so an oversized body is
+    never whole in memory (JSON) or on disk (multipart spooling) and never reaches a parser."""
+
+    def __init__(self, app: ASGIApp, limit_for: Callable[[str, str], BodyLimit]) -> None:
+        self.app, self.limit_for = app, limit_for
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.limit_for(scope["method"], scope["path"])
+        declared = Request(scope).headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit.max_bytes:
+            # Answered unread: uvicorn discards the rest of the body and keeps the connection.
+            await error_response(413, "too_large", limit.message)(scope, receive, send)
+            return
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit.max_bytes:
+                    # FastAPI re-raises an HTTPException from body reading, and the app's handler answers it.
+                    raise BodyTooLarge(limit)
+            return message
+
+        await self.app(scope, counted, send)
+
+
+class AnswerUnexpectedErrors:
+    """Starlette's ServerErrorMiddleware answers an unhandled exception and then re-raises it for the
+    server to log, and uvicorn closes the connection on any exception (h11_impl.run_asgi): one bad
+    request would cost a client its connection. This answers with the app's own handler for Exception
+    (which logs it) and stops the exception here. Only a response already half sent still needs the
+    close, to tell the client it is incomplete."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:
+            handler = scope["app"].exception_handlers.get(Exception) if "app" in scope else None
+            if started or scope["type"] != "http" or handler is None:
+                raise
+            response = await handler(Request(scope, receive), exc)
+            await response(scope, receive, send)
