@@ -144,7 +144,7 @@ def test_unknown_job_and_bad_id_share_the_error_shape(api):
         assert set(r.json()["error"]) == {"error", "message", "details"}
 
 
-def test_health_and_readiness(api_url):
+def test_health_and_readiness(api_url, bucket):  # ready needs the bucket too
     assert httpx.get(f"{api_url}/healthz").json() == {"status": "ok"}
     assert httpx.get(f"{api_url}/readyz").json() == {"status": "ready"}
     assert "/v1/jobs" in httpx.get(f"{api_url}/openapi.json").json()["paths"]
