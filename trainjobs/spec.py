@@ -180,8 +180,9 @@ class DatasetOptions(_Strict):
 class DatasetSpec(_Strict):
     source: str = Field(
         min_length=1, max_length=2048,
-        description="A path on the worker host, file://, https://, gs://BUCKET/PATH, dataset:<sha256> "
-        "(uploaded through POST /v1/datasets) or sklearn:digits (bundled data).",
+        description="dataset:<sha256> (uploaded through POST /v1/datasets), https:// (public hosts), "
+        "gs://BUCKET/PATH (in trainjobs' own bucket only the project's uploads and jobs), sklearn:digits "
+        "(bundled data), or a worker host path / file:// inside a directory the operator allows.",
     )
     format: DatasetFormat = "auto"
     options: DatasetOptions = DatasetOptions()
@@ -223,7 +224,7 @@ class ModelSpec(_Strict):
         default=None, description="mlp, cnn, resnet, or a keras.applications architecture (random init)."
     )
     module: str | None = Field(
-        default=None, min_length=1, max_length=2048, description="Your model: a gs:// URI to a .py file or a zipped package (POST /v1/modules returns one), or a path on the machine."
+        default=None, min_length=1, max_length=2048, description="Your model: a gs:// URI to a .py file or a zipped package (POST /v1/modules returns one), or a path on the machine inside a directory the operator allows."
     )
     function: str = Field(default="build_model", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     params: dict[str, Any] = Field(default_factory=dict, description=f"keyword arguments for your model function, at most "
