@@ -16,6 +16,7 @@ from service.db.session import get_engine
 from stack.fakecloud import FakeTpuApi
 from stack.fakecloud.tpu_inventory import Timing
 from tests.conftest import digits_spec, scaled
+from trainjobs import storage
 from trainjobs.spec import JobSpec
 from worker.cloud.config import GcpConfig
 from worker.cloud.reaper import reap_orphans
@@ -30,8 +31,8 @@ ZONE = "us-central1-a"
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 
-def tpu_spec(**overrides: Any) -> dict[str, Any]:
-    return digits_spec(accelerator={"type": "tpu", "tpu_type": "v5litepod-8"}, strategy="auto", **overrides)
+def tpu_spec(spot: bool = False, **overrides: Any) -> dict[str, Any]:
+    return digits_spec(accelerator={"type": "tpu", "tpu_type": "v5litepod-8", "spot": spot}, strategy="auto", **overrides)
 
 
 @dataclass
@@ -145,3 +146,42 @@ def test_the_reaper_deletes_nodes_of_ended_and_unknown_jobs_only(api: Any, make_
         gcp.provisioner.create(MachineRequest(job_id, 1, spec, GcsJobChannel().job_dir(job_id)))
     assert reap_orphans(gcp.provisioner, db) == 2
     assert gcp.fake.node_names() == [MachineRequest(live["id"], 1, spec, "").name]
+
+
+# --- the whole way: the startup script boots the real agent on CPU devices standing in for chips ----
+
+@pytest.mark.tf
+def test_a_tpu_job_trains_through_the_startup_script_and_its_node_is_deleted(api: Any, make_gcp: Any,
+                                                                              database_url: str, tmp_path: Path) -> None:
+    gcp = make_gcp(boot=True)
+    gcp.start_worker(database_url, tmp_path / "staging")
+    job = api.post("/v1/jobs", json=tpu_spec(training={"epochs": 1})).json()
+    done = wait(api, job["id"], lambda j: j["status"] in TERMINAL, timeout=600)
+    assert done["status"] == "SUCCEEDED", done
+    assert done["runtime"]["strategy"] == "mirrored" and done["runtime"]["precision"] == "mixed_bfloat16"
+    assert gcp.fake.node_names() == []
+    [create] = [r for r in gcp.fake.requests if r.method == "POST" and r.path.endswith("/nodes")]
+    assert "-m worker.agent --job-dir" in create.body["metadata"]["startup-script"]  # type: ignore[index]
+
+
+@pytest.mark.tf
+def test_a_preempted_node_is_replaced_and_the_new_attempt_resumes_from_the_checkpoint(
+        api: Any, make_gcp: Any, database_url: str, tmp_path: Path) -> None:
+    gcp = make_gcp(boot=True)
+    gcp.start_worker(database_url, tmp_path / "staging")
+    # Small batches, one step per call: epochs long enough that the preemption lands mid-training.
+    job = api.post("/v1/jobs", json=tpu_spec(spot=True, steps_per_execution=1,
+                                             training={"epochs": 3, "per_replica_batch_size": 4})).json()
+    job_dir = GcsJobChannel().job_dir(job["id"])
+    deadline = time.monotonic() + scaled(600)
+    while (taken := storage.read_json(f"{job_dir}/checkpoints/latest.json")) is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    [node] = gcp.fake.node_names()
+    gcp.fake.preempt(node)
+    done = wait(api, job["id"], lambda j: j["status"] in TERMINAL, timeout=600)
+    assert (done["status"], done["attempt"]) == ("SUCCEEDED", 2), done
+    assert done["runtime"]["initial_epoch"] == taken["epoch"] >= 1
+    history = storage.read_json(f"{job_dir}/artifacts/history.json")
+    assert [e["epoch"] for e in history] == [1, 2, 3]
+    assert gcp.fake.node_names() == []

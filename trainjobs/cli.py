@@ -60,11 +60,15 @@ def _show(job: dict[str, Any]) -> str:
 @click.argument("spec_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--idempotency-key")
 @click.option("--wait", is_flag=True, help="follow the job until it ends; exit 1 unless it SUCCEEDED")
-def submit(spec_file: Path, idempotency_key: str | None, wait: bool) -> None:
+@click.option("--dry-run", is_flag=True, help="print the machines the job would create and their price; submit nothing")
+def submit(spec_file: Path, idempotency_key: str | None, wait: bool, dry_run: bool) -> None:
     """Submit a job spec (YAML or JSON)."""
     import yaml
 
     spec = yaml.safe_load(spec_file.read_text())
+    if dry_run:
+        _dry_run(spec)
+        return
     try:
         c = _client()
         _upload_local_files(c, spec, spec_file.parent)
@@ -75,6 +79,27 @@ def submit(spec_file: Path, idempotency_key: str | None, wait: bool) -> None:
             sys.exit(0 if job["status"] == "SUCCEEDED" else 1)
     except Exception as exc:
         _fail(exc)
+
+
+def _dry_run(raw: Any) -> None:
+    """Validated here, by the same model the API uses, and priced from the same catalogue as the worker:
+    no API call, nothing stored."""
+    import os
+
+    from pydantic import ValidationError
+
+    from trainjobs.machine_plan import plan_machines
+    from trainjobs.spec import JobSpec, describe_errors
+
+    try:
+        spec = JobSpec.model_validate(raw)
+    except ValidationError as exc:
+        problems = describe_errors([dict(e) for e in exc.errors()])
+        lines = ["the job spec is invalid"] + [f"  {d['field']}: {d['reason']}" for d in problems]
+        raise click.ClickException("\n".join(lines)) from exc
+    for line in plan_machines(spec).lines(os.environ.get("TRAINJOBS_GCP_ZONE")):
+        click.echo(line)
+    click.echo("dry run: nothing was submitted")
 
 
 def _upload_local_files(c: Any, spec: dict[str, Any], base: Path) -> None:

@@ -1,0 +1,56 @@
+"""What a job would create and what it costs per hour, from the spec and the one accelerator catalogue:
+`trainjobs submit --dry-run` prints it without calling the API."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainjobs.catalogue import GPU_TYPES, TPU_GENERATIONS, tpu_chips
+from trainjobs.spec import CpuAccelerator, GpuAccelerator, JobSpec, TpuAccelerator
+
+
+@dataclass(frozen=True)
+class MachinePlan:
+    kind: str  # "Cloud TPU", "Compute Engine GPU VM", "CPU"
+    type: str  # v5litepod-8, 2 x nvidia-l4, 4 CPU replicas
+    hosts: int
+    runtime: str | None
+    spot: bool
+    usd_per_hour: float
+
+    def lines(self, zone: str | None) -> list[str]:
+        return [
+            f"machine:   {self.kind} {self.type}",
+            f"zone:      {zone or 'the worker’s TRAINJOBS_GCP_ZONE (not set here)'}",
+            f"runtime:   {self.runtime or '-'}",
+            f"spot:      {'yes' if self.spot else 'no'}",
+            f"hosts:     {self.hosts}",
+            f"estimated: {self.usd_per_hour:.2f} USD/hour (on-demand list price{'; spot usually costs less' if self.spot else ''})",
+        ]
+
+
+def hourly_price_usd(spec: JobSpec) -> float:
+    acc = spec.accelerator
+    match acc:
+        case TpuAccelerator():
+            generation = acc.tpu_type.rsplit("-", 1)[0]
+            return TPU_GENERATIONS[generation].usd_per_chip_hour * tpu_chips(acc.tpu_type)
+        case GpuAccelerator():
+            return GPU_TYPES[acc.gpu_type].usd_per_gpu_hour * acc.count * spec.workers
+        case CpuAccelerator():
+            return 0.0
+
+
+def plan_machines(spec: JobSpec) -> MachinePlan:
+    acc, price = spec.accelerator, hourly_price_usd(spec)
+    match acc:
+        case TpuAccelerator():
+            chips = tpu_chips(acc.tpu_type)
+            return MachinePlan("Cloud TPU", f"{acc.tpu_type} ({chips} chips)", acc.hosts, acc.runtime_version, acc.spot,
+                               price)
+        case GpuAccelerator():
+            machine = f", {acc.machine_type}" if acc.machine_type else ""
+            return MachinePlan("Compute Engine GPU VM", f"{acc.count} x {acc.gpu_type}{machine}", spec.workers, None,
+                               acc.spot, price)
+        case CpuAccelerator():
+            return MachinePlan("CPU", f"{acc.replicas} replica(s)", spec.workers, None, False, price)

@@ -1,0 +1,34 @@
+"""Which Cloud TPU VM images (runtime_version) the agent can train on.
+
+The agent brings no TensorFlow of its own to a TPU VM (the PyPI build cannot drive the chips): it uses
+the image's. So the image must be a TensorFlow one (tpu-vm-tf-*), new enough for the Keras 3 the agent
+is written against, on the PJRT runtime, and of the right kind for the slice: Google builds `-pod-`
+images for slices that span several hosts and plain ones for a single host
+(https://cloud.google.com/tpu/docs/runtimes#tensorflow).
+"""
+
+from __future__ import annotations
+
+import re
+
+DEFAULT_TPU_RUNTIME = "tpu-vm-tf-2.18.0-pjrt"
+MIN_TENSORFLOW = (2, 16)  # the first TPU images with Keras 3
+_TF_IMAGE = re.compile(r"^tpu-vm-tf-(\d+)\.(\d+)\.(\d+)(-pod)?-pjrt$")
+
+
+def tpu_runtime_problem(runtime_version: str, hosts: int) -> str | None:
+    """Why the agent cannot run on this image with this many hosts, or None if it can."""
+    pod = "tpu-vm-tf-2.18.0-pod-pjrt" if hosts > 1 else DEFAULT_TPU_RUNTIME
+    m = _TF_IMAGE.match(runtime_version)
+    if m is None:
+        return (f"{runtime_version!r} is not a TensorFlow TPU VM image the agent can use (the agent trains with the "
+                f"image's TensorFlow on the PJRT runtime); use {pod!r}")
+    version = (int(m.group(1)), int(m.group(2)))
+    if version < MIN_TENSORFLOW:
+        return (f"{runtime_version!r} brings TensorFlow {version[0]}.{version[1]}; the agent needs "
+                f"{MIN_TENSORFLOW[0]}.{MIN_TENSORFLOW[1]} or newer (Keras 3); use {pod!r}")
+    if hosts > 1 and not m.group(4):
+        return f"this slice has {hosts} hosts, which need a pod image such as {pod!r}, not {runtime_version!r}"
+    if hosts == 1 and m.group(4):
+        return f"this slice has one host, which needs a single-host image such as {pod!r}, not {runtime_version!r}"
+    return None
