@@ -237,6 +237,7 @@ def test_revoking_an_unknown_prefix_fails_naming_it(db, database_url):
 # --- 5. the OpenAPI document declares what each route answers --------------------------------------
 
 DECLARED = [
+    ("get", "/readyz", {"200", "503"}),
     ("post", "/v1/jobs", {"200", "201", "400", "401", "409", "413", "422", "503"}),
     ("get", "/v1/jobs", {"200", "401", "422", "503"}),
     ("get", "/v1/jobs/{job_id}", {"200", "401", "404", "422", "503"}),

@@ -8,6 +8,7 @@ from sqlalchemy import text
 from service.db.session import transaction
 from service.deps import Factory
 from service.errors import ApiError
+from service.schemas import error_responses
 from trainjobs import storage
 
 router = APIRouter(tags=["health"])
@@ -20,7 +21,7 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.get("/readyz", responses=error_responses(503))
 def readyz(factory: Factory) -> dict[str, str]:
     """The database and the bucket both answer; otherwise a 503 whose details name each one that
     does not (a load balancer sends no traffic to an API that cannot serve it)."""
