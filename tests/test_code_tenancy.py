@@ -21,6 +21,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.conftest import make_key
+from tests.test_end_to_end import local_stack, wait  # noqa: F401  (fixture)
 from trainjobs import storage
 from trainjobs.messages import AgentAssignment
 from trainjobs.spec import JobSpec
@@ -157,6 +159,17 @@ def test_guard_lets_a_job_write_read_list_and_delete_its_own_directory(guarded, 
         f"jobs/{JOB}/status.json", f"jobs/{JOB}/checkpoints/ckpt-1.data"}
     b.blob(f"jobs/{JOB}/status.json").delete()
     assert not storage.bucket(bucket).blob(f"jobs/{JOB}/status.json").exists()
+
+
+def test_what_a_job_writes_stays_readable_once_its_guard_is_gone(guarded, bucket):
+    """The emulator stores the links it hands out: they must name the emulator, while the job itself
+    is shown only the guard's."""
+    client, url = guarded
+    client.bucket(bucket).blob(f"jobs/{JOB}/artifacts/model.tflite").upload_from_string(b"model")
+    assert client.bucket(bucket).get_blob(f"jobs/{JOB}/artifacts/model.tflite").media_link.startswith(url)
+    stored = storage.bucket(bucket).get_blob(f"jobs/{JOB}/artifacts/model.tflite")
+    assert not stored.media_link.startswith(url)
+    assert stored.download_as_bytes() == b"model"
 
 
 def test_guard_lets_a_job_read_its_dataset_and_model_code(guarded, bucket):
@@ -312,3 +325,81 @@ def test_client_refuses_a_downloaded_file_that_differs_from_the_listing(tmp_path
     finally:
         server.shutdown()
     assert list((tmp_path / "out").rglob("*")) == []
+
+
+# --- 4. the reported attacks, through the whole product --------------------------------------------
+
+ATTACKER = b'''
+import json
+import os
+
+import keras
+
+from trainjobs import storage
+
+
+def _attempt(report, what, action):
+    try:
+        action()
+        report[what] = "done"
+    except Exception as exc:
+        report[what] = f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
+def build_model(input_shape, num_classes, params):
+    report = {"environment": sorted(k for k, v in os.environ.items()
+                                    if k in params["secrets"] or "postgresql" in v or "s3cr3t" in v)}
+    bucket = params["bucket"]
+    _attempt(report, "list the uploads", lambda: list(storage.client().list_blobs(bucket, prefix="uploads/")))
+    _attempt(report, "list the bucket", lambda: list(storage.client().list_blobs(bucket)))
+    _attempt(report, "read another project's module", lambda: storage.blob(params["module"]).download_as_bytes())
+    _attempt(report, "read another project's dataset", lambda: storage.blob(params["dataset"]).download_as_bytes())
+    _attempt(report, "overwrite another job's artifact",
+             lambda: storage.blob(params["artifact"]).upload_from_string(b'{"val_accuracy": 0.0}'))
+    with open(params["report"], "w") as f:
+        json.dump(report, f)
+    return keras.Sequential([keras.Input(input_shape), keras.layers.Flatten(),
+                             keras.layers.Dense(16, activation="relu"),
+                             keras.layers.Dense(num_classes, activation="softmax")])
+'''
+
+
+@pytest.mark.tf
+def test_another_projects_code_reaches_nothing_of_the_worker_or_of_other_projects(
+        db, api, api_url, bucket, local_stack, tmp_path, database_url, monkeypatch):
+    # What a worker holds: the database URL and a secret of the operator's; agents start after this.
+    monkeypatch.setenv("TRAINJOBS_DATABASE_URL", database_url)
+    monkeypatch.setenv("TRAINJOBS_WORKER_SECRET", "s3cr3t")
+    # Project alpha: its model code, its dataset, a finished job with a metrics.json.
+    module_a = api.post("/v1/modules", files={"file": ("alpha_model.py", b"SECRET = 1\n")}).json()["module"]
+    dataset_a = api.post("/v1/datasets", files={"file": ("alpha.csv", b"x,label\n1,0\n2,1\n")}).json()["sha256"]
+    dataset_a_uri = next(f"gs://{bucket}/{b.name}" for b in storage.client().list_blobs(bucket, prefix="uploads/")
+                         if dataset_a in b.name)
+    metrics_a = b'{"val_accuracy": 0.97}'
+    job_a = _succeeded_job(db, api, bucket, {"metrics.json": metrics_a})
+
+    report = tmp_path / "report.json"
+    with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {make_key(db, 'beta')}"}, timeout=30) as beta:
+        module_b = beta.post("/v1/modules", files={"file": ("beta_model.py", ATTACKER)}).json()["module"]
+        params = {"report": str(report), "bucket": bucket, "module": module_a, "dataset": dataset_a_uri,
+                  "artifact": f"gs://{bucket}/jobs/{job_a}/artifacts/metrics.json",
+                  "secrets": ["TRAINJOBS_DATABASE_URL", "TRAINJOBS_WORKER_SECRET", "TRAINJOBS_TEST_DATABASE_URL"]}
+        spec = {"dataset": {"source": "sklearn:digits"}, "model": {"module": module_b, "params": params},
+                "accelerator": {"type": "cpu"}, "strategy": "default", "training": {"epochs": 3, "learning_rate": 0.01}}
+        r = beta.post("/v1/jobs", json=spec)
+        assert r.status_code == 201, r.text
+        job_b = wait(beta, r.json()["id"], {"SUCCEEDED"})
+
+        attempts = json.loads(report.read_text())
+        assert attempts.pop("environment") == []
+        assert {what: "Forbidden" in outcome and "403" in outcome for what, outcome in attempts.items()} == {
+            "list the uploads": True, "list the bucket": True, "read another project's module": True,
+            "read another project's dataset": True, "overwrite another job's artifact": True}
+        assert job_b["metrics"]["val_accuracy"] > 0.5  # its own training went on as usual
+        assert api.get(f"/v1/jobs/{job_a}/artifacts/metrics.json").content == metrics_a
+
+        # Beta's own artifacts were copied at success: changed later, they are not served.
+        own = beta.get(f"/v1/jobs/{job_b['id']}/artifacts").json()["artifacts"]
+        assert {"metrics.json", "history.json"} <= {a["path"] for a in own}
+        storage.bucket(bucket).blob(f"jobs/{job_b['id']}/artifacts/metrics.json").upload_from_string(b"{}")
+        assert beta.get(f"/v1/jobs/{job_b['id']}/artifacts/metrics.json").status_code == 409

@@ -183,17 +183,16 @@ class GuardHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as the storage client's connection pool expects
     boundary: JobBoundary
     uploads: Uploads
-    upstream: tuple[str, int]  # the emulator's host and port
+    upstream: str  # the emulator's host:port
     guard_host = ""  # 127.0.0.1:<port> the guard listens on
 
     def _handle(self) -> None:
         # The emulator parses "http://" + Host + target, so a Host header of the job's making could
-        # move the path it acts on away from the one checked here. It gets the guard's own address
-        # instead, which also makes the upload-session and media links it builds lead back here.
+        # move the path it acts on away from the one checked here: it always gets its own address.
         body = self._body()
         headers = {k.lower(): v for k, v in self.headers.items()}
         try:
-            opened = check(self.boundary, self.uploads, self.command, f"http://{self.guard_host}{self.path}",
+            opened = check(self.boundary, self.uploads, self.command, f"http://{self.upstream}{self.path}",
                            headers, body)
         except Refused as exc:
             log.warning("refused %s %s: %s", self.command, self.path, exc)
@@ -222,27 +221,41 @@ class GuardHandler(BaseHTTPRequestHandler):
 
     def _forward(self, body: bytes, opened: tuple[str, str] | None) -> None:
         headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP | {"host"}}
-        headers.update({"Host": self.guard_host, "Content-Length": str(len(body))})
-        conn = http.client.HTTPConnection(*self.upstream, timeout=600)
+        headers.update({"Host": self.upstream, "Content-Length": str(len(body))})
+        conn = http.client.HTTPConnection(self.upstream, timeout=600)
         try:
             conn.request(self.command, self.path, body=body, headers=headers)
             response = conn.getresponse()
-            if opened is not None and (location := response.getheader("Location")):
-                if upload_id := parse_qs(urlparse(location).query).get("upload_id", [""])[0]:
+            out = [(k, v) for k, v in response.getheaders() if k.lower() not in HOP_BY_HOP]
+            if location := response.getheader("Location"):
+                if opened is not None and (upload_id := parse_qs(urlparse(location).query).get("upload_id", [""])[0]):
                     self.uploads.opened(upload_id, *opened)
-            length = response.getheader("Content-Length")
-            first = b"" if length is not None else response.read()
+                out = [(k, self._via_guard(v.encode()).decode() if k.lower() == "location" else v) for k, v in out]
             self.send_response(response.status)
-            for k, v in response.getheaders():
-                if k.lower() not in HOP_BY_HOP:
-                    self.send_header(k, v)
-            self.send_header("Content-Length", length if length is not None else str(len(first)))
+            for k, v in out:
+                self.send_header(k, v)
+            if self._is_media() and (length := response.getheader("Content-Length")) is not None:
+                self.send_header("Content-Length", length)
+                self.end_headers()
+                while chunk := response.read(1 << 20):  # shards and checkpoints stream through
+                    self.wfile.write(chunk)
+                return
+            # Metadata names the emulator in its links (mediaLink, selfLink): they must lead back
+            # here, or the job would learn where to go around the guard.
+            payload = response.read() if self._is_media() else self._via_guard(response.read())
+            self.send_header("Content-Length", str(len(payload)))
             self.end_headers()
-            self.wfile.write(first)
-            while chunk := response.read(1 << 20):  # shards and checkpoints stream through, not buffered
-                self.wfile.write(chunk)
+            self.wfile.write(payload)
         finally:
             conn.close()
+
+    def _is_media(self) -> bool:
+        """An object's bytes (passed through untouched), not the JSON API's metadata."""
+        url = urlparse(self.path)
+        return url.path.startswith("/download/") or "media" in parse_qs(url.query).get("alt", [])
+
+    def _via_guard(self, data: bytes) -> bytes:
+        return data.replace(f"http://{self.upstream}".encode(), f"http://{self.guard_host}".encode())
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002  (the base class's name)
         pass  # a line per request would bury the refusals
@@ -253,7 +266,7 @@ def serve(boundary: JobBoundary, upstream: str, port_file: Path | None = None) -
     serve_forever() on it."""
     target = urlparse(upstream)
     handler: type[GuardHandler] = type("JobGuardHandler", (GuardHandler,), {
-        "boundary": boundary, "uploads": Uploads(), "upstream": (target.hostname or "127.0.0.1", target.port or 80)})
+        "boundary": boundary, "uploads": Uploads(), "upstream": target.netloc})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     port = server.server_address[1]
