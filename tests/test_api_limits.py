@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -86,8 +87,6 @@ def test_an_error_response_keeps_the_connection_open(api, api_url):
 @contextmanager
 def _serve(app) -> Iterator[str]:  # type: ignore[no-untyped-def]
     """`app` behind uvicorn on a free port, as in production."""
-    import time
-
     import uvicorn
 
     from trainjobs.ports import free_port
@@ -135,7 +134,7 @@ def test_an_unexpected_error_is_a_json_500_and_keeps_the_connection_open(databas
 
 
 def test_a_spec_over_256_kib_is_a_413_and_nothing_is_stored(api):
-    r = api.post("/v1/jobs", json=digits_spec(labels={}, name="big", model={"name": "cnn", "params": {"x": "a" * (300 << 10)}}))
+    r = api.post("/v1/jobs", json=digits_spec(model={"name": "cnn", "params": {"x": "a" * (300 << 10)}}))
     assert r.status_code == 413, r.text
     assert r.json()["error"]["error"] == "too_large" and "256 KiB" in r.json()["error"]["message"]
     assert api.get("/v1/jobs").json()["jobs"] == []
@@ -214,19 +213,26 @@ def _cli(*args: str, database_url: str) -> subprocess.CompletedProcess[str]:
                           timeout=scaled(120))
 
 
-def test_keys_list_shows_prefixes_and_a_revoked_key_is_refused_at_once(api, database_url):
+def _key_row(project: str, prefix: str, database_url: str) -> str:
+    listed = _cli("keys", "list", "--project", project, database_url=database_url)
+    assert listed.returncode == 0, listed.stderr
+    return next(line for line in listed.stdout.splitlines() if line.startswith(prefix))
+
+
+def test_keys_list_shows_each_key_by_prefix_never_its_secret(api, database_url):
+    secret = api.headers["authorization"].removeprefix("Bearer ")
+    row = _key_row("alpha", secret[:10], database_url)
+    assert secret not in row and row.rstrip().endswith("-")  # not revoked
+
+
+def test_a_revoked_key_is_refused_at_once_by_the_running_api(api, database_url):
     secret = api.headers["authorization"].removeprefix("Bearer ")
     assert api.get("/v1/jobs").status_code == 200
-    listed = _cli("keys", "list", "--project", "alpha", database_url=database_url)
-    assert listed.returncode == 0, listed.stderr
-    assert secret[:10] in listed.stdout and secret not in listed.stdout
     revoked = _cli("keys", "revoke", secret[:10], database_url=database_url)
     assert revoked.returncode == 0, revoked.stderr
     r = api.get("/v1/jobs")  # the same API process, no restart
     assert r.status_code == 401 and "revoked" in r.json()["error"]["message"]
-    row = next(line for line in _cli("keys", "list", "--project", "alpha", database_url=database_url).stdout.splitlines()
-               if line.startswith(secret[:10]))
-    assert not row.rstrip().endswith("-")  # the revoked column holds a time
+    assert not _key_row("alpha", secret[:10], database_url).rstrip().endswith("-")  # the revoked column holds a time
 
 
 def test_revoking_an_unknown_prefix_fails_naming_it(db, database_url):
