@@ -71,7 +71,9 @@ def test_create_sends_the_node_the_spec_and_configuration_ask_for(fake: FakeTpuA
     assert body["runtimeVersion"] == "tpu-vm-tf-2.18.0-pjrt"
     assert body["schedulingConfig"] == {"spot": True}
     assert body["labels"] == {"team": "vision", "trainjobs-managed": "true", "trainjobs-job": JOB, "trainjobs-attempt": "1"}
-    assert body["metadata"] == {"startup-script": SCRIPT, "trainjobs-job-dir": f"gs://bucket/jobs/{JOB}"}
+    assert body["metadata"] == {"startup-script": SCRIPT, "trainjobs-job-dir": f"gs://bucket/jobs/{JOB}",
+                                "trainjobs-node": f"projects/proj/locations/{ZONE}/nodes/{request.name}",
+                                "trainjobs-tpu-api": fake.url}
     assert body["networkConfig"] == {"network": "projects/proj/global/networks/train",
                                      "subnetwork": "regions/us-central1/subnetworks/s", "enableExternalIps": True}
     assert body["serviceAccount"] == {"email": "vm@proj.iam.gserviceaccount.com",
@@ -168,7 +170,9 @@ def test_a_stockout_in_the_first_zone_creates_in_the_fallback_zone(fake: FakeTpu
     fake.stock_out(ZONE)
     p, request = provisioner(fake, fallback_zones=(FALLBACK,)), tpu_request()
     assert p.create(request).state == MachineState.READY
-    assert fake.node(request.name)["name"] == f"projects/proj/locations/{FALLBACK}/nodes/{request.name}"  # type: ignore[index]
+    node = fake.node(request.name) or {}
+    assert node["name"] == f"projects/proj/locations/{FALLBACK}/nodes/{request.name}"
+    assert node["metadata"]["trainjobs-node"] == node["name"]  # what the VM's watchdog deletes
 
 
 def test_with_every_zone_stocked_out_the_node_is_queued_until_capacity_returns(fake: FakeTpuApi) -> None:

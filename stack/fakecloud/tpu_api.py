@@ -35,6 +35,8 @@ ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("DELETE", re.compile(rf"^/v2/({_LOC}/queuedResources/[^/:]+)$"), "delete_queued"),
     ("GET", re.compile(rf"^/v2/({_LOC}/operations/[^/:]+)$"), "get_operation"),
 ]
+# Each fake host's metadata server: /metadata/<node id>/<host number>/computeMetadata/v1/<path>.
+METADATA_PATH = re.compile(r"^/metadata/([^/]+)/(\d+)/computeMetadata/v1/(.+)$")
 
 
 @dataclass(frozen=True)
@@ -154,13 +156,34 @@ class FakeTpuApi:
         node_id = node["name"].rsplit("/", 1)[-1]
         return FakeHosts(self.sandbox / node_id, script, hosts=len(node["networkEndpoints"]),
                          devices_per_host=min(self.world.local_devices, devices_per_host(node["acceleratorType"])),
-                         env=self.world.env)
+                         env=self.world.env,
+                         metadata_url=lambda host: f"{self.url}/metadata/{node_id}/{host}/computeMetadata/v1")
 
     def handle(self, method: str, raw_path: str, body: dict[str, Any] | None) -> tuple[int, bytes]:
         """(HTTP status, JSON body); serialised under the lock, as the world moves on between requests."""
         with self.world.lock:
             status, payload = self._respond(method, raw_path, body)
             return status, json.dumps(payload).encode()
+
+    def metadata(self, node_id: str, host: int, path: str, flavor: str | None) -> tuple[int, bytes]:
+        """The metadata server a host of node_id sees (computeMetadata/v1/...): the node's metadata as
+        instance attributes, the host's worker number, a token for the VM's service account."""
+        if flavor != "Google":  # as on GCE: refused without the header, so SSRF through a proxy fails
+            return 403, b"Missing Metadata-Flavor:Google header."
+        with self.world.lock:
+            machine = next((m for n, m in self.world.machines.items() if n.rsplit("/", 1)[-1] == node_id), None)
+            if machine is None:
+                return 404, b"not found"
+            attributes = {**(machine.node.get("metadata") or {}), "agent-worker-number": str(host)}
+            project = machine.node["name"].split("/")[1]
+        if path.startswith("instance/attributes/") and (key := path.removeprefix("instance/attributes/")) in attributes:
+            return 200, attributes[key].encode()
+        if path == "instance/service-accounts/default/token":
+            return 200, json.dumps({"access_token": f"fake-token-{node_id}", "expires_in": 3599,
+                                    "token_type": "Bearer"}).encode()
+        if path == "project/project-id":
+            return 200, project.encode()
+        return 404, b"not found"
 
     def _respond(self, method: str, raw_path: str, body: dict[str, Any] | None) -> tuple[int, dict[str, Any]]:
         url = urlsplit(raw_path)
@@ -220,13 +243,18 @@ def _handler(api: FakeTpuApi) -> type[BaseHTTPRequestHandler]:
         def _serve(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
-            try:
-                body = json.loads(raw) if raw else None
-            except ValueError:
-                body = {"not json": raw.decode(errors="replace")}
-            status, data = api.handle(self.command, self.path, body)
+            if m := METADATA_PATH.match(urlsplit(self.path).path):
+                status, data = api.metadata(m.group(1), int(m.group(2)), m.group(3), self.headers.get("Metadata-Flavor"))
+                content_type = "application/json" if data.startswith(b"{") else "application/text"
+            else:
+                try:
+                    body = json.loads(raw) if raw else None
+                except ValueError:
+                    body = {"not json": raw.decode(errors="replace")}
+                status, data = api.handle(self.command, self.path, body)
+                content_type = "application/json"
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)

@@ -75,8 +75,8 @@ def upload_agent_wheel(bucket: str) -> str:
 
 
 def startup_script(job_dir: str, wheel_uri: str) -> str:
-    """Runs as root on every host at boot. TRAINJOBS_SKIP_INSTALL and TRAINJOBS_TASK_INDEX let the fake
-    cloud run the same script on this machine (the agent from the checkout, CPU devices for chips)."""
+    """Runs as root on every host at boot. TRAINJOBS_SKIP_INSTALL and TRAINJOBS_METADATA_URL let the fake
+    cloud run the same script on this machine (the agent from the checkout, its own metadata server)."""
     return f"""#!/bin/bash
 # trainjobs agent bootstrap: install the agent, then run it for one job on this host.
 set -euo pipefail
@@ -89,12 +89,8 @@ if [ -z "${{TRAINJOBS_SKIP_INSTALL:-}}" ]; then
   # The wheel brings the agent's dependencies but not TensorFlow: the TPU runtime image has its own.
   "$PYTHON" -m pip install --quiet "$WHEEL_DIR"/*.whl
 fi
-if [ -n "${{TRAINJOBS_TASK_INDEX:-}}" ]; then
-  TASK="$TRAINJOBS_TASK_INDEX"
-else
-  # Each host of a TPU slice knows its own number from the metadata server.
-  TASK="$(curl -sf -H 'Metadata-Flavor: Google' \\
-    http://metadata.google.internal/computeMetadata/v1/instance/attributes/agent-worker-number || echo 0)"
-fi
+# Each host of a TPU slice learns its own number from the metadata server.
+METADATA="${{TRAINJOBS_METADATA_URL:-http://metadata.google.internal/computeMetadata/v1}}"
+TASK="$(curl -sf --retry 5 -H 'Metadata-Flavor: Google' "$METADATA/instance/attributes/agent-worker-number")"
 exec "$PYTHON" -m worker.agent --job-dir "$JOB_DIR" --task-index "$TASK"
 """

@@ -62,6 +62,9 @@ QUEUED_STATES: dict[str, MachineState] = {
 }
 ACCELERATOR_CONFIG_TYPES = {"v2": "V2", "v3": "V3", "v4": "V4", "v5litepod": "V5LITE_POD", "v5p": "V5P", "v6e": "V6E"}
 RESOURCE_EXHAUSTED = 8  # google.rpc.Code
+# Node metadata the hosts read back from the metadata server, so the agent's watchdog can delete its own
+# node (trainjobs/watchdog.py) when the control plane is gone.
+NODE_NAME_KEY, API_ENDPOINT_KEY = "trainjobs-node", "trainjobs-tpu-api"
 SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 
 
@@ -107,6 +110,7 @@ class TpuVmProvisioner:
             return existing
         node = self._node(request)
         for zone in self.config.zones:
+            node.metadata[NODE_NAME_KEY] = self._path(zone, "nodes", request.name)
             try:
                 operation = self._call(f"create TPU node {request.name} in {zone}", lambda: self.client.create_node(
                     parent=self._parent(zone), node_id=request.name, node=node))
@@ -172,7 +176,8 @@ class TpuVmProvisioner:
             description=f"trainjobs job {request.job_id} attempt {request.attempt}",
             runtime_version=acc.runtime_version,
             labels=request.labels,
-            metadata={"startup-script": self.startup(request), "trainjobs-job-dir": request.job_dir},
+            metadata={"startup-script": self.startup(request), "trainjobs-job-dir": request.job_dir,
+                      API_ENDPOINT_KEY: c.tpu_api_endpoint or "https://tpu.googleapis.com"},
             tags=builtins.list(c.tags),
             network_config=tpu_v2.NetworkConfig(network=c.network or "", subnetwork=c.subnetwork or "",
                                                 enable_external_ips=True),
@@ -198,6 +203,7 @@ class TpuVmProvisioner:
         zone, spot = self.config.zone, bool(node.scheduling_config.spot)
         queued_node = tpu_v2.Node(node)
         del queued_node.scheduling_config
+        queued_node.metadata[NODE_NAME_KEY] = self._path(zone, "nodes", request.name)
         qr = tpu_v2.QueuedResource(
             tpu=tpu_v2.QueuedResource.Tpu(node_spec=[tpu_v2.QueuedResource.Tpu.NodeSpec(
                 parent=self._parent(zone), node_id=request.name, node=queued_node)]),

@@ -1,0 +1,90 @@
+"""The fake Cloud TPU API itself, where tests elsewhere rely on it being faithful: error bodies, the
+hosts of a multi-host slice, each host's metadata server, and a VM deleting its own node."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from stack.fakecloud import FakeTpuApi
+from stack.fakecloud.tpu_inventory import Timing
+from tests.conftest import scaled
+from trainjobs.spec import JobSpec
+from trainjobs.watchdog import delete_own_tpu_node
+from worker.cloud.config import GcpConfig
+from worker.provisioner import MachineRequest
+from worker.provisioners.gcp_tpu import TpuVmProvisioner
+
+PARENT = "/v2/projects/proj/locations/us-central1-a"
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> Iterator[FakeTpuApi]:
+    with FakeTpuApi(sandbox=tmp_path, timing=Timing(boot_s=0.1, delete_s=0.1)) as api:
+        yield api
+
+
+def create(fake: FakeTpuApi, tpu_type: str, script: str) -> str:
+    spec = JobSpec.model_validate({"dataset": {"source": "sklearn:digits"}, "model": {"name": "cnn"},
+                                   "accelerator": {"type": "tpu", "tpu_type": tpu_type}})
+    p = TpuVmProvisioner(GcpConfig(project="proj", zone="us-central1-a", tpu_api_endpoint=fake.url),
+                         startup=lambda r: script, create_wait_s=scaled(30))
+    return p.create(MachineRequest("job-1", 1, spec, "gs://b/jobs/job-1")).name
+
+
+@pytest.mark.parametrize("method, path, body, code, status", [
+    ("GET", f"{PARENT}/nodes/missing", None, 404, "NOT_FOUND"),
+    ("POST", f"{PARENT}/nodes?nodeId=n1", {"acceleratorType": "v9-8", "runtimeVersion": "r"}, 400, "INVALID_ARGUMENT"),
+    ("POST", f"{PARENT}/nodes", {"acceleratorType": "v5litepod-8", "runtimeVersion": "r"}, 400, "INVALID_ARGUMENT"),
+], ids=["not-found", "unknown-type", "no-node-id"])
+def test_errors_are_google_rpc_bodies(fake: FakeTpuApi, method: str, path: str, body: dict | None, code: int,
+                                      status: str) -> None:
+    r = httpx.request(method, fake.url + path, json=body)
+    assert r.status_code == code
+    error = r.json()["error"]
+    assert (error["code"], error["status"]) == (code, status) and error["message"]
+
+
+def test_creating_an_existing_node_is_a_409(fake: FakeTpuApi) -> None:
+    node = {"acceleratorType": "v5litepod-8", "runtimeVersion": "tpu-vm-tf-2.18.0-pjrt"}
+    assert httpx.post(f"{fake.url}{PARENT}/nodes?nodeId=n1", json=node).status_code == 200
+    again = httpx.post(f"{fake.url}{PARENT}/nodes?nodeId=n1", json=node)
+    assert (again.status_code, again.json()["error"]["status"]) == (409, "ALREADY_EXISTS")
+
+
+def test_each_host_of_a_slice_runs_the_script_and_learns_its_number_from_the_metadata_server(
+        fake: FakeTpuApi, tmp_path: Path) -> None:
+    script = ('#!/bin/bash\ncurl -sf -H "Metadata-Flavor: Google" '
+              '"$TRAINJOBS_METADATA_URL/instance/attributes/agent-worker-number" > worker-number\n')
+    name = create(fake, "v4-16", script)  # 8 TensorCores' worth of replicas over 2 hosts
+    deadline = time.monotonic() + scaled(30)
+    files = [tmp_path / name / f"host-{i}" / "worker-number" for i in range(2)]
+    while not all(f.exists() and f.read_text() for f in files):
+        assert time.monotonic() < deadline, "the hosts did not run the startup script"
+        time.sleep(0.1)
+    assert [f.read_text() for f in files] == ["0", "1"]
+
+
+def test_the_metadata_server_refuses_requests_without_the_flavor_header(fake: FakeTpuApi) -> None:
+    name = create(fake, "v5litepod-8", "#!/bin/bash\n")
+    url = f"{fake.url}/metadata/{name}/0/computeMetadata/v1/instance/attributes/agent-worker-number"
+    assert httpx.get(url).status_code == 403
+    assert httpx.get(url, headers={"Metadata-Flavor": "Google"}).text == "0"
+
+
+def test_a_vm_deletes_its_own_node_with_what_the_metadata_server_tells_it(fake: FakeTpuApi) -> None:
+    name = create(fake, "v5litepod-8", "#!/bin/bash\n")
+    deleted = delete_own_tpu_node(f"{fake.url}/metadata/{name}/0/computeMetadata/v1")
+    assert deleted == f"projects/proj/locations/us-central1-a/nodes/{name}"
+    deadline = time.monotonic() + scaled(10)
+    while fake.node_names():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_off_a_cloud_vm_there_is_no_node_to_delete() -> None:
+    assert delete_own_tpu_node("http://127.0.0.1:9/computeMetadata/v1") is None

@@ -1,0 +1,116 @@
+"""A machine must not outlive its job: the agent's watchdog, and what it does on a cloud VM.
+
+The worker deletes machines; the watchdog covers the cases where it cannot. The agent stops when the
+control plane has written a stop request into the job directory (the job ended or was cancelled), or
+when the job directory has been unreachable for `unreachable_s` (the control plane, its storage or the
+network is gone). On a Cloud TPU VM it then deletes its own node through the TPU API, with the VM's
+own credentials from the metadata server, so a dead control plane never leaves a TPU billing.
+
+Reads run on their own thread and the verdict on another: a read that hangs (a storage client retrying
+a dead endpoint for minutes) counts as unreachable rather than stalling the watchdog with it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from trainjobs import storage
+
+log = logging.getLogger("trainjobs.agent")
+
+CONTROL = "control.json"  # {"stop": true, "reason": "..."}: written by the worker, read by the agent
+METADATA_URL = "http://metadata.google.internal/computeMetadata/v1"
+NODE_NAME_KEY, API_ENDPOINT_KEY = "trainjobs-node", "trainjobs-tpu-api"  # node metadata set by the provisioner
+
+
+def request_stop(job_dir: str, reason: str) -> None:
+    """Worker side: tell every agent of the job to stop (the job ended, or was cancelled)."""
+    storage.write_json(f"{job_dir.rstrip('/')}/{CONTROL}", {"stop": True, "reason": reason})
+
+
+class Watchdog:
+    def __init__(self, job_dir: str, on_stop: Callable[[str], None], *, every_s: float = 30.0,
+                 unreachable_s: float = 300.0, read: Callable[[str], Any] = storage.read_json,
+                 clock: Callable[[], float] = time.monotonic):
+        self.control_uri = f"{job_dir.rstrip('/')}/{CONTROL}"
+        self.on_stop, self.every_s, self.unreachable_s, self.read, self.clock = on_stop, every_s, unreachable_s, read, clock
+        self.last_reached = clock()
+        self.stop_requested: str | None = None
+        self.done = threading.Event()
+
+    def poll(self) -> None:
+        """One read of the job directory."""
+        try:
+            control = self.read(self.control_uri)
+        except Exception as exc:
+            log.warning("watchdog: cannot read %s: %s", self.control_uri, exc)
+            return
+        self.last_reached = self.clock()
+        if isinstance(control, dict) and control.get("stop"):
+            self.stop_requested = str(control.get("reason") or "the control plane stopped the job")
+
+    def verdict(self) -> str | None:
+        """Why the agent must stop now, or None."""
+        if self.stop_requested is not None:
+            return f"stop requested: {self.stop_requested}"
+        silent = self.clock() - self.last_reached
+        if silent > self.unreachable_s:
+            return f"job directory {self.control_uri.rsplit('/', 1)[0]} unreachable for {silent:.0f}s"
+        return None
+
+    def start(self) -> None:
+        threading.Thread(target=self._read_loop, name="watchdog-read", daemon=True).start()
+        threading.Thread(target=self._judge_loop, name="watchdog", daemon=True).start()
+
+    def _read_loop(self) -> None:
+        while not self.done.is_set():
+            self.poll()
+            self.done.wait(self.every_s)
+
+    def _judge_loop(self) -> None:
+        while not self.done.wait(min(self.every_s, 5.0)):
+            if (reason := self.verdict()) is not None:
+                self.done.set()
+                log.error("watchdog: %s; stopping this machine", reason)
+                self.on_stop(reason)
+
+
+def delete_own_tpu_node(metadata_url: str | None = None, timeout_s: float = 30.0) -> str | None:
+    """On a Cloud TPU VM made by trainjobs: ask the TPU API to delete this node; return its name. None
+    where there is no such node (a local machine, a VM without our metadata)."""
+    import httpx
+
+    base = metadata_url or os.environ.get("TRAINJOBS_METADATA_URL") or METADATA_URL
+    headers = {"Metadata-Flavor": "Google"}
+    try:
+        with httpx.Client(base_url=base, headers=headers, timeout=5.0) as meta:
+            node = meta.get(f"/instance/attributes/{NODE_NAME_KEY}")
+            if node.status_code != 200:
+                return None
+            api = meta.get(f"/instance/attributes/{API_ENDPOINT_KEY}")
+            token = meta.get("/instance/service-accounts/default/token").json()["access_token"]
+    except httpx.HTTPError:
+        return None  # no metadata server: not a cloud VM
+    endpoint = api.text if api.status_code == 200 else "https://tpu.googleapis.com"
+    response = httpx.delete(f"{endpoint.rstrip('/')}/v2/{node.text}", headers={"Authorization": f"Bearer {token}"},
+                            timeout=timeout_s)
+    if response.status_code not in (200, 404):
+        raise RuntimeError(f"deleting {node.text} failed: {response.status_code} {response.text[:500]}")
+    return node.text
+
+
+def stop_this_machine(reason: str, exit_code: int = 143) -> None:
+    """The agent's on_stop: delete our own node if we are on one, then exit at once, even while the main
+    thread is stuck in storage retries (which is why this does not raise or wait for it)."""
+    try:
+        if (node := delete_own_tpu_node()) is not None:
+            log.error("watchdog: deleting node %s (%s)", node, reason)
+    except Exception:
+        log.exception("watchdog: could not delete this node")
+    logging.shutdown()
+    os._exit(exit_code)
