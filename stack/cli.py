@@ -1,5 +1,5 @@
 """The `trainjobs` console script: the client verbs (trainjobs/cli.py) plus the server verbs that run
-the stack: `up`, `api`, `worker`, `db upgrade`, `keys create`.
+the stack: `up`, `api`, `worker`, `db upgrade`, `keys create` / `list` / `revoke`.
 
 This module loads with a client-only install: everything a server verb needs is imported inside it,
 after `_require` has said which extra to install if it is missing.
