@@ -29,10 +29,13 @@ class NotMigrated(RuntimeError):
 # them a request fails within seconds with an error the API answers as a 503 (service/outages.py).
 CONNECT_TIMEOUT_S = 5
 POOL_TIMEOUT_S = 10
-# TCP keepalives notice a server that vanished under an open connection (a pooled one, a long
-# LISTEN) within about half a minute instead of the kernel's two hours. Unix sockets ignore them.
+# A server that vanished under an open connection (a pooled one, a long LISTEN) is noticed within
+# about half a minute instead of the kernel's defaults: keepalives while the connection is idle (two
+# hours), tcp_user_timeout while a query waits for its acknowledgement (some fifteen minutes of
+# retransmits). Neither fires on a slow query: the server's kernel acknowledges it. Unix sockets
+# ignore both.
 _CONNECT_ARGS = {"connect_timeout": CONNECT_TIMEOUT_S, "keepalives": 1, "keepalives_idle": 10,
-                 "keepalives_interval": 5, "keepalives_count": 3}
+                 "keepalives_interval": 5, "keepalives_count": 3, "tcp_user_timeout": 30_000}
 
 
 @lru_cache(maxsize=8)
