@@ -1,13 +1,13 @@
 """Control-plane benchmark (issue 2), against one PostgreSQL in one run.
 
-1. Claim throughput: the worker's claim statement (claim_next_job: expired-lease probe, queued pick,
-   state update and event row, one atomic statement on an autocommit connection, through SQLAlchemy,
+1. Claim throughput: the worker's claim statement (claim_next_job: expired-lease probe, queued pick
+   within the project's quotas, state update and event row, one atomic statement on an autocommit connection, through SQLAlchemy,
    exactly as Worker._claim runs it) against a raw one-statement
    `UPDATE ... WHERE id = (SELECT ... FOR UPDATE SKIP LOCKED)` loop on psycopg. Goal: ours >= 50% of raw.
 2. Dispatch latency: from just before `POST /v1/jobs` to the claim's commit in an idle worker that
    only learns of work through NOTIFY (its poll interval is 30 s). Goal: p50 <= 20 ms, p99 <= 100 ms.
 
-Usage: python bench/claim_bench.py [--jobs 2000] [--threads 2] [--posts 200]
+Usage: python bench/claim_bench.py [--jobs 2000] [--threads 2] [--posts 200] [--jobs-per-project 8]
 Uses TRAINJOBS_TEST_DATABASE_URL (or TRAINJOBS_DATABASE_URL), else an embedded PostgreSQL.
 """
 

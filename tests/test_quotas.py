@@ -114,6 +114,25 @@ def test_a_waiting_job_says_which_quota_it_waits_for(api, db, database_url):
     assert listed == {first: None, second: "project at quota: 1 of 1 running jobs"}
 
 
+def test_a_job_queued_behind_its_projects_older_jobs_says_they_start_first(api, db):
+    limit(db, "alpha", max_running_jobs=2)
+    first, second, third = submit(api), submit(api), submit(api)
+    reasons = {j["id"]: j["wait_reason"] for j in api.get("/v1/jobs").json()["jobs"]}
+    assert reasons == {first: None, second: None,
+                       third: "project at quota: 0 of 2 running jobs, 2 queued before this one"}
+
+
+def test_a_small_job_behind_a_big_one_says_what_the_big_one_needs(api, db, database_url):
+    limit(db, "alpha", max_accelerators=8)
+    submit(api, gpus(4))
+    claim_all(database_url)
+    big, small = submit(api, gpus(8)), submit(api, gpus(1))
+    assert api.get(f"/v1/jobs/{big}").json()["wait_reason"] == \
+        "project at quota: 4 of 8 accelerators in use, this job needs 8"
+    assert api.get(f"/v1/jobs/{small}").json()["wait_reason"] == \
+        "project at quota: 4 of 8 accelerators in use, this job needs 1 after 8 for jobs queued before it"
+
+
 def test_a_job_submitted_to_a_full_project_says_so_at_once(api, db, database_url):
     limit(db, "alpha", max_accelerators=6)
     submit(api, gpus(4))

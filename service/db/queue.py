@@ -10,7 +10,7 @@ from sqlalchemy import Connection, text
 from sqlalchemy.orm import Session
 
 from service.db.jobstate import CLAIM_MOVES, NOTIFY_QUEUED, JobStatus, claim_target_sql
-from service.db.quotas import HOLDING_SQL, QuotaDefaults
+from service.db.quotas import HOLDING_RANGE_SQL, QuotaDefaults
 
 _TAKEOVER_STATUSES = ", ".join(f"'{s.value}'" for s in CLAIM_MOVES if s != JobStatus.QUEUED)
 
@@ -27,32 +27,33 @@ WITH expired AS (
 queued AS (
     -- Otherwise the oldest queued job (partial index ix_jobs_queued) that its project's quotas
     -- (service/db/quotas.py) let start now. A job whose project is at a quota is passed over, not
-    -- waited on, so one project's backlog never holds another project's jobs behind it; passing over
-    -- costs a few index probes per row of that backlog. SKIP LOCKED lets concurrent workers pass over
+    -- waited on, so one project's backlog never holds another project's jobs behind it; passing a
+    -- row of that backlog costs a few index probes. SKIP LOCKED lets concurrent workers pass over
     -- each other's rows instead of queueing behind them; LIMIT 1 locks one row.
     SELECT j.id, j.status FROM jobs j
-      JOIN projects p ON p.id = j.project_id
-     CROSS JOIN LATERAL (SELECT COALESCE(p.max_running_jobs, :default_jobs) AS jobs,
-                                COALESCE(p.max_accelerators, :default_accelerators) AS accelerators) quota
-     CROSS JOIN LATERAL (
-        -- What the project holds now, counted no further than its job quota: bounded work per row.
-        SELECT count(*) AS jobs, COALESCE(sum(h.accelerators), 0) AS accelerators FROM (
-            SELECT accelerators FROM jobs h WHERE h.project_id = j.project_id AND h.status IN ({HOLDING_SQL})
-             LIMIT quota.jobs) h) held
-     CROSS JOIN LATERAL (
-        -- Its queued jobs ahead of this one: within a project the queue is first in, first out, so
-        -- a big job is not overtaken forever by small ones. Counting them also keeps concurrent
-        -- claims within the quota although each counts from its own snapshot: a job another claim
-        -- took meanwhile is still queued in ours, so it is counted here (and skipped as locked or
-        -- no longer queued). Only jobs committed out of created_at order can slip past.
-        SELECT count(*) AS jobs, COALESCE(sum(a.accelerators), 0) AS accelerators FROM (
-            SELECT accelerators FROM jobs a
-             WHERE a.project_id = j.project_id AND a.status = 'QUEUED' AND (a.created_at, a.id) < (j.created_at, j.id)
-             LIMIT quota.jobs) a) ahead
      WHERE j.status = 'QUEUED' AND NOT EXISTS (SELECT 1 FROM expired)
-       AND held.jobs + ahead.jobs < quota.jobs
-       AND held.accelerators + ahead.accelerators + j.accelerators <= quota.accelerators
-     ORDER BY j.created_at LIMIT 1 FOR UPDATE OF j SKIP LOCKED
+       AND (SELECT taken.jobs < quota.jobs AND taken.accelerators + j.accelerators <= quota.accelerators
+              FROM (SELECT GREATEST(COALESCE(p.max_running_jobs, :default_jobs), 0) AS jobs,  -- a LIMIT: never < 0
+                           COALESCE(p.max_accelerators, :default_accelerators) AS accelerators
+                      FROM projects p WHERE p.id = j.project_id) quota
+             CROSS JOIN LATERAL (
+                -- Taken: the jobs the project holds now, and its queued jobs ahead of this one. Within
+                -- a project the queue is first in, first out, so a big job is not overtaken forever by
+                -- small ones. Counting those ahead also keeps concurrent claims within the quota
+                -- although each counts from its own snapshot: a job another claim took meanwhile is
+                -- still queued in ours, so it is counted (and skipped as locked or no longer queued).
+                -- Only jobs committed out of created_at order can slip past. Reading stops at the job
+                -- quota, so the work per row is bounded, and a project at its quota never reads its
+                -- queue. Both halves are probes of ix_jobs_project_status_created.
+                SELECT count(*) AS jobs, COALESCE(sum(t.accelerators), 0) AS accelerators FROM (
+                    (SELECT h.accelerators FROM jobs h
+                      WHERE h.project_id = j.project_id AND h.status BETWEEN {HOLDING_RANGE_SQL} LIMIT quota.jobs)
+                    UNION ALL
+                    (SELECT a.accelerators FROM jobs a
+                      WHERE a.project_id = j.project_id AND a.status = 'QUEUED'
+                        AND (a.created_at, a.id) < (j.created_at, j.id) LIMIT quota.jobs)
+                    LIMIT quota.jobs) t) taken)
+     ORDER BY j.created_at LIMIT 1 FOR UPDATE SKIP LOCKED
 ),
 candidate AS (SELECT * FROM expired UNION ALL SELECT * FROM queued),
 claimed AS (

@@ -16,13 +16,18 @@ from dataclasses import dataclass
 from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
-from service.db.models import Project
+from service.db.models import Job, Project
 from trainjobs.catalogue import tpu_chips
 from trainjobs.spec import GpuAccelerator, JobSpec, TpuAccelerator
 from trainjobs.states import JobStatus
 
 HOLDING = (JobStatus.STAGING, JobStatus.PROVISIONING, JobStatus.RUNNING, JobStatus.RECOVERING, JobStatus.CANCELLING)
 HOLDING_SQL = ", ".join(f"'{s.value}'" for s in HOLDING)
+# HOLDING is one run of the job_status enum's order (migration 0001 lists the values as JobStatus
+# does), so a claim reads it as one index range, not one index descent per status.
+if list(JobStatus)[list(JobStatus).index(HOLDING[0]):][:len(HOLDING)] != list(HOLDING):
+    raise ImportError("HOLDING must be consecutive job statuses: the claim reads it as a range")
+HOLDING_RANGE_SQL = f"'{HOLDING[0].value}' AND '{HOLDING[-1].value}'"
 
 
 def env_int(name: str, default: int) -> int:
@@ -71,14 +76,25 @@ class ProjectUsage:
     running_jobs: int
     accelerators_in_use: int
 
-    def wait_reason(self, job_accelerators: int) -> str | None:
-        """Why a queued job needing `job_accelerators` cannot start now, or None when the project has room."""
-        if self.running_jobs >= self.max_running_jobs:
-            return f"project at quota: {self.running_jobs} of {self.max_running_jobs} running jobs"
-        if self.accelerators_in_use + job_accelerators > self.max_accelerators:
+    def wait_reason(self, job_accelerators: int, ahead: Ahead) -> str | None:
+        """Why a queued job cannot start now, by the claim's rule (queue.CLAIM_SQL): its project's jobs
+        and accelerators held, plus those of its older queued jobs, which start first. None: it may."""
+        if self.running_jobs + ahead.jobs >= self.max_running_jobs:
+            return (f"project at quota: {self.running_jobs} of {self.max_running_jobs} running jobs"
+                    + (f", {ahead.jobs} queued before this one" if ahead.jobs else ""))
+        if self.accelerators_in_use + ahead.accelerators + job_accelerators > self.max_accelerators:
             return (f"project at quota: {self.accelerators_in_use} of {self.max_accelerators} accelerators in use, "
-                    f"this job needs {job_accelerators}")
+                    f"this job needs {job_accelerators}"
+                    + (f" after {ahead.accelerators} for jobs queued before it" if ahead.accelerators else ""))
         return None
+
+
+@dataclass(frozen=True)
+class Ahead:
+    """A queued job's older queued jobs in its project: they start first."""
+
+    jobs: int = 0
+    accelerators: int = 0
 
 
 _USAGE_SQL = text(f"""
@@ -95,6 +111,25 @@ def project_usage(session: Session, project_id: uuid.UUID) -> ProjectUsage:
     row = session.execute(_USAGE_SQL, {"project": project_id, "default_jobs": d.max_running_jobs,
                                        "default_accelerators": d.max_accelerators}).one()
     return ProjectUsage(row.max_running_jobs, row.max_accelerators, row.running_jobs, row.accelerators_in_use)
+
+
+_AHEAD_SQL = text("""
+SELECT id, count(*) OVER w - 1 AS jobs, sum(accelerators) OVER w - accelerators AS accelerators
+  FROM jobs WHERE project_id = :project AND status = 'QUEUED'
+WINDOW w AS (ORDER BY created_at, id)
+""")
+
+
+def wait_reasons(session: Session, project_id: uuid.UUID, jobs: list[Job]) -> dict[uuid.UUID, str]:
+    """Why each of `jobs` that is QUEUED waits, for those that wait on a quota. Computed when read (see
+    the module docstring); costs nothing when none of them is queued."""
+    queued = [j for j in jobs if j.status == JobStatus.QUEUED]
+    if not queued:
+        return {}
+    usage = project_usage(session, project_id)
+    ahead = {r.id: Ahead(r.jobs, r.accelerators) for r in session.execute(_AHEAD_SQL, {"project": project_id})}
+    reasons = {j.id: usage.wait_reason(j.accelerators, ahead.get(j.id, Ahead())) for j in queued}
+    return {job_id: reason for job_id, reason in reasons.items() if reason is not None}
 
 
 class UnknownProject(LookupError):

@@ -24,10 +24,9 @@ from trainjobs.spec import JobSpec, label_problem
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 
-def _public(job: Job, usage: quotas.ProjectUsage) -> JobPublic:
+def _public(job: Job, wait_reasons: dict[uuid.UUID, str]) -> JobPublic:
     out = JobPublic.model_validate(job)
-    if job.status == JobStatus.QUEUED:
-        out.wait_reason = usage.wait_reason(job.accelerators)
+    out.wait_reason = wait_reasons.get(job.id)
     return out
 
 
@@ -56,7 +55,7 @@ def submit_job(
                 raise ApiError(422, refusal["reason"], "over_quota", [refusal])
             job, created = data.create_job(session, project, body, idempotency_key=idempotency_key,
                                            request_hash=request_hash, accelerators=accelerators)
-            out = _public(job, usage)
+            out = _public(job, quotas.wait_reasons(session, project, [job]))
     except data.IdempotencyConflict as exc:
         raise ApiError(409, str(exc), "idempotency_conflict") from exc
     if not created:
@@ -72,7 +71,7 @@ def get_job(job_id: uuid.UUID, project: ProjectId, factory: Factory) -> JobPubli
         job = data.get_job(session, project, job_id)
         if job is None:
             raise _not_found(job_id)
-        return _public(job, quotas.project_usage(session, project))
+        return _public(job, quotas.wait_reasons(session, project, [job]))
 
 
 @router.get("", response_model=JobList, responses=error_responses(*AUTHED))
@@ -97,8 +96,8 @@ def list_jobs(
         with transaction(factory) as session:
             jobs, next_cursor = data.list_jobs(session, project, statuses=status or [], labels=labels, limit=limit,
                                                cursor=cursor)
-            usage = quotas.project_usage(session, project)
-            return JobList(jobs=[_public(j, usage) for j in jobs], next_cursor=next_cursor)
+            reasons = quotas.wait_reasons(session, project, jobs)
+            return JobList(jobs=[_public(j, reasons) for j in jobs], next_cursor=next_cursor)
     except data.BadCursor as exc:
         raise ApiError(422, str(exc), "invalid_request", [{"field": "cursor", "reason": str(exc)}]) from exc
 
