@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import zipfile
 from io import BytesIO
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -81,3 +83,13 @@ def test_the_startup_script_is_valid_bash_that_runs_the_agent_for_the_job(tmp_pa
     subprocess.run(["bash", "-n", str(tmp_path / "s.sh")], check=True)
     assert "-m worker.agent --job-dir \"$JOB_DIR\"" in script
     assert "JOB_DIR='gs://b/jobs/j'\"'\"'1'" in script  # quoted: a job dir cannot inject shell
+
+
+def test_a_gcp_worker_without_its_configuration_says_which_variable_is_missing(database_url: str, gcs_emulator: Any,
+                                                                               tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINJOBS_GCP_")}
+    env.update(TRAINJOBS_DATABASE_URL=database_url, TRAINJOBS_HOME=str(tmp_path))
+    r = subprocess.run([sys.executable, "-m", "stack.cli", "worker", "--provisioner", "gcp", "--data-dir", str(tmp_path)],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1
+    assert "TRAINJOBS_GCP_PROJECT is not set" in r.stderr

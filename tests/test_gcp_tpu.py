@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from google.api_core.exceptions import TooManyRequests
 
 from stack.fakecloud import FakeTpuApi
 from stack.fakecloud.tpu_inventory import Timing
@@ -205,3 +206,10 @@ def test_a_gpu_job_is_refused_by_the_tpu_provisioner(fake: FakeTpuApi) -> None:
     with pytest.raises(MachineRefused, match="runs TPU jobs, not gpu"):
         provisioner(fake).create(MachineRequest(JOB, 1, spec, "gs://b/jobs/j"))
     assert fake.requests == []
+
+
+def test_a_rate_limit_that_outlasts_the_retries_is_not_a_refusal(fake: FakeTpuApi) -> None:
+    fake.fail_next("POST", "/nodes", 429, "RESOURCE_EXHAUSTED", "Quota exceeded for quota metric 'Create requests' "
+                   "and limit 'Create requests per minute'", reason="RATE_LIMIT_EXCEEDED", times=100)
+    with pytest.raises(TooManyRequests):  # the job waits for the driver's next step, it does not fail
+        provisioner(fake).create(tpu_request())

@@ -9,7 +9,6 @@ emulator the test or developer runs.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -60,6 +59,3 @@ class FakeHosts:
         self.signal(signal.SIGKILL)
         for p in self.procs:
             p.wait()
-
-    def remove(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)

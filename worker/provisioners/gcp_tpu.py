@@ -21,7 +21,7 @@ from trainjobs import storage
 from trainjobs.spec import TpuAccelerator
 from worker.cloud.bootstrap import startup_script, upload_agent_wheel
 from worker.cloud.config import GcpConfig
-from worker.cloud.errors import MachineRefused, cloud_message, is_stockout, with_backoff
+from worker.cloud.errors import MachineRefused, cloud_message, is_stockout, is_transient, with_backoff
 from worker.provisioner import MachineInfo, MachineRequest, MachineState
 
 log = logging.getLogger("trainjobs.worker")
@@ -97,6 +97,7 @@ class TpuVmProvisioner:
         delete_wait_s: how long delete() waits for Google to confirm; backoff_s: the first retry's delay."""
         self.config, self.create_wait_s, self.delete_wait_s, self.startup = config, create_wait_s, delete_wait_s, startup
         self.backoff_s = backoff_s
+        self._zone_of: dict[str, str] = {}  # where each machine was last seen: its zone is asked first
         self.client = client if client is not None else tpu_client(config)
 
     # --- Provisioner ---
@@ -124,6 +125,8 @@ class TpuVmProvisioner:
                 if is_stockout(exc):
                     log.info("no %s capacity in %s: %s", node.accelerator_type, zone, cloud_message(exc))
                     continue
+                if is_transient(exc):
+                    raise  # still failing after the retries: the driver's next step tries again
                 raise MachineRefused(cloud_message(exc)) from exc
             break
         else:
@@ -131,12 +134,16 @@ class TpuVmProvisioner:
         return self.get(request.name) or MachineInfo(request.name, MachineState.CREATING, request.labels)
 
     def get(self, name: str) -> MachineInfo | None:
-        for zone in self.config.zones:
+        seen = self._zone_of.get(name)
+        for zone in sorted(self.config.zones, key=lambda z: z != seen):
             if (node := self._find(lambda: self.client.get_node(name=self._path(zone, "nodes", name)))) is not None:
+                self._zone_of[name] = zone
                 return self._node_info(node)
             queued = self._find(lambda: self.client.get_queued_resource(name=self._path(zone, "queuedResources", name)))
             if queued is not None:
+                self._zone_of[name] = zone
                 return self._queued_info(queued, zone)
+        self._zone_of.pop(name, None)
         return None
 
     def delete(self, name: str) -> None:
@@ -218,6 +225,8 @@ class TpuVmProvisioner:
         except gexc.AlreadyExists:
             pass
         except gexc.GoogleAPICallError as exc:
+            if is_transient(exc):
+                raise
             raise MachineRefused(cloud_message(exc)) from exc
         log.info("%s: no zone has %s capacity now; queued in %s", request.name, node.accelerator_type, zone)
         return self.get(request.name) or MachineInfo(request.name, MachineState.CREATING, request.labels)
