@@ -59,7 +59,7 @@ class FakeTpuApi:
     def __init__(self, *, sandbox: Path | None = None, env: dict[str, str] | None = None, boot: bool = True,
                  local_devices: int = 2, timing: Timing | None = None, host: str = "127.0.0.1", port: int = 0):
         self.sandbox = sandbox or Path(tempfile.mkdtemp(prefix="fake-tpu-"))
-        self.world = TpuInventory(self.sandbox, timing or Timing(), local_devices, boot, dict(env or {}))
+        self.world = TpuInventory(timing or Timing(), local_devices, boot, dict(env or {}))
         self.requests: list[RecordedRequest] = []
         self._injected: list[_Injected] = []
         self._server = ThreadingHTTPServer((host, port), _handler(self))

@@ -11,7 +11,6 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from stack.fakecloud.hosts import FakeHosts
@@ -54,8 +53,8 @@ class Machine:
 
 
 class TpuInventory:
-    def __init__(self, sandbox: Path, timing: Timing, local_devices: int, boot: bool, env: dict[str, str]):
-        self.sandbox, self.timing, self.local_devices, self.boot, self.env = sandbox, timing, local_devices, boot, env
+    def __init__(self, timing: Timing, local_devices: int, boot: bool, env: dict[str, str]):
+        self.timing, self.local_devices, self.boot, self.env = timing, local_devices, boot, env
         self.lock = threading.RLock()
         self.machines: dict[str, Machine] = {}  # full node name -> machine
         self.queued: dict[str, dict[str, Any]] = {}  # full queued resource name -> its JSON
