@@ -4,6 +4,7 @@ starts by itself when a slot frees; other projects' jobs start past it."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -88,6 +89,19 @@ def test_a_project_at_its_accelerator_quota_waits_while_another_projects_job_sta
     other = submit(beta, gpus(4))
     assert claim_all(database_url) == {first, other}
     assert status(db, second) == JobStatus.QUEUED
+
+
+def test_workers_claiming_at_once_stay_within_the_quota(api, db, database_url):
+    limit(db, "alpha", max_running_jobs=5)
+    for _ in range(20):
+        submit(api)
+    claimed: list[set[str]] = []
+    threads = [threading.Thread(target=lambda: claimed.append(claim_all(database_url))) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(len(c) for c in claimed) == 5
 
 
 def test_within_a_project_a_big_job_is_not_overtaken_by_smaller_ones(api, db, database_url):
