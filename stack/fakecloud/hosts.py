@@ -37,9 +37,6 @@ class FakeHosts:
                     ["bash", str(root / "startup-script")], cwd=disk, env=host_env, stdout=console,
                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
 
-    def running(self) -> bool:
-        return any(p.poll() is None for p in self.procs)
-
     def signal(self, sig: int) -> None:
         for p in self.procs:
             if p.poll() is None:

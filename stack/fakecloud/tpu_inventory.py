@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from stack.fakecloud.hosts import FakeHosts
+from stack.fakecloud.server import ApiError
 from trainjobs.catalogue import TPU_GENERATIONS
 
 NODE_TYPE = "type.googleapis.com/google.cloud.tpu.v2.Node"
@@ -22,14 +23,6 @@ EMPTY_TYPE = "type.googleapis.com/google.protobuf.Empty"
 METADATA_TYPE = "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata"
 _TYPE = re.compile(r"^(v2|v3|v4|v5p|v5litepod|v6e)-(\d+)$")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)s$")
-
-
-class ApiError(Exception):
-    """An error response: HTTP status, google.rpc code name, message."""
-
-    def __init__(self, http: int, status: str, message: str, reason: str | None = None):
-        super().__init__(message)
-        self.http, self.status, self.message, self.reason = http, status, message, reason
 
 
 def _now() -> str:
