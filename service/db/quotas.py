@@ -120,13 +120,15 @@ WINDOW w AS (ORDER BY created_at, id)
 """)
 
 
-def wait_reasons(session: Session, project_id: uuid.UUID, jobs: list[Job]) -> dict[uuid.UUID, str]:
+def wait_reasons(session: Session, project_id: uuid.UUID, jobs: list[Job],
+                 usage: ProjectUsage | None = None) -> dict[uuid.UUID, str]:
     """Why each of `jobs` that is QUEUED waits, for those that wait on a quota. Computed when read (see
-    the module docstring); costs nothing when none of them is queued."""
+    the module docstring); costs nothing when none of them is queued. `usage`: the project's, if the
+    caller has read it in this transaction already."""
     queued = [j for j in jobs if j.status == JobStatus.QUEUED]
     if not queued:
         return {}
-    usage = project_usage(session, project_id)
+    usage = usage or project_usage(session, project_id)
     ahead = {r.id: Ahead(r.jobs, r.accelerators) for r in session.execute(_AHEAD_SQL, {"project": project_id})}
     reasons = {j.id: usage.wait_reason(j.accelerators, ahead.get(j.id, Ahead())) for j in queued}
     return {job_id: reason for job_id, reason in reasons.items() if reason is not None}

@@ -55,7 +55,7 @@ def submit_job(
                 raise ApiError(422, refusal["reason"], "over_quota", [refusal])
             job, created = data.create_job(session, project, body, idempotency_key=idempotency_key,
                                            request_hash=request_hash, accelerators=accelerators)
-            out = _public(job, quotas.wait_reasons(session, project, [job]))
+            out = _public(job, quotas.wait_reasons(session, project, [job], usage))
     except data.IdempotencyConflict as exc:
         raise ApiError(409, str(exc), "idempotency_conflict") from exc
     if not created:
