@@ -25,6 +25,9 @@ from typing import Any, ParamSpec
 
 @dataclass(frozen=True)
 class CallLimits:
+    """give_up_after_s is looked at when a try fails, and the client sleeps a random, doubling while
+    between tries (up to 1 s, 2 s, 4 s, ...): a call gives up within about three times it."""
+
     connect_timeout_s: float  # to open a connection
     read_timeout_s: float  # for the next bytes of an answer
     give_up_after_s: float  # unreachable this long (refused, reset, timed out), the client's retries included
@@ -32,9 +35,10 @@ class CallLimits:
 
 # An API request: someone is waiting, and a 503 they can retry beats a 500 minutes later.
 API_LIMITS = CallLimits(connect_timeout_s=3.0, read_timeout_s=20.0, give_up_after_s=3.0)
-# A worker driving a job: it retries a failed step itself, and a step stuck in storage for minutes
-# would hold up a cancel or a shutdown.
-WORKER_LIMITS = CallLimits(connect_timeout_s=10.0, read_timeout_s=60.0, give_up_after_s=15.0)
+# A worker driving a job: it retries a failed step itself, without counting an outage against the
+# job (worker/outages.py), so giving up early costs nothing; a step stuck in storage for minutes would
+# hold up a cancel or a shutdown.
+WORKER_LIMITS = CallLimits(connect_timeout_s=5.0, read_timeout_s=60.0, give_up_after_s=5.0)
 
 # DEFAULT_RETRY sleeps at most 60 s between two tries of one call: failures further apart than this
 # belong to different calls, and the later one starts counting afresh.
