@@ -210,7 +210,10 @@ def _make_worker(url: str, data_dir: Path, provisioner: str, concurrency: int, d
         rt = build_runtime(provisioner, data_dir, local_devices=devices, local_slots=concurrency)
     except ValueError as exc:  # a missing or malformed TRAINJOBS_GCP_* variable, named in the message
         raise click.ClickException(str(exc)) from exc
-    return Worker(get_engine(url), rt.provisioner, rt.channel, rt.stager, WorkerConfig(concurrency=concurrency))
+    # Cloud machines outlive processes; only they need the reaper.
+    reap = 300.0 if provisioner == "gcp" else None
+    return Worker(get_engine(url), rt.provisioner, rt.channel, rt.stager,
+                  WorkerConfig(concurrency=concurrency, reap_every_s=reap))
 
 
 def _wait_for_signal() -> None:

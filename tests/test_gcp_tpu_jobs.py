@@ -123,7 +123,6 @@ def test_a_node_left_by_a_dead_worker_is_adopted_not_created_again(api: Any, mak
     assert gcp.fake.node_names() == []
 
 
-@pytest.mark.xfail(strict=True, reason="issue 9 wiring: the driver must fail the job on MachineRefused (report)")
 def test_a_quota_refusal_fails_the_job_with_the_clouds_message(api: Any, make_gcp: Any, database_url: str,
                                                                tmp_path: Path) -> None:
     gcp = make_gcp()

@@ -248,3 +248,21 @@ def test_cost_limit_stops_an_expensive_job(db, database_url, running_workers):
                       limits={"max_cost_usd": 0.01})
     job = wait_for(db, job_id, {S.FAILED})
     assert "max_cost_usd" in job.error and cloud.list({}) == []
+
+
+def test_a_worker_with_a_reaper_deletes_machines_whose_job_is_unknown(db, database_url, running_workers):
+    """A machine labelled as ours whose job the database does not know (a worker died between create
+    and record, then the job row was deleted) is deleted by the worker's reaper pass, not left billing."""
+    from tests.conftest import scaled
+    from worker.provisioner import MachineRequest
+
+    cloud = MemoryCloud()
+    stray = MachineRequest(str(uuid.uuid4()), 1, JobSpec.model_validate(digits_spec()), "mem://nowhere")
+    cloud.create(stray)
+    w = make_worker(database_url, cloud, "reaper", reap_every_s=0.05)
+    running_workers.append(w)
+    w.start()
+    deadline = time.monotonic() + scaled(10)
+    while cloud.get(stray.name) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert cloud.get(stray.name) is None

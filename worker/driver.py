@@ -32,7 +32,7 @@ from trainjobs.spec import JobSpec
 from worker.outages import is_outage
 from worker.pricing import hourly_price_usd
 from worker.provisioner import (
-    LABEL_JOB, DatasetError, JobChannel, MachineRequest, MachineState, NoCapacity, Provisioner, Stager,
+    LABEL_JOB, DatasetError, JobChannel, MachineRefused, MachineRequest, MachineState, NoCapacity, Provisioner, Stager,
     StagingStopped,
 )
 
@@ -121,6 +121,9 @@ class JobDriver:
             except NoCapacity as exc:
                 log.info("job %s waits for capacity: %s", job.id, exc)
                 return False
+            except MachineRefused as exc:  # quota, permission, invalid request: retrying cannot help
+                self._delete_machines(job)
+                return self._move(job, S.FAILED, "the cloud refused the machine", error=str(exc))
             except Exception as exc:  # quota, stockout, bad request: the cloud's message is the reason
                 log.warning("creating %s failed: %s", request.name, exc)
                 return self._move(job, S.RECOVERING, f"create failed: {exc}")

@@ -42,6 +42,10 @@ class WorkerConfig:
     # Slots beyond `concurrency` that only jobs taken over from a dead worker may fill, so an orphaned
     # machine is watched again at once instead of after a queued job frees a slot. None: `concurrency`.
     takeover_slots: int | None = None
+    # Clouds bill for what nobody watches: every this many seconds, delete machines labelled as ours
+    # whose job has ended or is unknown (worker/cloud/reaper.py). None: no reaper (local machines die
+    # with their processes).
+    reap_every_s: float | None = None
     driver: DriverConfig = field(default_factory=DriverConfig)
     name: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
 
@@ -74,6 +78,13 @@ class Worker:
     def start(self) -> None:
         for target in (self._claim_loop, self._heartbeat_loop, self._listen_loop):
             t = threading.Thread(target=target, name=f"worker-{target.__name__}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        if self.config.reap_every_s is not None:
+            from worker.cloud.reaper import run_reaper
+
+            t = threading.Thread(target=run_reaper, name="worker-reaper", daemon=True,
+                                 args=(self.provisioner, self.factory, self.stopping, self.config.reap_every_s))
             t.start()
             self._threads.append(t)
 

@@ -98,6 +98,11 @@ class JobChannel(Protocol):
         ...
 
 
+class MachineRefused(Exception):
+    """The cloud refused the machine for a reason waiting will not fix (quota, permission, invalid
+    request, capacity never came). The message is the cloud's own, for the job's error."""
+
+
 class NoCapacity(Exception):
     """No machine can be had right now (quota, stockout, local slots busy); try again later."""
 

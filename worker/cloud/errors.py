@@ -14,13 +14,14 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+# MachineRefused is the port's error (worker/provisioner.py): the driver catches it without importing
+# a cloud module; the cloud provisioners raise it from here.
+from worker.provisioner import MachineRefused as MachineRefused
+
 log = logging.getLogger("trainjobs.worker")
 T = TypeVar("T")
 
 
-class MachineRefused(Exception):
-    """The cloud refused the machine for a reason waiting will not fix (quota, permission, invalid
-    request, capacity never came). The message is the cloud's own, for the job's error."""
 
 
 def cloud_message(exc: BaseException) -> str:
