@@ -30,6 +30,8 @@ class MachinePlan:
 
 
 def hourly_price_usd(spec: JobSpec) -> float:
+    """On-demand list price of all the job's machines per hour, from the one catalogue: the dry run prints
+    it and the worker enforces limits.max_cost_usd with it."""
     acc = spec.accelerator
     match acc:
         case TpuAccelerator():

@@ -30,7 +30,7 @@ from service.db.session import transaction
 from trainjobs.messages import AgentError, AgentReport, AgentState
 from trainjobs.spec import JobSpec
 from worker.outages import is_outage
-from worker.pricing import hourly_price_usd
+from trainjobs.machine_plan import hourly_price_usd
 from worker.provisioner import (
     LABEL_JOB, DatasetError, JobChannel, MachineRefused, MachineRequest, MachineState, NoCapacity, Provisioner, Stager,
     StagingStopped,
