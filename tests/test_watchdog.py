@@ -63,3 +63,16 @@ def test_a_read_that_hangs_counts_as_unreachable() -> None:
     hang.set()
     assert stopped[0].startswith("job directory gs://b/jobs/j1 unreachable for")
     assert time.monotonic() - start >= 0.3
+
+
+def test_a_stop_request_for_an_earlier_attempt_leaves_a_later_one_running(bucket: str) -> None:
+    job_dir = storage.JobPaths.for_job("j2", bucket).root
+    request_stop(job_dir, "attempt 1 was given up", attempt=1)
+    first, second = (Watchdog(job_dir, on_stop=lambda reason: None, attempt=n) for n in (1, 2))
+    first.poll()
+    second.poll()
+    assert first.verdict() == "stop requested: attempt 1 was given up"
+    assert second.verdict() is None
+    request_stop(job_dir, "job cancelled")  # no attempt: every agent of the job
+    second.poll()
+    assert second.verdict() == "stop requested: job cancelled"

@@ -161,6 +161,8 @@ def test_cancel_of_running_job_deletes_machine(db, database_url, running_workers
     wait_for(db, uuid.UUID(job_id), {S.CANCELLED}, timeout=5)
     assert path(db, uuid.UUID(job_id))[-2:] == ["CANCELLING", "CANCELLED"]
     assert cloud.list({LABEL_JOB: job_id}) == []
+    # ... and its agent was told to stop, in case the delete does not reach it (its watchdog reads this)
+    assert (job_id, 1, "the job was cancelled") in cloud.stop_requests
 
 
 def test_preempted_machine_is_replaced_with_a_new_attempt(db, database_url, running_workers):
@@ -174,6 +176,9 @@ def test_preempted_machine_is_replaced_with_a_new_attempt(db, database_url, runn
     job = wait_for(db, job_id, {S.SUCCEEDED}, timeout=10)
     assert job.attempt == 2 and len(cloud.created) == 2
     assert "RECOVERING" in path(db, job_id)
+    # The first attempt's agents were told to stop; the second attempt's were not until it ended.
+    asked = [(attempt, reason) for j, attempt, reason in cloud.stop_requests if j == str(job_id)]
+    assert asked == [(1, "attempt 1 was given up"), (2, "the job succeeded")]
 
 
 def test_retries_exhausted_fails_the_job(db, database_url, running_workers):

@@ -23,20 +23,24 @@ from trainjobs import storage
 
 log = logging.getLogger("trainjobs.agent")
 
-CONTROL = "control.json"  # {"stop": true, "reason": "..."}: written by the worker, read by the agent
+# {"stop": true, "reason": "...", "attempt": N}: written by the worker, read by the agent. Attempts up to N
+# stop; a later attempt (the driver's retry after a lost machine) shares the job directory and runs on.
+CONTROL = "control.json"
 METADATA_URL = "http://metadata.google.internal/computeMetadata/v1"
 NODE_NAME_KEY, API_ENDPOINT_KEY = "trainjobs-node", "trainjobs-tpu-api"  # node metadata set by the provisioner
 
 
-def request_stop(job_dir: str, reason: str) -> None:
-    """Worker side: tell every agent of the job to stop (the job ended, or was cancelled)."""
-    storage.write_json(f"{job_dir.rstrip('/')}/{CONTROL}", {"stop": True, "reason": reason})
+def request_stop(job_dir: str, reason: str, attempt: int | None = None) -> None:
+    """Worker side: tell the job's agents to stop (the job ended, was cancelled, or this attempt's machine
+    was given up): those of attempts up to `attempt`, or all of them when it is None."""
+    storage.write_json(f"{job_dir.rstrip('/')}/{CONTROL}", {"stop": True, "reason": reason, "attempt": attempt})
 
 
 class Watchdog:
     def __init__(self, job_dir: str, on_stop: Callable[[str], None], *, every_s: float = 30.0,
                  unreachable_s: float = 300.0, read: Callable[[str], Any] = storage.read_json,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, attempt: int = 1):
+        self.attempt = attempt
         self.control_uri = f"{job_dir.rstrip('/')}/{CONTROL}"
         self.on_stop, self.every_s, self.unreachable_s, self.read, self.clock = on_stop, every_s, unreachable_s, read, clock
         self.last_reached = clock()
@@ -51,7 +55,10 @@ class Watchdog:
             log.warning("watchdog: cannot read %s: %s", self.control_uri, exc)
             return
         self.last_reached = self.clock()
-        if isinstance(control, dict) and control.get("stop"):
+        if not (isinstance(control, dict) and control.get("stop")):
+            return
+        upto = control.get("attempt")
+        if upto is None or (isinstance(upto, int) and self.attempt <= upto):
             self.stop_requested = str(control.get("reason") or "the control plane stopped the job")
 
     def verdict(self) -> str | None:
@@ -86,6 +93,8 @@ def delete_own_tpu_node(metadata_url: str | None = None, timeout_s: float = 30.0
     import httpx
 
     base = metadata_url or os.environ.get("TRAINJOBS_METADATA_URL") or METADATA_URL
+    if base == "off":  # a machine that is no cloud VM (the local provisioner's): nothing to ask
+        return None
     headers = {"Metadata-Flavor": "Google"}
     try:
         with httpx.Client(base_url=base, headers=headers, timeout=5.0) as meta:

@@ -97,7 +97,7 @@ class JobDriver:
             case S.RECOVERING:
                 return self._recover(job, spec)
             case S.CANCELLING:
-                self._delete_machines(job)
+                self._delete_machines(job, "the job was cancelled")
                 return self._move(job, S.CANCELLED, "machine deleted after cancel")
             case _:
                 return False
@@ -122,7 +122,7 @@ class JobDriver:
                 log.info("job %s waits for capacity: %s", job.id, exc)
                 return False
             except MachineRefused as exc:  # quota, permission, invalid request: retrying cannot help
-                self._delete_machines(job)
+                self._delete_machines(job, "the cloud refused the machine")
                 return self._move(job, S.FAILED, "the cloud refused the machine", error=str(exc))
             except Exception as exc:  # quota, stockout, bad request: the cloud's message is the reason
                 log.warning("creating %s failed: %s", request.name, exc)
@@ -143,7 +143,7 @@ class JobDriver:
     def _watch(self, job: Job, spec: JobSpec) -> bool:
         request = self._request(job, spec)
         if (limit := self._limit_exceeded(job, spec)) is not None:
-            self._delete_machines(job)
+            self._delete_machines(job, limit)
             return self._move(job, S.FAILED, limit, error=limit)
         status = self.channel.read_status(str(job.id), job.attempt)
         if status is not None:
@@ -177,7 +177,7 @@ class JobDriver:
             return self._move(job, S.RUNNING, f"adopted running machine {machine.name}")
         if job.dataset_uri is None:
             return self._move(job, S.STAGING, "restaging: the previous worker had not finished staging")
-        self._delete_machines(job)
+        self._delete_machines(job, f"attempt {job.attempt} was given up")
         if job.attempt > spec.limits.max_retries:
             return self._move(job, S.FAILED, "retries exhausted",
                               error=f"machine lost {job.attempt} times; limits.max_retries is {spec.limits.max_retries}")
@@ -224,7 +224,7 @@ class JobDriver:
             if job is None or job.lease_owner != self.owner or job.status in TERMINAL:
                 return
             try:
-                self._delete_machines(job)
+                self._delete_machines(job, error)
             except Exception:
                 log.warning("job %s: could not delete its machines", self.job_id, exc_info=True)
             # A cancel whose teardown keeps failing still ends as the user asked, with the error kept.
@@ -240,14 +240,14 @@ class JobDriver:
     def _finish_succeeded(self, job: Job, status: AgentReport, reason: str) -> bool:
         # Machine first: once it is gone the job's code can no longer change what is read next. The
         # manifest is copied into the row, where downloads are checked against it.
-        self._delete_machines(job)
+        self._delete_machines(job, "the job succeeded")
         metrics = self.channel.final_metrics(str(job.id)) or status.metrics
         artifacts = self.channel.artifact_manifest(str(job.id))
         return self._move(job, S.SUCCEEDED, reason, record={"progress": status.progress, "metrics": metrics,
                                                             "runtime": status.runtime, "artifacts": artifacts})
 
     def _finish_failed(self, job: Job, error: AgentError | None) -> bool:
-        self._delete_machines(job)
+        self._delete_machines(job, "the job failed")
         return self._move(job, S.FAILED, "agent failed", error=(error or AgentError()).summary())
 
     def _limit_exceeded(self, job: Job, spec: JobSpec) -> str | None:
@@ -263,7 +263,15 @@ class JobDriver:
     def _request(self, job: Job, spec: JobSpec) -> MachineRequest:
         return MachineRequest(str(job.id), max(job.attempt, 1), spec, self.channel.job_dir(str(job.id)))
 
-    def _delete_machines(self, job: Job) -> None:
+    def _delete_machines(self, job: Job, reason: str) -> None:
+        # The stop request first: an agent the delete does not reach (a machine the cloud keeps, a
+        # local process the worker lost) stops itself when its watchdog reads it. Best effort: the
+        # delete below is what counts, and an agent that cannot read its job directory stops too.
+        if job.attempt:
+            try:
+                self.channel.request_stop(str(job.id), job.attempt, reason)
+            except Exception as exc:
+                log.warning("job %s: could not write the stop request: %s", job.id, _describe(exc))
         # By label, not just the recorded name: a worker that died between create and record leaves
         # a machine only the label finds.
         for m in self.provisioner.list({LABEL_JOB: str(job.id)}):

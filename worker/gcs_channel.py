@@ -11,6 +11,7 @@ from typing import Any
 from trainjobs import storage
 from trainjobs.messages import AgentAssignment, AgentReport
 from trainjobs.spec import JobSpec
+from trainjobs.watchdog import request_stop
 
 
 class GcsJobChannel:
@@ -32,6 +33,9 @@ class GcsJobChannel:
         report = AgentReport.model_validate(data) if data else None
         # A status left by an earlier attempt says nothing about this one.
         return report if report is not None and report.attempt == attempt else None
+
+    def request_stop(self, job_id: str, attempt: int, reason: str) -> None:
+        request_stop(self.job_dir(job_id), reason, attempt)
 
     def final_metrics(self, job_id: str) -> dict[str, Any] | None:
         metrics = storage.read_json(self._paths(job_id).key("artifacts/metrics.json"))

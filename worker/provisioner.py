@@ -89,6 +89,11 @@ class JobChannel(Protocol):
         """The agent's latest report for this attempt, or None if it has not reported yet."""
         ...
 
+    def request_stop(self, job_id: str, attempt: int, reason: str) -> None:
+        """Tell the agents of attempts up to `attempt` to stop, in case deleting their machine does not
+        reach them (their watchdog reads this; trainjobs/watchdog.py)."""
+        ...
+
     def final_metrics(self, job_id: str) -> dict[str, Any] | None:
         """Metrics from the finished job's artifacts, if any."""
         ...

@@ -1,6 +1,11 @@
 """`python -m worker.agent --job-dir gs://BUCKET/jobs/<id> [--task-index N]`
 
-Exit status: 0 succeeded, 1 failed (status.json says why), 143 terminated by SIGTERM.
+Exit status: 0 succeeded, 1 failed (status.json says why), 143 terminated by SIGTERM or stopped by the
+watchdog (trainjobs/watchdog.py: the control plane asked, or the job directory stayed unreachable).
+
+Settings (environment): TRAINJOBS_WATCHDOG_EVERY_S (30) how often the job directory is read,
+TRAINJOBS_WATCHDOG_UNREACHABLE_S (300) how long it may stay unreachable, TRAINJOBS_TERM_GRACE_S (30) how
+long the cleanup after SIGTERM may take before the process exits anyway (storage may be what is gone).
 """
 
 from __future__ import annotations
@@ -12,11 +17,13 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from types import FrameType
 
 from trainjobs import storage
 from trainjobs.messages import AgentError, AgentReport, AgentState
+from trainjobs.watchdog import Watchdog, stop_this_machine
 from worker.agent.job import AgentJob, WorkDir, load_job, task_index_from_env
 from worker.agent.status import StatusReporter, setup_logging, utc_now
 
@@ -31,7 +38,24 @@ class Terminated(BaseException):
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough; let the cleanup finish
+    # ... but not forever: the cleanup writes to storage, which may be what is gone.
+    grace = threading.Timer(_env_float("TRAINJOBS_TERM_GRACE_S", 30.0), _exit_now)
+    grace.daemon = True
+    grace.start()
     raise Terminated()
+
+
+def _exit_now() -> None:
+    log.error("cleanup after SIGTERM did not finish in time; exiting")
+    logging.shutdown()
+    os._exit(EXIT_TERMINATED)
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name) or default)
+    except ValueError:
+        return default
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
         storage.write_json(storage.JobPaths(args.job_dir.rstrip("/")).status, report.model_dump(mode="json"))
         return EXIT_FAILED
 
+    Watchdog(args.job_dir, stop_this_machine, attempt=job.attempt,
+             every_s=_env_float("TRAINJOBS_WATCHDOG_EVERY_S", 30.0),
+             unreachable_s=_env_float("TRAINJOBS_WATCHDOG_UNREACHABLE_S", 300.0)).start()
     reporter = StatusReporter(job, work.log_file, tail, float(os.environ.get("TRAINJOBS_HEARTBEAT_S", "10")))
     try:
         return _run(job, work, reporter)

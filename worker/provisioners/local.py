@@ -41,7 +41,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # What an agent inherits from the worker's environment. Everything else stays behind: the database
 # URL, API keys, cloud credentials, whatever the worker was started with.
-INHERITED = frozenset({"PATH", "HOME", "LANG", "TZ", "TRAINJOBS_HEARTBEAT_S", "TRAINJOBS_GCP_PROJECT"})
+INHERITED = frozenset({"PATH", "HOME", "LANG", "TZ", "TRAINJOBS_HEARTBEAT_S", "TRAINJOBS_GCP_PROJECT",
+                       "TRAINJOBS_WATCHDOG_EVERY_S", "TRAINJOBS_WATCHDOG_UNREACHABLE_S", "TRAINJOBS_TERM_GRACE_S"})
 INHERITED_PREFIXES = ("LC_", "TF_")
 NOT_INHERITED = frozenset({"TF_CONFIG"})  # the provisioner writes the cluster a machine is part of
 
@@ -96,8 +97,9 @@ class LocalProvisioner:
     def _start_agents(self, request: MachineRequest, devices: int, ports: list[int], logs: Path,
                       storage_env: dict[str, str], pids: list[int]) -> None:
         for task in range(request.spec.workers):
+            # No metadata server here: the watchdog stops the process and has no node to delete.
             env = agent_environment(os.environ, TRAINJOBS_LOCAL_DEVICES=str(devices), PYTHONUNBUFFERED="1",
-                                    TF_CPP_MIN_LOG_LEVEL="2", **storage_env)
+                                    TF_CPP_MIN_LOG_LEVEL="2", TRAINJOBS_METADATA_URL="off", **storage_env)
             if ports:
                 env["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
                                                "task": {"type": "worker", "index": task}})

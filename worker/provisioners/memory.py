@@ -33,6 +33,7 @@ class MemoryCloud:
     kind: str = "memory"
     fail_next: list[str] = field(default_factory=list)  # error messages for the next agents
     created: list[str] = field(default_factory=list)  # every machine name ever created, in order
+    stop_requests: list[tuple[str, int, str]] = field(default_factory=list)  # (job, up to attempt, reason)
     _machines: dict[str, _FakeMachine] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -94,6 +95,10 @@ class MemoryCloud:
                                    runtime={"strategy": m.request.spec.resolved_strategy})
             return AgentReport(state=AgentState.SUCCEEDED, attempt=attempt, heartbeat_at=now, progress=1.0,
                                metrics={"val_accuracy": 0.99})
+
+    def request_stop(self, job_id: str, attempt: int, reason: str) -> None:
+        with self._lock:
+            self.stop_requests.append((job_id, attempt, reason))
 
     def final_metrics(self, job_id: str) -> dict[str, Any] | None:
         return {"val_accuracy": 0.99}

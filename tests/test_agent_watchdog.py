@@ -1,0 +1,116 @@
+"""A real agent process stops when its job directory is gone or the control plane says so, and
+SIGTERM ends it even while the storage it wants to clean up to is unreachable."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from stack.embedded import GcsEmulator, start_gcs_emulator
+from tests.conftest import digits_spec, scaled
+from trainjobs import storage
+from trainjobs.messages import AgentAssignment
+from trainjobs.spec import JobSpec
+from trainjobs.watchdog import request_stop
+
+BUCKET = "watchdog-test"
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def own_emulator() -> Iterator[GcsEmulator]:
+    """An emulator of this test's own, which it may kill."""
+    emu = start_gcs_emulator(None, bucket=BUCKET)
+    yield emu
+    emu.stop()
+
+
+def _client(emu: GcsEmulator):  # type: ignore[no-untyped-def]
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage as gcs
+
+    os.environ["STORAGE_EMULATOR_HOST"], saved = emu.url, os.environ.get("STORAGE_EMULATOR_HOST")
+    try:
+        return gcs.Client(project="t", credentials=AnonymousCredentials())
+    finally:
+        if saved is not None:
+            os.environ["STORAGE_EMULATOR_HOST"] = saved
+
+
+def _start_agent(emu: GcsEmulator, tmp_path: Path, **env: str) -> tuple[subprocess.Popen[bytes], str]:
+    job_dir = f"gs://{BUCKET}/jobs/w1"
+    # A long job on a dataset that is there only as a name: the agent is busy, or stuck, when stopped.
+    spec = JobSpec.model_validate(digits_spec(training={"epochs": 500}))
+    assignment = AgentAssignment(job_id="w1", attempt=1, spec=spec, dataset_uri=f"gs://{BUCKET}/datasets/none")
+    import json
+
+    _client(emu).bucket(BUCKET).blob("jobs/w1/spec.json").upload_from_string(
+        json.dumps(assignment.model_dump(mode="json")))
+    child_env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "STORAGE_EMULATOR_HOST": emu.url,
+                 "TRAINJOBS_BUCKET": BUCKET, "TRAINJOBS_METADATA_URL": "off", "TF_CPP_MIN_LOG_LEVEL": "3",
+                 "TRAINJOBS_HEARTBEAT_S": "1", **env}
+    log = (tmp_path / "agent.out").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "worker.agent", "--job-dir", job_dir,
+                             "--work-dir", str(tmp_path / "work")], env=child_env, stdout=log, stderr=subprocess.STDOUT)
+    return proc, job_dir
+
+
+def _wait_for_first_report(emu: GcsEmulator, proc: subprocess.Popen[bytes]) -> None:
+    blob = _client(emu).bucket(BUCKET).blob("jobs/w1/status.json")
+    deadline = time.monotonic() + scaled(60)
+    while not blob.exists():
+        assert proc.poll() is None, "the agent exited before it reported"
+        assert time.monotonic() < deadline, "the agent never reported"
+        time.sleep(0.2)
+
+
+def _exit_code(proc: subprocess.Popen[bytes], within_s: float, tmp_path: Path) -> int:
+    try:
+        return proc.wait(within_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"the agent was still running after {within_s:.0f}s:\n"
+                    + (tmp_path / "agent.out").read_text()[-3000:])
+
+
+def test_an_agent_whose_storage_is_gone_stops_by_itself(own_emulator: GcsEmulator, tmp_path: Path) -> None:
+    proc, _ = _start_agent(own_emulator, tmp_path, TRAINJOBS_WATCHDOG_EVERY_S="0.5",
+                           TRAINJOBS_WATCHDOG_UNREACHABLE_S="3")
+    _wait_for_first_report(own_emulator, proc)
+    own_emulator.stop()  # the control plane's storage is gone; nobody will ever delete this machine
+    assert _exit_code(proc, scaled(60), tmp_path) == 143
+    assert "unreachable for" in (tmp_path / "agent.out").read_text()
+
+
+def test_an_agent_stops_when_the_control_plane_asks(own_emulator: GcsEmulator, tmp_path: Path) -> None:
+    proc, job_dir = _start_agent(own_emulator, tmp_path, TRAINJOBS_WATCHDOG_EVERY_S="0.5")
+    _wait_for_first_report(own_emulator, proc)
+    saved = os.environ.get("STORAGE_EMULATOR_HOST")
+    os.environ["STORAGE_EMULATOR_HOST"] = own_emulator.url
+    try:
+        request_stop(job_dir, "the job was cancelled", attempt=1)
+    finally:
+        if saved is not None:
+            os.environ["STORAGE_EMULATOR_HOST"] = saved
+    assert _exit_code(proc, scaled(60), tmp_path) == 143
+    assert "stop requested: the job was cancelled" in (tmp_path / "agent.out").read_text()
+
+
+def test_sigterm_ends_an_agent_even_when_its_cleanup_cannot_reach_storage(own_emulator: GcsEmulator,
+                                                                            tmp_path: Path) -> None:
+    # The watchdog would wait 20 minutes: this is SIGTERM's own doing.
+    proc, _ = _start_agent(own_emulator, tmp_path, TRAINJOBS_WATCHDOG_UNREACHABLE_S="1200",
+                           TRAINJOBS_TERM_GRACE_S="2")
+    _wait_for_first_report(own_emulator, proc)
+    own_emulator.stop()
+    time.sleep(1.0)  # the agent's next storage call now retries against nothing
+    proc.send_signal(signal.SIGTERM)
+    assert _exit_code(proc, scaled(60), tmp_path) == 143
