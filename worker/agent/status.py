@@ -24,6 +24,11 @@ log = logging.getLogger("trainjobs.agent")
 
 ERROR_LOG_LINES = 30
 FINAL_WRITE_ATTEMPTS = 4
+# The log is uploaded this often when it grew, so `logs --follow` and the dashboard see a line within
+# about a second (issue 13), not at the next 10-second heartbeat. Each upload is the whole file (an
+# object cannot be appended to), so past QUICK_LOG_MAX_BYTES the log waits for the heartbeat instead.
+LOG_FLUSH_S = 1.0
+QUICK_LOG_MAX_BYTES = 4 << 20
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -143,18 +148,26 @@ class StatusReporter:
     def upload_log(self) -> None:
         for handler in logging.getLogger().handlers:
             handler.flush()
-        size = self.log_file.stat().st_size if self.log_file.exists() else 0
+        size = self._log_bytes()
         if size != self._log_size_uploaded:
             storage.blob(self.job.log_uri).upload_from_filename(str(self.log_file), content_type="text/plain")
             self._log_size_uploaded = size
 
     def _beat(self) -> None:
-        while not self._stop.wait(self.heartbeat_s):
+        next_beat = time.monotonic() + self.heartbeat_s
+        while not self._stop.wait(min(LOG_FLUSH_S, self.heartbeat_s)):
             try:
-                self.write()
-                self.upload_log()
+                if time.monotonic() >= next_beat:
+                    next_beat = time.monotonic() + self.heartbeat_s
+                    self.write()
+                    self.upload_log()
+                elif self._log_bytes() <= QUICK_LOG_MAX_BYTES:
+                    self.upload_log()
             except Exception as exc:  # a missed beat is survivable; a dead heartbeat thread is not
                 log.warning("heartbeat failed: %s", exc)
+
+    def _log_bytes(self) -> int:
+        return self.log_file.stat().st_size if self.log_file.exists() else 0
 
 
 def _message(error: BaseException) -> str:
