@@ -89,7 +89,7 @@ def test_on_demand_node_asks_for_no_spot(fake: FakeTpuApi) -> None:
 
 
 def test_topology_is_sent_as_an_accelerator_config(fake: FakeTpuApi) -> None:
-    provisioner(fake).create(tpu_request(tpu_type="v4-32", topology="2x2x4"))
+    provisioner(fake).create(tpu_request(tpu_type="v4-32", topology="2x2x4", runtime_version="tpu-vm-tf-2.18.0-pod-pjrt"))
     [body] = sent(fake, "POST", "nodes")
     assert "acceleratorType" not in body
     assert body["acceleratorConfig"]["topology"] == "2x2x4"

@@ -18,6 +18,13 @@ REJECTED = [
     ("mirrored on tpu", {"accelerator": TPU, "strategy": "mirrored"}, "strategy", "TPU trains under"),
     ("unknown tpu type", {"accelerator": {"type": "tpu", "tpu_type": "v9-8"}, "strategy": "auto"}, "accelerator.tpu_type", "unknown TPU type"),
     ("tpu size not sold", {"accelerator": {"type": "tpu", "tpu_type": "v4-6"}, "strategy": "auto"}, "accelerator.tpu_type", "powers of two"),
+    ("tpu image without tensorflow", {"accelerator": {**TPU, "runtime_version": "tpu-ubuntu2204-base"}, "strategy": "auto"},
+     "accelerator.runtime_version", "not a TensorFlow TPU VM image"),
+    ("tpu image too old", {"accelerator": {**TPU, "runtime_version": "tpu-vm-tf-2.15.0-pjrt"}, "strategy": "auto"},
+     "accelerator.runtime_version", "needs 2.16 or newer"),
+    ("single-host image on a pod slice", {"accelerator": {"type": "tpu", "tpu_type": "v4-32",
+                                                          "runtime_version": "tpu-vm-tf-2.18.0-pjrt"}, "strategy": "auto"},
+     "accelerator.runtime_version", "need a pod image"),
     ("bad topology", {"accelerator": {**TPU, "topology": "2by2"}, "strategy": "auto"}, "accelerator.topology", "pattern"),
     ("multi worker with one worker", {"strategy": "multi_worker_mirrored", "workers": 1}, "workers", "workers >= 2"),
     ("workers without multi-worker", {"strategy": "mirrored", "workers": 2}, "strategy", "multi_worker_mirrored"),
@@ -81,6 +88,8 @@ ACCEPTED = [
     ("cpu mirrored", {}),
     ("tpu auto bf16", {"accelerator": TPU, "strategy": "auto", "precision": "auto"}),
     ("tpu pod slice", {"accelerator": {"type": "tpu", "tpu_type": "v5litepod-16", "topology": "4x4"}, "strategy": "tpu"}),
+    ("tpu pod image", {"accelerator": {"type": "tpu", "tpu_type": "v4-32", "runtime_version": "tpu-vm-tf-2.17.0-pod-pjrt"},
+                       "strategy": "tpu"}),
     ("gpus mirrored fp16", {"accelerator": GPU2, "strategy": "mirrored", "precision": "mixed_float16"}),
     ("multi worker", {"accelerator": GPU2, "strategy": "multi_worker_mirrored", "workers": 2,
                       "training": {"global_batch_size": 64}}),
@@ -101,3 +110,11 @@ def test_malformed_json_is_a_422_not_a_500(api):
     r = api.post("/v1/jobs", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 422
     assert r.json()["error"]["error"] == "invalid_spec"
+
+
+@pytest.mark.parametrize("tpu_type, image", [("v4-8", "tpu-vm-tf-2.18.0-pjrt"), ("v5litepod-8", "tpu-vm-tf-2.18.0-pjrt"),
+                                             ("v4-32", "tpu-vm-tf-2.18.0-pod-pjrt"), ("v6e-16", "tpu-vm-tf-2.18.0-pod-pjrt")])
+def test_a_tpu_job_without_an_image_gets_the_tested_one_of_its_slice_kind(api, tpu_type, image):
+    r = api.post("/v1/jobs", json=digits_spec(accelerator={"type": "tpu", "tpu_type": tpu_type}, strategy="tpu"))
+    assert r.status_code == 201, r.text
+    assert r.json()["spec"]["accelerator"]["runtime_version"] == image

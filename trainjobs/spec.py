@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, mode
 from pydantic_core import PydanticCustomError
 
 from trainjobs.catalogue import GPU_TYPES, TPU_GENERATIONS
+from trainjobs.tpu_runtimes import default_tpu_runtime, tpu_runtime_problem
 
 # Strict numbers: JSON true is not the integer 1, and "3" is not the number 3.
 Int = Annotated[int, Strict()]
@@ -97,10 +98,28 @@ class TpuAccelerator(_Strict):
     tpu_type: str = Field(description="Cloud TPU accelerator type, e.g. v4-8, v5litepod-8, v6e-16.")
     runtime_version: str = Field(
         default="tpu-vm-tf-2.18.0-pjrt", min_length=1, max_length=100,
-        description="TPU VM software version (image).",
+        description="TPU VM software version (image): a TensorFlow PJRT image, tpu-vm-tf-X.Y.Z-pjrt for one "
+                    "host or tpu-vm-tf-X.Y.Z-pod-pjrt for a slice of several (TensorFlow 2.16 or newer). "
+                    "Default: the tested 2.18.0 image of the slice's kind.",
     )
     topology: str | None = Field(default=None, pattern=r"^\d{1,3}x\d{1,3}(x\d{1,3})?$")
     spot: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_runtime(cls, data: Any) -> Any:
+        """No runtime_version: the default image of the slice's kind (a multi-host slice needs a pod image)."""
+        if isinstance(data, dict) and data.get("runtime_version") is None and isinstance(data.get("tpu_type"), str):
+            if (m := _TPU_TYPE.fullmatch(data["tpu_type"])) is not None:
+                data = {**data, "runtime_version": default_tpu_runtime(_tpu_hosts(m.group(1), int(m.group(2))))}
+        return data
+
+    @model_validator(mode="after")
+    def _usable_runtime(self) -> TpuAccelerator:
+        # The agent trains with the image's own TensorFlow: refuse at submit what it cannot run on.
+        if (problem := tpu_runtime_problem(self.runtime_version, self.hosts)) is not None:
+            raise _fail("runtime_version", problem)
+        return self
 
     @field_validator("tpu_type")
     @classmethod
@@ -121,8 +140,13 @@ class TpuAccelerator(_Strict):
 
     @property
     def hosts(self) -> int:
-        gen = self.tpu_type.rsplit("-", 1)[0]
-        return max(1, self.replicas // TPU_GENERATIONS[gen].replicas_per_host)
+        gen, n = self.tpu_type.rsplit("-", 1)
+        return _tpu_hosts(gen, int(n))
+
+
+def _tpu_hosts(generation: str, units: int) -> int:
+    g = TPU_GENERATIONS[generation]
+    return max(1, units // g.units_per_replica // g.replicas_per_host)
 
 
 class GpuAccelerator(_Strict):

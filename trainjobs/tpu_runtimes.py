@@ -11,14 +11,20 @@ from __future__ import annotations
 
 import re
 
-DEFAULT_TPU_RUNTIME = "tpu-vm-tf-2.18.0-pjrt"
+DEFAULT_TPU_RUNTIME = "tpu-vm-tf-2.18.0-pjrt"  # one host
+DEFAULT_TPU_POD_RUNTIME = "tpu-vm-tf-2.18.0-pod-pjrt"  # a slice of several hosts
 MIN_TENSORFLOW = (2, 16)  # the first TPU images with Keras 3
 _TF_IMAGE = re.compile(r"^tpu-vm-tf-(\d+)\.(\d+)\.(\d+)(-pod)?-pjrt$")
 
 
+def default_tpu_runtime(hosts: int) -> str:
+    """The image a spec gets when it names none: the tested TensorFlow, of the slice's kind."""
+    return DEFAULT_TPU_POD_RUNTIME if hosts > 1 else DEFAULT_TPU_RUNTIME
+
+
 def tpu_runtime_problem(runtime_version: str, hosts: int) -> str | None:
     """Why the agent cannot run on this image with this many hosts, or None if it can."""
-    pod = "tpu-vm-tf-2.18.0-pod-pjrt" if hosts > 1 else DEFAULT_TPU_RUNTIME
+    pod = default_tpu_runtime(hosts)
     m = _TF_IMAGE.match(runtime_version)
     if m is None:
         return (f"{runtime_version!r} is not a TensorFlow TPU VM image the agent can use (the agent trains with the "
