@@ -83,8 +83,31 @@ def describe_errors(errors: list[dict[str, Any]], strip: tuple[str, ...] = ()) -
         field = (err.get("ctx") or {}).get("field")
         if field and (not loc or loc[-1] != field):
             loc.append(field)
-        out.append({"field": ".".join(loc) or "body", "reason": err.get("msg", "invalid")})
+        reason = err.get("msg", "invalid")
+        if err.get("type") == "extra_forbidden" and (hint := closest_field([str(p) for p in err.get("loc", ())])):
+            reason += f"; did you mean {hint!r}?"
+        out.append({"field": ".".join(loc) or "body", "reason": reason})
     return out
+
+
+def closest_field(loc: list[str]) -> str | None:
+    """The valid field name nearest to the unknown one at the end of `loc` (a JobSpec path as Pydantic
+    gives it, tags of unions included), for a typo like `trainig` or `tpu_typ`; None if nothing is close."""
+    import difflib
+    import typing
+
+    def models(annotation: Any) -> list[type[BaseModel]]:
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            return [annotation]
+        return [m for arg in typing.get_args(annotation) for m in models(arg)]
+
+    candidates: list[type[BaseModel]] = [JobSpec]
+    for part in loc[:-1]:
+        inner = [m for c in candidates if part in c.model_fields for m in models(c.model_fields[part].annotation)]
+        candidates = inner or candidates  # a union's tag (accelerator.tpu) names no field: stay
+    names = sorted({n for c in candidates for n in c.model_fields})
+    found = difflib.get_close_matches(loc[-1], names, n=1, cutoff=0.6) if loc else []
+    return found[0] if found else None
 
 
 # --- accelerators -------------------------------------------------------------------------------
