@@ -249,7 +249,10 @@ def api(host: str, port: int, data_dir: Path, migrate: bool) -> None:
 @click.option("--local-devices", default=2, type=int, show_default=True,
               help="local provisioner: logical CPU devices standing in for the requested accelerators")
 @click.option("--migrate", is_flag=True)
-def worker(data_dir: Path, provisioner: str, concurrency: int, local_devices: int, migrate: bool) -> None:
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+              help="serve Prometheus metrics (claims, phases, staging, machines, driver errors) on this port")
+def worker(data_dir: Path, provisioner: str, concurrency: int, local_devices: int, migrate: bool,
+           metrics_port: int | None) -> None:
     """Claim and drive jobs. SIGTERM stops claiming and hands running jobs to other workers."""
     _require({"local": "local", "gcp": "gcp"}.get(provisioner, "server"), "worker")
     from service.db.session import NotMigrated, check_migrated, get_engine
@@ -262,8 +265,13 @@ def worker(data_dir: Path, provisioner: str, concurrency: int, local_devices: in
         raise click.ClickException(str(exc)) from exc
     storage = resolve_storage(data_dir) if provisioner != "memory" else None
     w = _make_worker(url, data_dir, provisioner, concurrency, local_devices)
+    if metrics_port is not None:
+        from worker import metrics
+
+        metrics.serve(metrics_port)
     w.start()
-    click.echo(f"worker {w.name} running ({provisioner} provisioner, {concurrency} at once)")
+    click.echo(f"worker {w.name} running ({provisioner} provisioner, {concurrency} at once)"
+               + (f", metrics on :{metrics_port}/metrics" if metrics_port is not None else ""))
     _wait_for_signal()
     w.shutdown()
     if storage:

@@ -29,6 +29,7 @@ from service.db.models import Job
 from service.db.session import transaction
 from trainjobs.messages import AgentError, AgentReport, AgentState
 from trainjobs.spec import JobSpec
+from worker import metrics
 from worker.outages import is_outage
 from trainjobs.machine_plan import hourly_price_usd
 from worker.provisioner import (
@@ -118,6 +119,7 @@ class JobDriver:
             self.channel.prepare(str(job.id), job.attempt, spec, job.dataset_uri or "")
             try:
                 machine = self.provisioner.create(request)
+                metrics.MACHINES_CREATED.inc()
             except NoCapacity as exc:
                 log.info("job %s waits for capacity: %s", job.id, exc)
                 return False
@@ -193,6 +195,7 @@ class JobDriver:
 
     def _step_failed(self, exc: Exception) -> None:
         self._failed_in_a_row += 1
+        metrics.DRIVER_ERRORS.labels("outage" if is_outage(exc) else "error").inc()
         if is_outage(exc):
             log.warning("job %s: a service is unreachable (%s); retrying, not counted as a failure",
                         self.job_id, _describe(exc))
@@ -276,6 +279,7 @@ class JobDriver:
         # a machine only the label finds.
         for m in self.provisioner.list({LABEL_JOB: str(job.id)}):
             self.provisioner.delete(m.name)
+            metrics.MACHINES_DELETED.inc()
 
     def _load(self) -> Job | None:
         with transaction(self.factory) as session:
@@ -298,6 +302,7 @@ class JobDriver:
             transition(session, job.id, job.status, to, reason=reason, owner=self.owner, error=error,
                        bump_attempt=bump_attempt)
         log.info("job %s: %s -> %s (%s)", job.id, job.status.value, to.value, reason)
+        metrics.left_phase(job, job.status)
         return True
 
 

@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +28,7 @@ from service.db import queue
 from service.db.jobstate import NOTIFY_CHANGED, NOTIFY_QUEUED, JobStatus
 from service.db.session import session_factory, transaction
 from trainjobs.storage_limits import WORKER_LIMITS, limited_calls
+from worker import metrics
 from worker.driver import DriverConfig, JobDriver
 from worker.provisioner import JobChannel, Provisioner, Stager
 
@@ -138,6 +140,7 @@ class Worker:
         if claim is None:
             return False
         log.info("claimed job %s (%s -> %s)", claim.job_id, claim.from_status.value, claim.to_status.value)
+        metrics.claimed(claim.takeover)
         with self._lock:
             if (running := self._active.get(claim.job_id)) is not None:
                 # Our own lease lapsed (a long database outage) and we took the job over from ourselves:
@@ -155,6 +158,7 @@ class Worker:
         # round trip (no pool checkout ping, no BEGIN/COMMIT around a single atomic statement).
         if self._claim_conn is None:
             self._claim_conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        started = time.perf_counter()
         try:
             return statement(self._claim_conn, self.name, self.config.lease_s)
         except DBAPIError:
@@ -162,6 +166,8 @@ class Worker:
             self._claim_conn.close()
             self._claim_conn = None
             raise
+        finally:
+            metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
 
     def _drive(self, driver: JobDriver) -> None:
         try:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from trainjobs import storage
 from trainjobs.source_rules import DataAccessRules, SourceRefused, check_source
 from trainjobs.spec import JobSpec
-from worker.provisioner import DatasetError
+from worker import metrics
+from worker.provisioner import DatasetError, StagingStopped
 from worker.staging import stage_dataset
 
 
@@ -25,10 +27,21 @@ class GcsStager:
             _check_module(spec.model.module, rules, self.bucket or storage.bucket_name(), project_id)
         work = self.work_dir / job_id
         work.mkdir(parents=True, exist_ok=True)
+        started, outcome = time.monotonic(), "error"
         try:
-            return stage_dataset(spec.dataset, project_id=project_id, bucket=self.bucket, work_dir=work,
-                                 rules=rules, should_stop=should_stop).uri
+            staged = stage_dataset(spec.dataset, project_id=project_id, bucket=self.bucket, work_dir=work,
+                                   rules=rules, should_stop=should_stop)
+            outcome = "staged" if staged.uploaded_objects else "reused"
+            metrics.STAGING_BYTES.inc(staged.uploaded_bytes)
+            return staged.uri
+        except DatasetError:
+            outcome = "rejected"
+            raise
+        except StagingStopped:
+            outcome = "stopped"
+            raise
         finally:
+            metrics.STAGING_SECONDS.labels(outcome).observe(time.monotonic() - started)
             shutil.rmtree(work, ignore_errors=True)  # downloads and shards; GCS has them now
 
 

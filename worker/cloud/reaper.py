@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.db.models import Job
 from service.db.session import transaction
 from trainjobs.states import TERMINAL
+from worker import metrics
 from worker.provisioner import LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED, MachineInfo, Provisioner
 
 log = logging.getLogger("trainjobs.worker")
@@ -50,6 +51,7 @@ def reap_orphans(provisioner: Provisioner, factory: sessionmaker[Session]) -> in
     for m in doomed:
         log.info("reaping %s (job %s, %s)", m.name, m.labels.get(LABEL_JOB), m.state.value)
         provisioner.delete(m.name)
+        metrics.MACHINES_REAPED.inc()
     if doomed:
         log.warning("reaper deleted %d orphaned machine(s): %s", len(doomed), ", ".join(m.name for m in doomed))
     return len(doomed)

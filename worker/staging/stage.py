@@ -31,6 +31,7 @@ class StagedDataset:
     sha256: str
     manifest: dict[str, Any]
     uploaded_objects: int  # 0 when the dataset was already staged
+    uploaded_bytes: int = 0
 
     @property
     def manifest_uri(self) -> str:
@@ -67,13 +68,14 @@ def stage_dataset(ds: DatasetSpec, *, project_id: str, work_dir: Path, bucket: s
         in_place = source.in_place_shards(ds.format) if isinstance(source, GcsSource) else []
         if in_place:
             class_names, shape, splits = scan_in_place(in_place, options.validation_split, budget)
-            source_format, uploaded = "tfrecord", 0
+            source_format, uploaded, uploaded_bytes = "tfrecord", 0, 0
         else:
             source_format, examples = source.read(ds.format, options, scratch)
             class_names, shape = examples.class_names, examples.feature_shape
             budget.check_stop()
             splits = write_splits(examples, options, scratch / "out")
             budget.check_stop()
+            uploaded_bytes = sum(p.stat().st_size for p in (scratch / "out").rglob("*") if p.is_file())
             uploaded = len(storage.upload_dir(scratch / "out", uri))
         manifest = build_manifest(
             sha256=sha, source=ds.source, source_format=source_format, class_names=class_names,
@@ -84,4 +86,4 @@ def stage_dataset(ds: DatasetSpec, *, project_id: str, work_dir: Path, bucket: s
         storage.write_json(f"{uri}/{MANIFEST_NAME}", manifest)
     log.info("staged %s as %s: %s in %.1f s", ds.source, uri,
              {k: v.examples for k, v in splits.items()}, time.monotonic() - started)
-    return StagedDataset(uri, sha, manifest, uploaded + 1)
+    return StagedDataset(uri, sha, manifest, uploaded + 1, uploaded_bytes)
