@@ -141,14 +141,15 @@ def test_plan_follows_the_hardware(accelerator: dict[str, Any], local: int | Non
                                    precision: str, spe: int) -> None:
     plan = _plan(accelerator, local, cc)
     assert (plan.strategy, plan.precision, plan.steps_per_execution) == (strategy, precision, spe)
-    assert plan.steps_per_epoch % plan.steps_per_execution == 0
+    # Every step the data and batch imply, whether or not steps_per_execution divides them.
+    assert plan.steps_per_epoch == 1437 // plan.global_batch_size
 
 
 @pytest.mark.parametrize(("training", "global_batch", "lr", "warmup_steps"), [
     ({"per_replica_batch_size": 64}, 128, 0.001, 0),
     ({"global_batch_size": 256, "lr_scaling": "linear", "lr_base_batch_size": 128}, 256, 0.002, 0),
     ({"per_replica_batch_size": 32, "lr_scaling": "sqrt", "lr_base_batch_size": 16}, 64, 0.002, 0),
-    ({"per_replica_batch_size": 32, "warmup_epochs": 1.5, "epochs": 3}, 64, 0.001, 30),  # 22 steps -> 20 (spe 4)
+    ({"per_replica_batch_size": 32, "warmup_epochs": 1.5, "epochs": 3}, 64, 0.001, 33),  # 22 steps an epoch
 ])
 def test_plan_scales_batch_and_learning_rate_over_the_replicas_it_got(training: dict[str, Any], global_batch: int,
                                                                       lr: float, warmup_steps: int) -> None:
@@ -193,9 +194,10 @@ def test_checkpoints_follow_the_epoch_and_step_schedules_at_call_boundaries(
 @pytest.mark.parametrize(("saved", "steps_per_epoch", "start", "noted"), [
     (TrainingPosition(1, 8, 20), 12, TrainingPosition(1, 8, 20), False),
     (TrainingPosition(1, 0, 12), 12, TrainingPosition(1, 0, 12), False),
-    # Saved under another plan: back to this plan's execution boundary, at least one call left.
-    (TrainingPosition(1, 6, 18), 12, TrainingPosition(1, 4, 18), True),
-    (TrainingPosition(1, 10, 22), 8, TrainingPosition(1, 4, 22), True),
+    # Not at an execution boundary of this plan: the epoch's last call is a shorter one.
+    (TrainingPosition(1, 6, 18), 12, TrainingPosition(1, 6, 18), False),
+    # Saved under a plan with longer epochs: this plan's last step, so one step is left to run.
+    (TrainingPosition(1, 10, 22), 8, TrainingPosition(1, 7, 22), True),
     (TrainingPosition(3, 0, 36), 12, TrainingPosition(2, 0, 36), False),  # every epoch done
 ])
 def test_resume_starts_where_the_checkpoint_was_taken(saved: TrainingPosition, steps_per_epoch: int,

@@ -131,11 +131,8 @@ def resolve_plan(spec: JobSpec, hardware: Hardware, strategy: str, replicas: int
         if spe < spec.steps_per_execution:
             notes.append(f"steps_per_execution {spec.steps_per_execution} -> {spe}: an epoch of this dataset "
                          f"at global batch {global_batch} has only {steps} steps")
-    # Keras runs whole executions, so an epoch that is not a multiple would overrun; the input
-    # repeats, so trimming the epoch loses no data, it only moves the epoch boundary.
-    if steps % spe:
-        notes.append(f"steps_per_epoch {steps} -> {steps - steps % spe} to be a multiple of steps_per_execution {spe}")
-        steps -= steps % spe
+    # An epoch that is not a whole number of executions ends with a shorter call
+    # (step_functions.CountingTrainFunction): every epoch runs all of its steps.
 
     return RuntimePlan(
         strategy=strategy,
@@ -162,18 +159,16 @@ def resume_from(plan: RuntimePlan, saved: TrainingPosition) -> RuntimePlan:
     """The plan continued from a checkpoint taken at `saved`.
 
     A mid-epoch checkpoint resumes mid-epoch: training first runs the rest of that epoch, so the
-    job still trains `epochs` epochs of `steps_per_epoch` steps. That rest must be whole
-    executions. It is, unless this machine's plan differs from the one that saved (another
-    replica count or steps_per_execution); then the resumed step moves back to an execution
-    boundary, repeating a few steps rather than cutting the epoch short.
+    job still trains `epochs` epochs of `steps_per_epoch` steps. A checkpoint saved under a plan
+    with longer epochs (another replica count) can lie past this plan's last step; it resumes at
+    that last step, so at least one step of the epoch is left to run.
     """
     if saved.epoch >= plan.epochs:
         return replace(plan, initial_epoch=plan.epochs, initial_global_step=saved.global_step)
-    spe = plan.steps_per_execution
-    step = min(saved.step // spe * spe, plan.steps_per_epoch - spe)
+    step = min(saved.step, plan.steps_per_epoch - 1)
     notes = plan.notes
     if step != saved.step:
-        notes += (f"checkpoint at step {saved.step} of epoch {saved.epoch + 1} resumes at step {step}, a boundary "
-                  f"of this plan's executions of {spe} steps in epochs of {plan.steps_per_epoch}",)
+        notes += (f"checkpoint at step {saved.step} of epoch {saved.epoch + 1} resumes at step {step}: "
+                  f"this plan's epochs have {plan.steps_per_epoch} steps",)
     return replace(plan, initial_epoch=saved.epoch, initial_step=step, initial_global_step=saved.global_step,
                    notes=notes)

@@ -10,10 +10,13 @@ asks for a placeholder no one feeds ("You must feed a value for placeholder tens
 'while/cond/Placeholder_1'", keras-team/keras#19246; Keras' LossScaleOptimizer documents the same
 rule). Here no step runs inside a cond:
 
-- training runs exactly `steps_per_execution` steps in a tf.while_loop, the loop tf.keras 2 ran
-  under every strategy: its input repeats without end and the plan makes every epoch a whole
-  number of executions. It counts, inside the graph, the steps it ran, so the history shows how
-  many steps each call really took;
+- training runs `steps_per_execution` steps in a tf.while_loop, the loop tf.keras 2 ran under
+  every strategy: its input repeats without end. An epoch that is not a whole number of
+  executions ends with a shorter call: the loop's trip count is an argument of the traced function
+  (one trace serves both lengths), and the function counts the steps of the epoch it is in, since
+  Keras would ask for a whole execution there (its epoch iterator steps by steps_per_execution and
+  never says how many steps are left). It counts, inside the graph, the steps it ran, so the
+  history shows how many steps each call really took;
 - validation data is finite, so its loop stops when the data does: the loop condition tests the
   next batch, which is fetched ahead (only that fetch sits in a cond, and it has no merge_call).
 """
@@ -24,30 +27,51 @@ from typing import Any
 
 
 class CountingTrainFunction:
-    """Installed as `model.train_function`; fit() then calls it instead of building its own."""
+    """Installed as `model.train_function`; fit() then calls it instead of building its own.
+
+    `start_epochs(steps)` (before each model.fit) says how many steps each epoch of that fit has;
+    every call runs min(steps_per_execution, the steps left in the epoch)."""
 
     def __init__(self, model: Any, steps_per_execution: int):
         import tensorflow as tf
 
         self.calls = 0
+        self.steps_per_execution = steps_per_execution
+        self._epoch_steps: int | None = None
+        self._done_in_epoch = 0
         # Created outside the strategy scope: a plain host variable, bumped in cross-replica context.
         self._steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="trainjobs_steps_run")
         one_step = _distributed_step(model, model.train_step)
 
-        def execution(iterator: Any) -> Any:
+        def execution(iterator: Any, steps: Any) -> Any:
             # The first step outside the loop gives the loop its outputs' structure.
             outputs = one_step(next(iterator))
             self._steps.assign_add(1)
-            for _ in tf.range(steps_per_execution - 1):
+            for _ in tf.range(steps - 1):
                 outputs = one_step(next(iterator))
                 self._steps.assign_add(1)
             return outputs
 
         self._execution = tf.function(execution, reduce_retracing=True)
 
+    def start_epochs(self, steps_per_epoch: int) -> None:
+        if steps_per_epoch < 1:
+            raise ValueError(f"an epoch needs at least one step, got {steps_per_epoch}")
+        self._epoch_steps, self._done_in_epoch = steps_per_epoch, 0
+
+    def steps_for_next_call(self) -> int:
+        if self._epoch_steps is None:
+            return self.steps_per_execution
+        return min(self.steps_per_execution, self._epoch_steps - self._done_in_epoch)
+
     def __call__(self, iterator: Any) -> Any:
+        import tensorflow as tf
+
+        steps = self.steps_for_next_call()
         self.calls += 1
-        return self._execution(iterator)
+        if self._epoch_steps is not None:
+            self._done_in_epoch = (self._done_in_epoch + steps) % self._epoch_steps
+        return self._execution(iterator, tf.constant(steps, tf.int32))
 
     @property
     def steps_run(self) -> int:

@@ -50,9 +50,11 @@ class EpochRecorder(keras.callbacks.Callback):
         self._began = time.perf_counter()
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        # `batch` is the index, in this fit call's epoch, of the last step the call ran.
-        step = self._first_step + batch + 1
-        self.position = TrainingPosition(self._epoch, step, self._global_at_begin + batch + 1)
+        # `batch` is the index, in this fit call's epoch, of the last step Keras thinks the call ran:
+        # it counts whole executions, so the epoch's last, shorter call overshoots the epoch's end.
+        done = min(batch + 1, self.plan.steps_per_epoch - self._first_step)
+        step = self._first_step + done
+        self.position = TrainingPosition(self._epoch, step, self._global_at_begin + done)
         self.on_progress(self._epoch + step / self.plan.steps_per_epoch)
         began = time.perf_counter()
         self.on_call(self.position)
@@ -112,8 +114,10 @@ def fit(model: Any, plan: RuntimePlan, train_data: Any, val_data: Any | None, re
     if plan.initial_step:
         log.info("resuming epoch %d at step %d: %d of its %d steps left", first + 1, plan.initial_step,
                  plan.steps_per_epoch - plan.initial_step, plan.steps_per_epoch)
+        recorder.train_function.start_epochs(plan.steps_per_epoch - plan.initial_step)
         model.fit(train_data, initial_epoch=first, epochs=first + 1,
                   steps_per_epoch=plan.steps_per_epoch - plan.initial_step, **common)
         first += 1
     if first < plan.epochs:
+        recorder.train_function.start_epochs(plan.steps_per_epoch)
         model.fit(train_data, initial_epoch=first, epochs=plan.epochs, steps_per_epoch=plan.steps_per_epoch, **common)
