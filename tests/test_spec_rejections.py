@@ -65,7 +65,7 @@ REJECTED = [
     ("unknown builtin model", {"model": {"name": "transformer"}}, "model.name", "unknown model"),
     ("unsupported source", {"dataset": {"source": "ftp://host/x.npz"}}, "dataset.source", "unsupported dataset source"),
     ("csv option on npz", {"dataset": {"source": "d.npz", "format": "npz", "options": {"label_column": "y"}}},
-     "dataset.options", "label_column applies to csv"),
+     "dataset.options.label_column", "label_column applies to csv"),
     ("validation split too big", {"dataset": {"source": "d.npz", "options": {"validation_split": 0.9}}},
      "dataset.options.validation_split", "less than or equal to 0.5"),
     ("missing dataset", {"dataset": None}, "dataset", "valid dictionary"),

@@ -73,8 +73,13 @@ def test_sklearn_digits_stages_with_the_right_counts_and_shape(bucket: str, tmp_
     assert m["num_classes"] == 10 and m["class_names"] == [str(i) for i in range(10)]
     assert m["feature"] == {"key": "x", "shape": [8, 8, 1], "dtype": "float32"}
     assert m["label"] == {"key": "y", "dtype": "int64"}
-    assert m["splits"]["train"] == {"examples": 1438, "shards": ["shards/train-00000-of-00001.tfrecord"]}
-    assert m["splits"]["validation"] == {"examples": 359, "shards": ["shards/validation-00000-of-00001.tfrecord"]}
+    assert m["splits"]["train"] | {"class_counts": None} == {"examples": 1438, "class_counts": None,
+                                                              "shards": ["shards/train-00000-of-00001.tfrecord"]}
+    assert m["splits"]["validation"] | {"class_counts": None} == {
+        "examples": 359, "class_counts": None, "shards": ["shards/validation-00000-of-00001.tfrecord"]}
+    for split in ("train", "validation"):  # every example counted under its class
+        assert sum(m["splits"][split]["class_counts"]) == m["splits"][split]["examples"]
+    assert (m["dropped_examples"], m["notes"]) == (0, [])
     x, y = read_split(staged, "train")
     assert x.shape == (1438, 64) and x.min() >= 0.0 and x.max() <= 1.0 and set(y) == set(range(10))
     assert storage.read_json(f"{staged.uri}/manifest.json") == m
@@ -97,7 +102,7 @@ def test_changed_options_stage_a_different_dataset(bucket: str, tmp_path: Path) 
     no_validation = stage("sklearn:iris", bucket, tmp_path, options={"validation_split": 0.0})
 
     assert no_validation.sha256 != default.sha256
-    assert no_validation.manifest["splits"]["validation"] == {"examples": 0, "shards": []}
+    assert no_validation.manifest["splits"]["validation"] == {"examples": 0, "shards": [], "class_counts": [0, 0, 0]}
 
 
 def test_shards_hold_at_most_shard_examples(bucket: str, tmp_path: Path) -> None:
@@ -191,8 +196,10 @@ def test_gcs_tfrecord_prefix_is_used_in_place_without_copying(bucket: str, tmp_p
 
     m = staged.manifest
     assert m["in_place"] is True and m["feature"]["shape"] == [5] and m["num_classes"] == 3
-    assert m["splits"]["train"] == {"examples": 20, "shards": [f"gs://{bucket}/raw/train-0.tfrecord"]}
-    assert m["splits"]["validation"] == {"examples": 10, "shards": [f"gs://{bucket}/raw/validation-0.tfrecord"]}
+    assert m["splits"]["train"] == {"examples": 20, "shards": [f"gs://{bucket}/raw/train-0.tfrecord"],
+                                    "class_counts": [7, 7, 6]}
+    assert m["splits"]["validation"] == {"examples": 10, "shards": [f"gs://{bucket}/raw/validation-0.tfrecord"],
+                                         "class_counts": [3, 3, 4]}
     assert objects(bucket) == sorted(before + [f"{staged.uri}/manifest.json"])
     assert staged.uploaded_objects == 1
 
@@ -308,7 +315,7 @@ BAD_DATA = [
     ("npz-one-class", _npz_of(x=np.zeros((5, 2)), y=np.zeros(5)), {}, "needs at least 2 classes, found only 1"),
     ("npz-nan-feature", _npz_of(x=np.array([[1.0], [np.nan]]), y=np.arange(2)), {}, "example 1 has a NaN or infinite feature"),
     ("npz-string-features", _npz_of(x=np.array([["a"], ["b"]]), y=np.arange(2)), {}, "features are not numeric"),
-    ("csv-missing-label", _write("t.csv", "a,b\n1,2\n"), {}, "t.csv has no label column 'label' in its header (line 1, 2 columns)"),
+    ("csv-missing-label", _write("t.csv", "a,b\n1,2\n"), {}, "t.csv has no label column 'label' in its header (2 columns)"),
     ("csv-non-numeric", _write("t.csv", "a,b,label\n1,2,0\n3,x,1\n"), {}, "t.csv line 3, column 2: a feature that is not a number"),
     ("csv-no-rows", _write("t.csv", "a,label\n"), {}, "t.csv holds no examples"),
     ("csv-empty-file", _write("t.csv", ""), {}, "t.csv is empty"),
@@ -319,7 +326,8 @@ BAD_DATA = [
     ("images-corrupt", _images({"cat": 2, "dog": 2}, corrupt="dog/broken.png"), {}, "dog/broken.png is not a readable image"),
     ("tfrecord-corrupt", _write("r.tfrecord", b"\x00" * 30), {}, "r.tfrecord is not a TFRecord file or is corrupt"),
     ("tfrecord-truncated", _write("r.tfrecord", frame(b"x" * 40)[:30]), {}, "r.tfrecord is truncated"),
-    ("tfrecord-other-schema", _write("r.tfrecord", frame(_FOREIGN_EXAMPLE)), {}, "not in our TFRecord schema"),
+    ("tfrecord-other-schema", _write("r.tfrecord", frame(_FOREIGN_EXAMPLE)), {},
+     "r.tfrecord record 0 has neither our feature 'x' nor 'image/encoded' (it has 1 features)"),
     ("tfrecord-empty", _write("r.tfrecord", b""), {}, "r.tfrecord holds no examples"),
     ("unknown-extension", _write("data.bin", b"123"), {}, "cannot tell the format of 'data.bin'"),
     ("missing-path", lambda tmp: str(tmp / "nope.csv"), {}, "no file or folder at"),

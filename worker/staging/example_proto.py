@@ -145,6 +145,31 @@ def _int64_values(buf: bytes) -> list[int]:
     return values
 
 
+class NotOurSchema(DatasetError):
+    """A record that is a tf.train.Example, but not in our schema: converting it may still work."""
+
+
+FLOAT_LIST, INT64_LIST, BYTES_LIST = 2, 3, 1  # Feature's oneof field numbers (feature.proto)
+
+
+def feature_map(record: bytes, where: str) -> dict[str, tuple[int, bytes]]:
+    """{name: (Feature kind, list payload)} for one serialized Example; a DatasetError naming `where`
+    for bytes that are not one."""
+    try:
+        return _feature_map(record)
+    except ValueError as exc:
+        raise DatasetError(f"{where} is not a valid tf.train.Example ({exc})") from None
+
+
+def feature_values(kind: int, payload: bytes) -> np.ndarray | list[bytes]:
+    """A feature's values: float32 for a float_list, int64 for an int64_list, byte strings for a bytes_list."""
+    if kind == FLOAT_LIST:
+        return _float_values(payload)
+    if kind == INT64_LIST:
+        return np.asarray(_int64_values(payload), dtype=np.int64)
+    return [p for f, w, p in _fields(payload) if f == 1 and isinstance(p, bytes)]
+
+
 def _feature_map(record: bytes) -> dict[str, tuple[int, bytes]]:
     """{name: (Feature oneof field number, list payload)} for one serialized Example."""
     features: dict[str, tuple[int, bytes]] = {}
@@ -168,7 +193,8 @@ def decode_example(record: bytes, where: str) -> tuple[np.ndarray, int]:
         x_kind, y_kind = features.get("x"), features.get("y")
         if x_kind is None or y_kind is None or x_kind[0] != 2 or y_kind[0] != 3:
             # The feature names are the file's bytes: count them, never quote them.
-            raise DatasetError(f"{where} is not in our TFRecord schema ({SCHEMA}); it has {len(features)} other or differently typed features")
+            raise NotOurSchema(f"{where} is not in our TFRecord schema ({SCHEMA}); it has {len(features)} other or "
+                               "differently typed features: name yours with dataset.options x_key, y_key or features")
         labels = _int64_values(y_kind[1])
         if len(labels) != 1:
             raise DatasetError(f"{where}: feature 'y' must hold exactly one class id, it holds {len(labels)}")

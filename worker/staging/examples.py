@@ -9,7 +9,7 @@ Labels become class ids 0..K-1 by one rule for all formats:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -21,6 +21,8 @@ class Examples:
     x: np.ndarray  # float32 [n, *feature_shape]
     y: np.ndarray  # int64 [n], class ids 0..num_classes-1
     class_names: list[str]
+    dropped: int = 0  # rows of the source left out (a CSV's missing cells under na_policy drop)
+    notes: list[str] = field(default_factory=list)  # what staging did that the user should read
 
     @property
     def feature_shape(self) -> list[int]:
@@ -31,7 +33,8 @@ class Examples:
         return len(self.class_names)
 
 
-def make_examples(x: object, labels: object, what: str, class_names: list[str] | None = None) -> Examples:
+def make_examples(x: object, labels: object, what: str, class_names: list[str] | None = None, *,
+                  dropped: int = 0, notes: list[str] | None = None) -> Examples:
     """Validated Examples from raw features and labels; `what` names the data in error messages."""
     features = _features(x, what)
     y_raw = np.asarray(labels)
@@ -50,7 +53,7 @@ def make_examples(x: object, labels: object, what: str, class_names: list[str] |
     distinct = np.unique(y)
     if len(distinct) < 2:
         raise DatasetError(f"{what}: classification needs at least 2 classes, found only 1")
-    return Examples(features, y, names)
+    return Examples(features, y, names, dropped, list(notes or []))
 
 
 def _features(x: object, what: str) -> np.ndarray:

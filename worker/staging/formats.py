@@ -12,13 +12,14 @@ import tarfile
 import zipfile
 from pathlib import Path
 
+from trainjobs.spec import options_problem
 from worker.staging.budget import StagingBudget
 from worker.staging.errors import DatasetError
-from worker.staging.examples import Examples, make_examples
+from worker.staging.examples import Examples
 from worker.staging.options import ConversionOptions
 from worker.staging.read_images import read_image_folder, visible
 from worker.staging.read_tabular import read_csv, read_npz
-from worker.staging.tfrecord import read_examples as read_tfrecords
+from worker.staging.read_tfrecord import read_tfrecord_files
 
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz")
 
@@ -47,6 +48,9 @@ def read_local(path: Path, requested: str, options: ConversionOptions, scratch: 
         path = _unpack(path, scratch / "unpacked", budget)
     path = _unwrap(path)
     fmt = requested if requested != "auto" else _guess(path)
+    if requested == "auto" and options.spec is not None and (problem := options_problem(options.spec, fmt)):
+        raise DatasetError(f"dataset.options.{problem[0]}: {problem[1]} (the source was detected as {fmt}); "
+                           "remove the option or set dataset.format")
     if fmt in ("npz", "csv") and not path.is_file():
         raise DatasetError(f"format {fmt} needs a single .{fmt} file, but the source is a folder")
     if fmt == "image_folder" and not path.is_dir():
@@ -54,12 +58,11 @@ def read_local(path: Path, requested: str, options: ConversionOptions, scratch: 
     if fmt == "npz":
         return fmt, read_npz(path, options.x_key, options.y_key)
     if fmt == "csv":
-        return fmt, read_csv(path, options.label_column)
+        return fmt, read_csv(path, options.csv)
     if fmt == "image_folder":
         return fmt, read_image_folder(path, options.image_size, budget)
     files = [path] if path.is_file() else [p for p in visible(list(path.rglob("*"))) if p.is_file()]
-    x, y = read_tfrecords(files, path, budget)
-    return fmt, make_examples(x, y, path.name)
+    return fmt, read_tfrecord_files(files, path, options.tfrecord, budget)
 
 
 def _guess(path: Path) -> str:

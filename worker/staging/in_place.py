@@ -29,14 +29,15 @@ class ShardScan:
     uri: str
     examples: int
     feature_size: int | None
-    labels: frozenset[int]
+    labels: dict[int, int]  # examples of each class id
 
 
 _STOP_EVERY = 4096  # records between checks for a stop
 
 
 def scan_shard(blob: Any, uri: str, budget: StagingBudget) -> ShardScan:
-    count, size, labels = 0, None, set()
+    count, size = 0, None
+    labels: dict[int, int] = {}
     budget.check_stop()
     with blob.open("rb") as stream:
         for x, y in iter_examples(stream, uri):
@@ -48,9 +49,9 @@ def scan_shard(blob: Any, uri: str, budget: StagingBudget) -> ShardScan:
                 raise DatasetError(f"{uri} record {count}: {len(x)} features where earlier records have {size}")
             if not np.isfinite(x).all():
                 raise DatasetError(f"{uri} record {count} has a NaN or infinite feature")
-            labels.add(y)
+            labels[y] = labels.get(y, 0) + 1
             count += 1
-    return ShardScan(uri, count, size, frozenset(labels))
+    return ShardScan(uri, count, size, labels)
 
 
 def scan_in_place(shards: list[tuple[Any, str]], validation_split: float,
@@ -64,16 +65,16 @@ def scan_in_place(shards: list[tuple[Any, str]], validation_split: float,
         raise DatasetError(f"the TFRecord files at {uris[0].rsplit('/', 1)[0]}/ hold no examples")
     if len(sizes) > 1:
         raise DatasetError(f"the TFRecord files disagree on the number of features: {sorted(sizes)}")
-    labels = frozenset().union(*(s.labels for s in scans))
+    labels = set().union(*(s.labels for s in scans))
     if min(labels) < 0:
         raise DatasetError("TFRecords used in place need class ids 0..K-1 in 'y'; they hold a negative one")
     if len(labels) < 2:
         raise DatasetError("classification needs at least 2 classes, the TFRecords hold only 1")
-    splits = _assign_splits(scans, validation_split)
+    splits = _assign_splits(scans, validation_split, max(labels) + 1)
     return [str(i) for i in range(max(labels) + 1)], [sizes.pop()], splits
 
 
-def _assign_splits(scans: list[ShardScan], validation_split: float) -> dict[str, Split]:
+def _assign_splits(scans: list[ShardScan], validation_split: float, num_classes: int) -> dict[str, Split]:
     named = [_VALIDATION_NAME.search(s.uri.rsplit("/", 1)[-1].lower()) is not None for s in scans]
     if not any(named) and len(scans) >= 2:
         held = min(len(scans) - 1, round(len(scans) * validation_split))
@@ -82,7 +83,10 @@ def _assign_splits(scans: list[ShardScan], validation_split: float) -> dict[str,
     validation = [s for s, v in zip(scans, named, strict=True) if v]
     if not sum(s.examples for s in train):
         raise DatasetError("every TFRecord file with examples is named as validation data; there is nothing to train on")
+    def counts(group: list[ShardScan]) -> list[int]:
+        return [sum(s.labels.get(k, 0) for s in group) for k in range(num_classes)]
+
     return {
-        "train": Split(sum(s.examples for s in train), [s.uri for s in train]),
-        "validation": Split(sum(s.examples for s in validation), [s.uri for s in validation]),
+        "train": Split(sum(s.examples for s in train), [s.uri for s in train], counts(train)),
+        "validation": Split(sum(s.examples for s in validation), [s.uri for s in validation], counts(validation)),
     }

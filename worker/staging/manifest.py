@@ -11,7 +11,9 @@
 Shard paths are relative to the manifest's folder, or absolute gs:// URIs when the data is used in
 place. Each record is a tf.train.Example in our schema (example_proto.py): parse 'x' as
 FixedLenFeature([prod(shape)], float32) and reshape to `shape`; 'y' as FixedLenFeature([1], int64).
-A validation split may hold 0 examples and no shards (validation_split 0). The manifest is
+Each split also counts its examples of each class id (`class_counts`), and the manifest says how
+many source rows staging left out (`dropped_examples`, e.g. a CSV's rows with missing cells under
+na_policy drop) and why (`notes`). A validation split may hold 0 examples and no shards (validation_split 0). The manifest is
 written last: when it exists, every shard it names exists too.
 """
 
@@ -30,11 +32,20 @@ FORMAT_VERSION = 1
 class Split:
     examples: int
     shards: list[str]
+    class_counts: list[int] | None = None  # examples of each class id; None when not counted
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What staging did to the source's rows, for the job's record."""
+
+    dropped_examples: int = 0
+    notes: tuple[str, ...] = ()
 
 
 def build_manifest(
     *, sha256: str, source: str, source_format: str, class_names: list[str], feature_shape: list[int],
-    splits: dict[str, Split], options: ConversionOptions, in_place: bool,
+    splits: dict[str, Split], options: ConversionOptions, in_place: bool, provenance: Provenance = Provenance(),
 ) -> dict[str, Any]:
     return {
         "format_version": FORMAT_VERSION,
@@ -44,8 +55,11 @@ def build_manifest(
         "class_names": class_names,
         "feature": {"key": "x", "shape": feature_shape, "dtype": "float32"},
         "label": {"key": "y", "dtype": "int64"},
-        "splits": {name: {"examples": s.examples, "shards": s.shards} for name, s in splits.items()},
+        "splits": {name: {"examples": s.examples, "shards": s.shards, "class_counts": s.class_counts}
+                   for name, s in splits.items()},
         "in_place": in_place,
         "source_format": source_format,
         "options": options.as_dict(),
+        "dropped_examples": provenance.dropped_examples,
+        "notes": list(provenance.notes),
     }

@@ -3,7 +3,8 @@ covers and what the manifest records, so a default that changes can never reuse 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import json
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from trainjobs.spec import DatasetOptions
@@ -12,26 +13,70 @@ SHUFFLE_SEED = 20240601  # fixed: the same data and options always give the same
 
 
 @dataclass(frozen=True)
+class CsvOptions:
+    header: int | None = 0  # the header row after skip_rows; None: every row is data
+    skip_rows: int = 0
+    label_column: str | int | None = None  # None: 'label' with a header, the last column without
+    delimiter: str = ","
+    na_values: tuple[str, ...] = ("",)
+    na_policy: str = "error"  # error | drop | fill
+    na_fill: float = 0.0
+
+
+@dataclass(frozen=True)
+class TfrecordOptions:
+    x_key: str | None = None  # None: 'x', else the image layout's 'image/encoded'
+    y_key: str | None = None  # None: 'y', else 'image/class/label'
+    features: tuple[str, ...] | None = None
+    image_shape: tuple[int, int, int] | None = None
+    compression: str = "auto"  # auto | none | gzip | zlib
+
+    @property
+    def is_default(self) -> bool:
+        return self == TfrecordOptions()
+
+
+@dataclass(frozen=True)
 class ConversionOptions:
     validation_split: float
     shard_examples: int
-    label_column: str = "label"
+    label_column: str = "label"  # kept for the content hash of data staged before CsvOptions
     x_key: str = "x"
     y_key: str = "y"
     image_size: tuple[int, int] = (32, 32)  # (height, width)
+    csv: CsvOptions = CsvOptions()
+    tfrecord: TfrecordOptions = TfrecordOptions()
+    # The spec's options, to refuse those the detected format does not read; not part of the hash.
+    spec: DatasetOptions | None = field(default=None, compare=False)
 
     @classmethod
     def from_spec(cls, o: DatasetOptions) -> ConversionOptions:
+        csv = CsvOptions(
+            header=None if o.header == "none" else (o.header or 0), skip_rows=o.skip_rows,
+            label_column=o.label_column, delimiter=o.delimiter or ",",
+            na_values=tuple(o.na_values) if o.na_values is not None else ("",),
+            na_policy=o.na_policy, na_fill=o.na_fill if o.na_fill is not None else 0.0,
+        )
+        tfrecord = TfrecordOptions(
+            x_key=o.x_key, y_key=o.y_key, features=tuple(o.features) if o.features else None,
+            image_shape=(o.image_shape[0], o.image_shape[1], o.image_shape[2]) if o.image_shape else None,
+            compression=o.compression,
+        )
         return cls(
             validation_split=o.validation_split,
             shard_examples=o.shard_examples,
-            label_column=o.label_column or cls.label_column,
+            label_column=o.label_column if isinstance(o.label_column, str) else cls.label_column,
             x_key=o.x_key or cls.x_key,
             y_key=o.y_key or cls.y_key,
             image_size=(o.image_size[0], o.image_size[1]) if o.image_size else cls.image_size,
+            csv=csv,
+            tfrecord=tfrecord,
+            spec=o,
         )
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["image_size"] = list(self.image_size)
-        return d
+        del d["spec"]
+        # As JSON has it (tuples become lists), so a manifest compares equal once stored and read back.
+        loaded: dict[str, Any] = json.loads(json.dumps(d))
+        return loaded

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import csv
-import re
-import warnings
 import zipfile
 from pathlib import Path
 
@@ -12,9 +10,9 @@ import numpy as np
 
 from worker.staging.errors import DatasetError, short
 from worker.staging.examples import Examples, make_examples
+from worker.staging.options import CsvOptions
 
 SKLEARN_DATASETS = ("digits", "iris", "wine", "breast_cancer")
-_AT_ROW = re.compile(r"at row (\d+), column (\d+)")
 
 
 def read_npz(path: Path, x_key: str, y_key: str) -> Examples:
@@ -34,57 +32,129 @@ def read_npz(path: Path, x_key: str, y_key: str) -> Examples:
     return make_examples(x, y, path.name)
 
 
-def read_csv(path: Path, label_column: str) -> Examples:
-    """A header row, then one example per row; every column but the label is a numeric feature."""
+def read_csv(path: Path, o: CsvOptions) -> Examples:
+    """One example per row; every column but the label is a numeric feature (see CsvOptions).
+
+    Messages name the file's line and column (from 1), never a value or a column's name: both are
+    the file's bytes."""
+    header, rows, lines = _csv_rows(path, o)
+    width = len(header) if header is not None else (len(rows[0]) if rows else 0)
+    if not rows:
+        raise DatasetError(f"{path.name} holds no examples" + (" (only a header row)" if header is not None else ""))
+    at = _label_index(path.name, o, header, width)
+    feature_cols = [i for i in range(width) if i != at]
+    if not feature_cols:
+        raise DatasetError(f"{path.name} has only the label column: no feature columns")
+    cells = np.char.strip(np.asarray(rows, dtype=str))
+    missing = np.isin(cells, np.asarray(o.na_values, dtype=str)) if o.na_values else np.zeros(cells.shape, bool)
+    keep = np.ones(len(rows), bool)
+    label_missing = missing[:, at]
+    feature_missing = missing[:, feature_cols]
+    if label_missing.any() and o.na_policy != "drop":
+        line = lines[int(np.argmax(label_missing))]
+        raise DatasetError(f"{path.name} line {line}, column {at + 1}: the label is missing; fix the file or set "
+                           "dataset.options.na_policy to drop to leave such rows out")
+    if feature_missing.any() and o.na_policy == "error":
+        r, c = np.argwhere(feature_missing)[0]
+        raise DatasetError(f"{path.name} line {lines[r]}, column {feature_cols[c] + 1}: a missing feature; set "
+                           "dataset.options.na_policy to drop (leave the row out) or fill (use na_fill)")
+    if o.na_policy == "drop":
+        keep = ~(label_missing | feature_missing.any(axis=1))
+    dropped = int((~keep).sum())
+    if not keep.any():
+        raise DatasetError(f"{path.name}: every row has a missing cell, so na_policy drop leaves no examples")
+    block = cells[keep][:, feature_cols]
+    if o.na_policy == "fill":
+        block = np.where(feature_missing[keep], "nan", block)
+    x = _numbers(path.name, block, [lines[i] for i in np.flatnonzero(keep)], feature_cols)
+    if o.na_policy == "fill":
+        x = np.where(feature_missing[keep], np.float32(o.na_fill), x)
+    labels = cells[keep][:, at]
+    return make_examples(x, _numeric_if_possible(labels), path.name, dropped=dropped,
+                         notes=[f"{dropped} of {len(rows)} rows of {path.name} left out for a missing cell "
+                                "(na_policy drop)"] if dropped else [])
+
+
+def _csv_rows(path: Path, o: CsvOptions) -> tuple[list[str] | None, list[list[str]], list[int]]:
+    """(header or None, data rows, each row's line number in the file)."""
+    rows: list[list[str]] = []
+    lines: list[int] = []
+    header: list[str] | None = None
     try:
-        with path.open(newline="", encoding="utf-8") as f:
-            reader = csv.reader(f)
-            header = [h.strip() for h in next(reader, [])]
-            if not header:
-                raise DatasetError(f"{path.name} is empty: a CSV needs a header row naming its columns")
-            if label_column not in header:
-                # Never list the header: it is the file's first line, whatever the file is.
-                raise DatasetError(f"{path.name} has no label column {label_column!r} in its header (line 1, "
-                                   f"{len(header)} columns); set dataset.options.label_column")
-            at = header.index(label_column)
-            labels = []
+        with path.open(newline="", encoding="utf-8-sig") as f:  # -sig: Excel starts its CSVs with a BOM
+            for _ in range(o.skip_rows):
+                if not f.readline():
+                    raise DatasetError(f"{path.name} has fewer than skip_rows={o.skip_rows} lines")
+            reader = csv.reader(f, delimiter=o.delimiter)
+            records = 0
+            width = None
             for row in reader:
-                if row and len(row) != len(header):
-                    raise DatasetError(
-                        f"{path.name} is not a well-formed CSV file: line {reader.line_num} has {len(row)} fields, the header {len(header)}"
-                    )
-                if row:
-                    labels.append(row[at].strip())
+                if not row or (len(row) == 1 and not row[0].strip()):
+                    continue  # blank lines separate nothing
+                line = o.skip_rows + reader.line_num
+                if o.header is not None and records < o.header:
+                    records += 1
+                    continue
+                if o.header is not None and header is None:
+                    header, width = [h.strip() for h in row], len(row)
+                    records += 1
+                    continue
+                if width is None:
+                    width = len(row)
+                if len(row) != width:
+                    what = "the header" if header is not None else f"line {lines[0]}"
+                    raise DatasetError(f"{path.name} is not a well-formed CSV file: line {line} has {len(row)} "
+                                       f"fields, {what} {width}; check dataset.options.delimiter and skip_rows")
+                rows.append(row)
+                lines.append(line)
     except UnicodeDecodeError:
         raise DatasetError(f"{path.name} is not a UTF-8 text CSV file") from None
-    feature_cols = [i for i in range(len(header)) if i != at]
-    if not feature_cols:
-        raise DatasetError(f"{path.name} has only the label column {label_column!r}: no feature columns")
-    if not labels:
-        raise DatasetError(f"{path.name} holds no examples (only a header row)")
-    x = _csv_features(path, feature_cols)
-    return make_examples(x, _numeric_if_possible(labels), path.name)
+    except csv.Error as exc:
+        raise DatasetError(f"{path.name} is not a well-formed CSV file ({type(exc).__name__})") from None
+    if o.header is not None and header is None:
+        raise DatasetError(f"{path.name} is empty: expected a header row (dataset.options.header is "
+                           f"{o.header}; set it to 'none' when every row is data)")
+    return header, rows, lines
 
 
-def _csv_features(path: Path, cols: list[int]) -> np.ndarray:
-    # numpy's C parser: fast, and its errors name the row and column of the bad value. Messages give
-    # the line and column, never the value or the column's name: both are the file's bytes.
+def _label_index(name: str, o: CsvOptions, header: list[str] | None, width: int) -> int:
+    wanted = o.label_column
+    if wanted is None:
+        wanted = "label" if header is not None else -1
+    if isinstance(wanted, int):
+        at = wanted + width if wanted < 0 else wanted
+        if not 0 <= at < width:
+            raise DatasetError(f"dataset.options.label_column {wanted} is outside the {width} columns of {name}")
+        return at
+    if header is None:
+        raise DatasetError("a CSV without a header has no column names: give dataset.options.label_column as a position")
+    if wanted not in header:
+        # Never list the header: it is a line of the file, whatever the file is.
+        raise DatasetError(f"{name} has no label column {short(wanted)} in its header ({width} columns); set "
+                           "dataset.options.label_column to its name or position (-1: the last)")
+    return header.index(wanted)
+
+
+def _numbers(name: str, block: np.ndarray, lines: list[int], cols: list[int]) -> np.ndarray:
+    """float32 features from the text cells; a cell that is not a number is named by line and column."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "input contained no data" is reported by make_examples
-            return np.loadtxt(path, delimiter=",", skiprows=1, usecols=cols, dtype=np.float32, ndmin=2, quotechar='"', encoding="utf-8")
-    except ValueError as exc:
-        at = _AT_ROW.search(str(exc))
-        if at is None:
-            raise DatasetError(f"{path.name} is not a well-formed CSV file") from None
-        # numpy counts data rows from 0 after the header (line 1) and file columns from 1.
-        line, column = int(at.group(1)) + 2, int(at.group(2))
-        if str(exc).startswith("could not convert"):
-            raise DatasetError(f"{path.name} line {line}, column {column}: a feature that is not a number") from None
-        raise DatasetError(f"{path.name} is not a well-formed CSV file (line {line}, column {column})") from None
+        return block.astype(np.float32)
+    except ValueError:
+        pass
+    for c in range(block.shape[1]):
+        try:
+            block[:, c].astype(np.float32)
+        except ValueError:
+            for r, cell in enumerate(block[:, c].tolist()):
+                try:
+                    float(cell)
+                except ValueError:
+                    raise DatasetError(f"{name} line {lines[r]}, column {cols[c] + 1}: a feature that is not a "
+                                       "number (dataset.options.na_values lists the texts that mean missing)") from None
+    raise DatasetError(f"{name} is not a well-formed CSV file")
 
 
-def _numeric_if_possible(labels: list[str]) -> np.ndarray:
+def _numeric_if_possible(labels: np.ndarray) -> np.ndarray:
     """'3' is class 3, not the string '3' (which would sort '10' before '2')."""
     try:
         return np.asarray(labels, dtype=np.float64)

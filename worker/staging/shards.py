@@ -34,5 +34,6 @@ def write_splits(examples: Examples, options: ConversionOptions, out_dir: Path) 
             rel = f"{SHARD_DIR}/{name}-{k:05d}-of-{count:05d}.tfrecord"
             write_examples(out_dir / rel, examples.x[part], examples.y[part])
             shards.append(rel)
-        splits[name] = Split(int(len(rows)), shards)
+        counts = np.bincount(examples.y[rows], minlength=examples.num_classes)
+        splits[name] = Split(int(len(rows)), shards, [int(c) for c in counts])
     return splits

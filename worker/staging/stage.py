@@ -17,7 +17,8 @@ from worker.staging.budget import StagingBudget, StagingLimits
 from worker.staging.content_hash import dataset_sha256
 from worker.staging.gcs_source import GcsSource
 from worker.staging.in_place import scan_in_place
-from worker.staging.manifest import MANIFEST_NAME, build_manifest
+from worker.staging.example_proto import NotOurSchema
+from worker.staging.manifest import MANIFEST_NAME, Provenance, build_manifest
 from worker.staging.options import ConversionOptions
 from worker.staging.shards import write_splits
 from worker.staging.sources import SourceAccess, open_source
@@ -65,13 +66,22 @@ def stage_dataset(ds: DatasetSpec, *, project_id: str, work_dir: Path, bucket: s
             log.info("dataset %s is already staged at %s", ds.source, uri)
             return StagedDataset(uri, sha, existing, 0)
 
-        in_place = source.in_place_shards(ds.format) if isinstance(source, GcsSource) else []
+        # Used in place only when they are in our schema, uncompressed and named by no option.
+        in_place = source.in_place_shards(ds.format) if isinstance(source, GcsSource) and options.tfrecord.is_default else []
+        scanned = None
         if in_place:
-            class_names, shape, splits = scan_in_place(in_place, options.validation_split, budget)
+            try:
+                scanned = scan_in_place(in_place, options.validation_split, budget)
+            except NotOurSchema as exc:  # another layout, or compressed: convert it like any other source
+                log.info("TFRecords at %s are converted, not used in place: %s", ds.source, exc)
+        provenance = Provenance()
+        if scanned is not None:
+            class_names, shape, splits = scanned
             source_format, uploaded, uploaded_bytes = "tfrecord", 0, 0
         else:
             source_format, examples = source.read(ds.format, options, scratch)
             class_names, shape = examples.class_names, examples.feature_shape
+            provenance = Provenance(examples.dropped, tuple(examples.notes))
             budget.check_stop()
             splits = write_splits(examples, options, scratch / "out")
             budget.check_stop()
@@ -79,7 +89,8 @@ def stage_dataset(ds: DatasetSpec, *, project_id: str, work_dir: Path, bucket: s
             uploaded = len(storage.upload_dir(scratch / "out", uri))
         manifest = build_manifest(
             sha256=sha, source=ds.source, source_format=source_format, class_names=class_names,
-            feature_shape=shape, splits=splits, options=options, in_place=bool(in_place),
+            feature_shape=shape, splits=splits, options=options, in_place=scanned is not None,
+            provenance=provenance,
         )
         # Last, and only after every shard: a manifest is the promise that the dataset is complete.
         # Two workers staging the same content write identical bytes, so the race is harmless.
