@@ -8,7 +8,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, Text, cast, func, select, text, tuple_
+from sqlalchemy import func, select, text, tuple_
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -78,22 +78,7 @@ def get_job(session: Session, project_id: uuid.UUID, job_id: uuid.UUID, *, lock:
     return session.scalars(stmt).first()
 
 
-# What GET /v1/jobs/{id} and the list show (schemas.JobPublic), plus what wait reasons and cursors
-# need; the JSONB columns as their JSON text, which the route embeds unparsed: a job's spec is most
-# of its row, and parsing it into dicts only to write it out again was a third of a list's time.
-_JSON_TEXT = ("spec", "labels", "metrics", "runtime")
-PUBLIC_COLUMNS = [cast(c, Text).label(c.name) if c.name in _JSON_TEXT else c
-                  for c in Job.__table__.columns
-                  if c.name not in ("project_id", "dataset_uri", "artifacts", "wait_reason", "driver_failures",
-                                    "lease_owner", "lease_expires_at")]
-
-
-def get_job_row(session: Session, project_id: uuid.UUID, job_id: uuid.UUID) -> Row[Any] | None:
-    """The job's public columns (PUBLIC_COLUMNS), JSON columns as text; None when not this project's."""
-    return session.execute(select(*PUBLIC_COLUMNS).where(Job.id == job_id, Job.project_id == project_id)).first()
-
-
-def encode_cursor(job: Job | Row[Any]) -> str:
+def encode_cursor(job: Job) -> str:
     raw = json.dumps([job.created_at.isoformat(), str(job.id)]).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
@@ -109,11 +94,10 @@ def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
 def list_jobs(
     session: Session, project_id: uuid.UUID, *, statuses: list[JobStatus], labels: dict[str, str], limit: int,
     cursor: str | None,
-) -> tuple[list[Row[Any]], str | None]:
+) -> tuple[list[Job], str | None]:
     """Newest first, keyset-paginated on (created_at, id): a page boundary is a position in that order,
-    so jobs submitted while a client pages appear before its cursor and never shift later pages.
-    Rows of PUBLIC_COLUMNS. The plans at 100k jobs a project, by filter: bench/README.md."""
-    stmt = select(*PUBLIC_COLUMNS).where(Job.project_id == project_id)
+    so jobs submitted while a client pages appear before its cursor and never shift later pages."""
+    stmt = select(Job).where(Job.project_id == project_id)
     if statuses:
         stmt = stmt.where(Job.status.in_(statuses))
     if labels:
@@ -121,7 +105,7 @@ def list_jobs(
     if cursor:
         created, job_id = decode_cursor(cursor)
         stmt = stmt.where(tuple_(Job.created_at, Job.id) < tuple_(created, job_id))
-    jobs = list(session.execute(stmt.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)))
+    jobs = list(session.scalars(stmt.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)))
     next_cursor = encode_cursor(jobs[limit - 1]) if len(jobs) > limit else None
     return jobs[:limit], next_cursor
 
