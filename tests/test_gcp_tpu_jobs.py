@@ -41,10 +41,10 @@ class GcpStack:
     provisioner: TpuVmProvisioner
     worker: Worker | None = None
 
-    def start_worker(self, database_url: str, staging: Path) -> None:
+    def start_worker(self, database_url: str, staging: Path, **driver: Any) -> None:
         self.worker = Worker(get_engine(database_url), self.provisioner, GcsJobChannel(), GcsStager(staging),
                              WorkerConfig(concurrency=2, lease_s=30, heartbeat_s=1, poll_s=0.3, name="gcp-test",
-                                          driver=DriverConfig(poll_s=0.3)))
+                                          driver=DriverConfig(poll_s=0.3, **driver)))
         self.worker.start()
 
 
@@ -54,10 +54,10 @@ def make_gcp(db: Any, bucket: str, tmp_path: Path) -> Iterator[Callable[..., Gcp
     the test starts the worker when it is ready."""
     stacks: list[GcpStack] = []
 
-    def make(**options: Any) -> GcpStack:
+    def make(config: dict[str, Any] | None = None, **options: Any) -> GcpStack:
         options = {"boot": False, "timing": Timing(boot_s=0.3, delete_s=0.2), **options}
         fake = FakeTpuApi(sandbox=tmp_path / "vms", **options).start()
-        provisioner = TpuVmProvisioner(GcpConfig(project="proj", zone=ZONE, tpu_api_endpoint=fake.url),
+        provisioner = TpuVmProvisioner(GcpConfig(project="proj", zone=ZONE, tpu_api_endpoint=fake.url, **(config or {})),
                                        create_wait_s=0, delete_wait_s=scaled(30), backoff_s=0.01)
         stacks.append(GcpStack(fake, provisioner))
         return stacks[-1]
@@ -85,6 +85,22 @@ def wait_for_node(fake: FakeTpuApi, state: str, timeout: float = 60) -> str:
         assert time.monotonic() < deadline, f"no {state} node: {fake.node_names()}"
         time.sleep(0.1)
     return names[0]
+
+
+def test_a_job_queued_for_capacity_waits_past_the_boot_timeout_then_fails_saying_so(
+        api: Any, make_gcp: Any, database_url: str, tmp_path: Path) -> None:
+    gcp = make_gcp(config={"capacity_wait_s": scaled(4)})
+    gcp.provisioner.create_wait_s = scaled(30)  # a stockout is the create operation's error: follow it
+    gcp.fake.stock_out(ZONE)
+    gcp.start_worker(database_url, tmp_path / "staging", boot_timeout_s=0.5)  # far shorter than the queue's wait
+    job = api.post("/v1/jobs", json=tpu_spec()).json()
+    done = wait(api, job["id"], lambda j: j["status"] == "FAILED", timeout=60)
+    # Queued, not booting: no new attempt after 0.5 s, and the end says why, in Google's terms of place and type.
+    assert done["attempt"] == 1
+    assert done["error"] == f"no capacity in {ZONE} for v5litepod-8 after {scaled(4):.0f} seconds"
+    events = api.get(f"/v1/jobs/{job['id']}/events").json()["events"]
+    assert "RECOVERING" not in [e["to_status"] for e in events]
+    assert gcp.fake.node_names() == [] and gcp.fake.queued_names() == []
 
 
 def test_cancel_while_the_node_is_creating_deletes_it(api: Any, make_gcp: Any, database_url: str, tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -60,6 +61,7 @@ class JobDriver:
         self.wake = threading.Event()  # something changed: look now instead of at the next poll
         self.cancel_requested = threading.Event()  # the job is CANCELLING: give up staging
         self._failed_in_a_row = 0  # this driver's own count, outages included: sets the backoff
+        self._waiting_seen: float | None = None  # when the machine was last seen queued for capacity
 
     def run(self) -> None:
         """Step until the job is terminal, no longer ours, or the worker is stopping."""
@@ -129,6 +131,12 @@ class JobDriver:
             except Exception as exc:  # quota, stockout, bad request: the cloud's message is the reason
                 log.warning("creating %s failed: %s", request.name, exc)
                 return self._move(job, S.RECOVERING, f"create failed: {exc}")
+        if machine.refused is not None:  # e.g. the capacity wait ran out: another attempt would wait again
+            self._delete_machines(job, "the cloud gave up on the machine")
+            return self._move(job, S.FAILED, "the cloud gave up on the machine", error=machine.refused)
+        if machine.waiting_for_capacity:
+            self._waiting_seen = time.monotonic()  # the boot clock starts once capacity comes
+            return False
         if machine.state in (MachineState.PREEMPTED, MachineState.STOPPED):
             return self._move(job, S.RECOVERING, f"machine {machine.state.value.lower()} while starting")
         status = self.channel.read_status(str(job.id), job.attempt)
@@ -138,7 +146,10 @@ class JobDriver:
                                   record={"runtime": status.runtime})
             if status.state == AgentState.FAILED:
                 return self._finish_failed(job, status.error)
-        if _age(job.provisioning_at) > self.config.boot_timeout_s:
+        booting = _age(job.provisioning_at)
+        if self._waiting_seen is not None:
+            booting = min(booting, time.monotonic() - self._waiting_seen)
+        if booting > self.config.boot_timeout_s:
             return self._move(job, S.RECOVERING, f"agent did not report within {self.config.boot_timeout_s:.0f}s")
         return False
 

@@ -56,6 +56,10 @@ class MachineInfo:
     state: MachineState
     labels: dict[str, str] = field(default_factory=dict)
     detail: str | None = None  # the provider's own words (e.g. a health description)
+    # Queued until the cloud has capacity for it (a TPU queued resource): no boot clock runs yet; the
+    # queue's own limit ends the wait.
+    waiting_for_capacity: bool = False
+    refused: str | None = None  # the cloud gave up on this machine for good (e.g. the capacity wait ran out): why
 
 
 class Provisioner(Protocol):

@@ -60,6 +60,8 @@ QUEUED_STATES: dict[str, MachineState] = {
     "SUSPENDED": MachineState.PREEMPTED,
     "DELETING": MachineState.DELETING,
 }
+# A queued resource in these has no machine yet and waits for Google's capacity (up to the capacity wait).
+WAITING_STATES = frozenset({"STATE_UNSPECIFIED", "CREATING", "ACCEPTED", "WAITING_FOR_RESOURCES"})
 ACCELERATOR_CONFIG_TYPES = {"v2": "V2", "v3": "V3", "v4": "V4", "v5litepod": "V5LITE_POD", "v5p": "V5P", "v6e": "V6E"}
 RESOURCE_EXHAUSTED = 8  # google.rpc.Code
 # Node metadata the hosts read back from the metadata server, so the agent's watchdog can delete its own
@@ -249,7 +251,9 @@ class TpuVmProvisioner:
             if error.code == RESOURCE_EXHAUSTED:  # the queueing window closed before capacity came
                 tpu_type = spec.node.accelerator_type or spec.node.accelerator_config.topology
                 detail = f"no capacity in {zone} for {tpu_type} after {_duration(self.config.capacity_wait_s)}"
-        return MachineInfo(name, QUEUED_STATES.get(state_name, MachineState.CREATING), dict(spec.node.labels), detail)
+        return MachineInfo(name, QUEUED_STATES.get(state_name, MachineState.CREATING), dict(spec.node.labels), detail,
+                           waiting_for_capacity=state_name in WAITING_STATES,
+                           refused=detail if state_name == "FAILED" else None)
 
     # --- calls ---
 
