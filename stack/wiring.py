@@ -86,7 +86,10 @@ def build_runtime(kind: str, data_dir: Path, *, local_devices: int = 2, local_sl
                              channel, stager)
     if kind == "gcp":
         from worker.cloud.config import GcpConfig
+        from worker.provisioners.gcp import GcpProvisioner
+        from worker.provisioners.gcp_gpu import GceVmProvisioner
         from worker.provisioners.gcp_tpu import TpuVmProvisioner
 
-        return WorkerRuntime(TpuVmProvisioner(GcpConfig.from_env()), channel, stager)
+        config = GcpConfig.from_env()
+        return WorkerRuntime(GcpProvisioner(TpuVmProvisioner(config), GceVmProvisioner(config)), channel, stager)
     raise ValueError(f"unknown provisioner {kind!r}: memory, local or gcp")

@@ -53,6 +53,43 @@ GPU_TYPES: dict[str, GpuType] = {
 }
 
 
+# The machine type Compute Engine pairs with each GPU type and count when the spec names none: the
+# smallest of its family. A2, A3 and G2 machine types come with their GPUs attached (the count is in the
+# name); N1 takes GPUs as guest accelerators, and we give each GPU 4 vCPUs (n1-standard-1 with a GPU is
+# allowed but starves the input pipeline).
+BUNDLED_GPU_MACHINES: dict[str, dict[int, str]] = {
+    "nvidia-tesla-a100": {1: "a2-highgpu-1g", 2: "a2-highgpu-2g", 4: "a2-highgpu-4g", 8: "a2-highgpu-8g",
+                          16: "a2-megagpu-16g"},
+    "nvidia-a100-80gb": {1: "a2-ultragpu-1g", 2: "a2-ultragpu-2g", 4: "a2-ultragpu-4g", 8: "a2-ultragpu-8g"},
+    "nvidia-h100-80gb": {1: "a3-highgpu-1g", 2: "a3-highgpu-2g", 4: "a3-highgpu-4g", 8: "a3-highgpu-8g"},
+    "nvidia-h100-mega-80gb": {8: "a3-megagpu-8g"},
+    "nvidia-h200-141gb": {8: "a3-ultragpu-8g"},
+    "nvidia-l4": {1: "g2-standard-4", 2: "g2-standard-24", 4: "g2-standard-48", 8: "g2-standard-96"},
+}
+
+
+def default_gpu_machine_type(gpu_type: str, count: int) -> str:
+    """The smallest machine type Compute Engine pairs with `count` GPUs of this type."""
+    if (bundled := BUNDLED_GPU_MACHINES.get(gpu_type)) is not None:
+        return bundled[count]
+    return f"n1-standard-{4 * count}"
+
+
+# G2 types with more vCPUs or memory per L4 than the defaults above.
+_MORE_G2 = {"g2-standard-8": 1, "g2-standard-12": 1, "g2-standard-16": 1, "g2-standard-32": 1}
+
+
+def bundled_gpus(machine_type: str) -> tuple[str, int] | None:
+    """(GPU type, count) a machine type comes with, or None for a type that takes guest accelerators."""
+    if machine_type in _MORE_G2:
+        return "nvidia-l4", _MORE_G2[machine_type]
+    for gpu_type, machines in BUNDLED_GPU_MACHINES.items():
+        for count, name in machines.items():
+            if name == machine_type:
+                return gpu_type, count
+    return None
+
+
 def tpu_chips(tpu_type: str) -> int:
     gen, n = tpu_type.rsplit("-", 1)
     return int(n) // TPU_GENERATIONS[gen].units_per_chip

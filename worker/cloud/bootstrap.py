@@ -23,7 +23,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 AGENT_PACKAGES = ("trainjobs", "worker/agent")
 EPOCH = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip can hold: no build time leaks into the bytes
 
-# The TPU runtime image brings TensorFlow built for the TPU; installing PyPI's would replace it.
+# The TPU runtime image and the Deep Learning VM images bring TensorFlow built for their accelerator;
+# installing PyPI's would replace it.
 NOT_INSTALLED_ON_VMS = ("tensorflow",)
 
 
@@ -74,9 +75,13 @@ def upload_agent_wheel(bucket: str) -> str:
     return uri
 
 
-def startup_script(job_dir: str, wheel_uri: str) -> str:
+def startup_script(job_dir: str, wheel_uri: str, cluster_uri: str | None = None) -> str:
     """Runs as root on every host at boot. TRAINJOBS_SKIP_INSTALL and TRAINJOBS_METADATA_URL let the fake
-    cloud run the same script on this machine (the agent from the checkout, its own metadata server)."""
+    cloud run the same script on this machine (the agent from the checkout, its own metadata server).
+    `cluster_uri`: a multi-host Compute Engine job, whose hosts wait there for their TF_CONFIG."""
+    cluster = "" if cluster_uri is None else f"""# Several VMs train together: wait for the cluster the worker writes once every VM is RUNNING.
+export TF_CONFIG="$("$PYTHON" -m worker.agent.cluster --uri {shlex.quote(cluster_uri)} --task-index "$TASK")"
+"""
     return f"""#!/bin/bash
 # trainjobs agent bootstrap: install the agent, then run it for one job on this host.
 set -euo pipefail
@@ -86,11 +91,11 @@ PYTHON="${{TRAINJOBS_PYTHON:-python3}}"
 if [ -z "${{TRAINJOBS_SKIP_INSTALL:-}}" ]; then
   WHEEL_DIR="$(mktemp -d)"
   gcloud storage cp "$AGENT_WHEEL" "$WHEEL_DIR/"
-  # The wheel brings the agent's dependencies but not TensorFlow: the TPU runtime image has its own.
+  # The wheel brings the agent's dependencies but not TensorFlow: the VM image has its own.
   "$PYTHON" -m pip install --quiet "$WHEEL_DIR"/*.whl
 fi
-# Each host of a TPU slice learns its own number from the metadata server.
+# Each host of a TPU slice (or VM of a multi-host GPU job) learns its own number from the metadata server.
 METADATA="${{TRAINJOBS_METADATA_URL:-http://metadata.google.internal/computeMetadata/v1}}"
 TASK="$(curl -sf --retry 5 -H 'Metadata-Flavor: Google' "$METADATA/instance/attributes/agent-worker-number")"
-exec "$PYTHON" -m worker.agent --job-dir "$JOB_DIR" --task-index "$TASK"
+{cluster}exec "$PYTHON" -m worker.agent --job-dir "$JOB_DIR" --task-index "$TASK"
 """

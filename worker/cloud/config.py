@@ -23,7 +23,13 @@ class GcpConfig:
     tags: tuple[str, ...] = ()  # network tags, for firewall rules
     capacity_wait_s: float = 1800.0  # how long a job waits for a stocked-out type before it fails
     tpu_api_endpoint: str | None = None  # http://host:port: a fake TPU API (anonymous, REST)
-    compute_api_endpoint: str | None = None
+    compute_api_endpoint: str | None = None  # http://host:port: a fake Compute Engine API (anonymous, REST)
+    # Compute Engine VMs boot from the newest image of this family (resolved at each create).
+    image_project: str = "deeplearning-platform-release"
+    gpu_image_family: str = "tf-2-17-cu121-ubuntu-2204-py310"
+    cpu_image_family: str = "tf-2-17-cpu-ubuntu-2204-py310"
+    boot_disk_gb: int = 200
+    tf_port: int = 2222  # multi-worker jobs: host i of a job listens on tf_port + i (TF_CONFIG)
 
     @property
     def zones(self) -> tuple[str, ...]:
@@ -47,7 +53,19 @@ class GcpConfig:
             capacity_wait_s = float(wait) * 60
         except ValueError:
             raise ConfigError(f"TRAINJOBS_GCP_CAPACITY_WAIT_MINUTES must be a number of minutes, got {wait!r}") from None
+
+        def number(name: str, default: int) -> int:
+            raw = get(name) or str(default)
+            if not raw.isdigit() or int(raw) < 1:
+                raise ConfigError(f"TRAINJOBS_{name} must be a positive whole number, got {raw!r}")
+            return int(raw)
+
+        defaults = cls("", "")
         return cls(
+            image_project=get("GCP_IMAGE_PROJECT") or defaults.image_project,
+            gpu_image_family=get("GCP_GPU_IMAGE_FAMILY") or defaults.gpu_image_family,
+            cpu_image_family=get("GCP_CPU_IMAGE_FAMILY") or defaults.cpu_image_family,
+            boot_disk_gb=number("GCP_BOOT_DISK_GB", defaults.boot_disk_gb), tf_port=number("GCP_TF_PORT", defaults.tf_port),
             project=required("GCP_PROJECT"), zone=required("GCP_ZONE"), fallback_zones=words("GCP_FALLBACK_ZONES"),
             service_account=get("GCP_SERVICE_ACCOUNT"), network=get("GCP_NETWORK"), subnetwork=get("GCP_SUBNETWORK"),
             tags=words("GCP_TAGS"), capacity_wait_s=capacity_wait_s, tpu_api_endpoint=get("TPU_API_ENDPOINT"),
