@@ -313,25 +313,34 @@ def up(host: str, port: int, data_dir: Path, provisioner: str, concurrency: int,
 
 @main.command("fake-cloud")
 @click.option("--host", default="127.0.0.1")
-@click.option("--port", default=8470, type=int, show_default=True)
+@click.option("--port", default=8470, type=int, show_default=True, help="the fake Cloud TPU API")
+@click.option("--compute-port", default=8471, type=int, show_default=True, help="the fake Compute Engine API")
 @click.option("--sandbox", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="where fake TPU VMs run their startup scripts (default: a new temporary directory)")
+              help="where fake VMs run their startup scripts (default: a new temporary directory)")
 @click.option("--boot-seconds", default=5.0, type=float, show_default=True, help="CREATING -> READY")
-@click.option("--local-devices", default=2, type=int, show_default=True, help="CPU devices standing in for a host's chips")
-def fake_cloud(host: str, port: int, sandbox: Path | None, boot_seconds: float, local_devices: int) -> None:
-    """Serve a fake Cloud TPU API whose VMs run their startup scripts on this machine.
+@click.option("--local-devices", default=2, type=int, show_default=True,
+              help="CPU devices standing in for a host's chips or a VM's GPUs")
+def fake_cloud(host: str, port: int, compute_port: int, sandbox: Path | None, boot_seconds: float,
+               local_devices: int) -> None:
+    """Serve a fake Cloud TPU API and a fake Compute Engine API whose VMs run their startup scripts on
+    this machine.
 
-    Point a worker at it with TRAINJOBS_TPU_API_ENDPOINT=http://HOST:PORT; its VMs reach storage
-    through this process's STORAGE_EMULATOR_HOST (or real GCS)."""
+    Point a worker at them with TRAINJOBS_TPU_API_ENDPOINT and TRAINJOBS_COMPUTE_API_ENDPOINT; their VMs
+    reach storage through this process's STORAGE_EMULATOR_HOST (or real GCS)."""
     _require("local", "fake-cloud")
-    from stack.fakecloud import FakeTpuApi
+    from stack.fakecloud import FakeComputeApi, FakeTpuApi
+    from stack.fakecloud.compute_inventory import ComputeTiming
     from stack.fakecloud.tpu_inventory import Timing
 
-    api = FakeTpuApi(sandbox=sandbox, host=host, port=port, local_devices=local_devices,
+    tpu = FakeTpuApi(sandbox=sandbox and sandbox / "tpu", host=host, port=port, local_devices=local_devices,
                      timing=Timing(boot_s=boot_seconds)).start()
-    click.echo(f"fake Cloud TPU API on {api.url}: export TRAINJOBS_TPU_API_ENDPOINT={api.url}")
+    compute = FakeComputeApi(sandbox=sandbox and sandbox / "compute", host=host, port=compute_port,
+                             local_devices=local_devices, timing=ComputeTiming(boot_s=boot_seconds)).start()
+    click.echo(f"fake Cloud TPU API on {tpu.url}: export TRAINJOBS_TPU_API_ENDPOINT={tpu.url}")
+    click.echo(f"fake Compute Engine API on {compute.url}: export TRAINJOBS_COMPUTE_API_ENDPOINT={compute.url}")
     _wait_for_signal()
-    api.stop()
+    compute.stop()
+    tpu.stop()
 
 
 if __name__ == "__main__":
