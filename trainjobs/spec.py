@@ -278,10 +278,10 @@ class DatasetOptions(_Strict):
         return self
 
     def set_options(self) -> list[str]:
-        """The format-specific options this spec sets (compression 'auto' and na_policy 'error' are defaults)."""
-        given = [k for k in OPTION_FORMATS if k in self.model_fields_set]
-        return [k for k in given if not (k == "compression" and self.compression == "auto")
-                and not (k == "na_policy" and self.na_policy == "error")]
+        """The format-specific options this spec sets to other than their defaults. By value, not by
+        model_fields_set: a stored spec is dumped with every default written out."""
+        fields = type(self).model_fields
+        return [k for k in OPTION_FORMATS if getattr(self, k) != fields[k].default]
 
     def formats_allowed(self) -> set[str]:
         """The formats that read every option set here."""
@@ -420,15 +420,31 @@ class TrainingSpec(_Strict):
         return self
 
 
+DEFAULT_CALIBRATION_EXAMPLES = 200
+
+
 class TfliteExport(_Strict):
     quantization: Literal["none", "dynamic", "float16", "int8"] = "none"
-    calibration_examples: Int = Field(default=200, ge=0, le=100_000, description="int8: representative training examples")
+    calibration_examples: Int | None = Field(
+        default=None, ge=0, le=100_000, description=f"int8: representative training examples; default: up to "
+        f"{DEFAULT_CALIBRATION_EXAMPLES}, as many as the training split has. A number asked for must be there.")
+    io_type: Literal["float32", "int8", "uint8"] = Field(
+        default="float32", description="int8: the model's input and output type. float32 (default) keeps the float "
+        "interface (the model quantizes inside); int8 or uint8 is fully integer, as edge accelerators need, and the "
+        "caller quantizes inputs with the input tensor's scale and zero point")
 
     @model_validator(mode="after")
     def _int8_needs_data(self) -> TfliteExport:
         if self.quantization == "int8" and self.calibration_examples == 0:
             raise _fail("calibration_examples", "int8 quantization needs calibration data: calibration_examples must be > 0")
+        if self.io_type != "float32" and self.quantization != "int8":
+            raise _fail("io_type", f"an {self.io_type} input and output needs quantization int8, not {self.quantization}")
         return self
+
+    @property
+    def calibration_limit(self) -> int:
+        """At most this many training examples calibrate int8."""
+        return DEFAULT_CALIBRATION_EXAMPLES if self.calibration_examples is None else self.calibration_examples
 
 
 class ExportSpec(_Strict):

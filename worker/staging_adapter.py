@@ -13,6 +13,7 @@ from trainjobs.spec import JobSpec
 from worker import metrics
 from worker.provisioner import DatasetError, StagingStopped
 from worker.staging import stage_dataset
+from worker.staging.preflight import check_plan
 
 
 class GcsStager:
@@ -33,6 +34,8 @@ class GcsStager:
                                    rules=rules, should_stop=should_stop)
             outcome = "staged" if staged.uploaded_objects else "reused"
             metrics.STAGING_BYTES.inc(staged.uploaded_bytes)
+            # Staging first knows the data's size and shape: a plan it cannot carry fails now, not on a paid machine.
+            check_plan(spec, staged.manifest)
             return staged.uri
         except DatasetError:
             outcome = "rejected"
