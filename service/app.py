@@ -26,7 +26,7 @@ def body_limit(method: str, path: str) -> BodyLimit:
 
 
 def create_app(database_url: str, *, check_schema: bool = True) -> FastAPI:
-    engine = get_engine(database_url)
+    engine = get_engine(database_url, pre_ping=False)  # deps.py retries a request's first statement instead
     if check_schema:
         check_migrated(engine)
     app = FastAPI(title="trainjobs", version="0.1.0",

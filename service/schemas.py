@@ -6,7 +6,9 @@ import uuid
 from datetime import datetime
 from typing import Any
 
+import orjson
 from pydantic import BaseModel, ConfigDict
+from starlette.responses import Response
 
 from service.db.jobstate import JobStatus
 
@@ -37,6 +39,29 @@ class JobPublic(BaseModel):
 class JobList(BaseModel):
     jobs: list[JobPublic]
     next_cursor: str | None
+
+
+# The hot routes (GET, list, submit) answer with JSON written straight from the row, not a
+# JobPublic validated and dumped again (issue 12): same fields in the same order, JSONB columns
+# embedded as the text PostgreSQL sent (orjson.Fragment), timestamps as pydantic writes them (UTC
+# as "Z"). tests/test_api_jobs.py checks the two agree, so a field added to JobPublic needs no change
+# here as long as the row has a column of that name.
+_JOB_FIELDS = tuple(name for name in JobPublic.model_fields if name != "wait_reason")
+
+
+def job_public(row: Any, wait_reason: str | None) -> dict[str, Any]:
+    """A JobPublic's JSON, as a dict for orjson, from a row of service.db.jobs.PUBLIC_COLUMNS (JSON
+    columns as text) or a Job."""
+    out = {name: getattr(row, name) for name in _JOB_FIELDS}
+    for name in ("spec", "labels", "metrics", "runtime"):
+        if isinstance(out[name], str):
+            out[name] = orjson.Fragment(out[name])
+    out["wait_reason"] = wait_reason
+    return out
+
+
+def json_response(body: Any, status_code: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(body, option=orjson.OPT_UTC_Z), status_code, headers, media_type="application/json")
 
 
 class EventPublic(BaseModel):

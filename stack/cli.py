@@ -21,6 +21,7 @@ from trainjobs.cli import main
 
 if TYPE_CHECKING:
     import uvicorn
+    from fastapi import FastAPI
 
     from worker.loop import Worker
 
@@ -223,23 +224,51 @@ def _wait_for_signal() -> None:
     stop.wait()
 
 
+def api_app_from_environment() -> FastAPI:
+    """The app in each of `api --workers N`'s processes: uvicorn starts them fresh (spawned), so they
+    find the database in the environment the parent set; the parent has checked the schema."""
+    from service.app import create_app
+    from trainjobs.config import database_url_from_env
+
+    url = database_url_from_env()
+    assert url, "set by `trainjobs api` before it starts the processes"
+    return create_app(url, check_schema=False)
+
+
 @main.command()
 @click.option("--host", default="127.0.0.1")
 @click.option("--port", default=8080, type=int)
+@click.option("--workers", default=1, type=click.IntRange(min=1), show_default=True,
+              help="server processes sharing the port (uvicorn's own); about one per core")
 @DATA_DIR
 @click.option("--migrate", is_flag=True, help="apply migrations first instead of refusing an old schema")
-def api(host: str, port: int, data_dir: Path, migrate: bool) -> None:
+def api(host: str, port: int, workers: int, data_dir: Path, migrate: bool) -> None:
     """Serve the REST API."""
     _require("server", "api")
-    from service.db.session import NotMigrated
+    from service.db.session import NotMigrated, check_migrated, get_engine
 
     try:
-        server = _serve_api(_database(data_dir, migrate), host, port)
+        url = _database(data_dir, migrate)
+        if workers == 1:
+            server = _serve_api(url, host, port)
+        else:
+            check_migrated(get_engine(url))
     except NotMigrated as exc:
         raise click.ClickException(str(exc)) from exc
-    click.echo(f"API on http://{host}:{port} (docs at /docs)")
-    _wait_for_signal()
-    server.should_exit = True
+    click.echo(f"API on http://{host}:{port} (docs at /docs)" + (f", {workers} processes" if workers > 1 else ""))
+    if workers == 1:
+        _wait_for_signal()
+        server.should_exit = True
+        return
+    import os
+
+    import uvicorn
+
+    # uvicorn's supervisor restarts a process that dies and stops them all on SIGINT/SIGTERM. Each
+    # process has its own connection pool (service/db/session.py), so PostgreSQL sees N pools.
+    os.environ["TRAINJOBS_DATABASE_URL"] = url
+    uvicorn.run("stack.cli:api_app_from_environment", factory=True, host=host, port=port, workers=workers,
+                log_level="warning")
 
 
 @main.command()

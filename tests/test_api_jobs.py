@@ -172,3 +172,59 @@ def test_api_refuses_to_start_on_unmigrated_database(database_url):
         get_engine(url.set(database=empty).render_as_string(hide_password=False)).dispose()
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{empty}" WITH (FORCE)')
+
+
+def test_a_job_reads_back_exactly_as_its_schema_writes_it(api, db):
+    """GET, list and submit write their JSON straight from the row (issue 12): the same document
+    JobPublic gives, field for field, the JSON columns and timestamps included."""
+    from sqlalchemy import text
+
+    from service.db.models import Job
+    from service.schemas import JobPublic
+
+    def schema_says(job_id: str, wait_reason: str | None) -> dict:
+        with db() as s:
+            out = JobPublic.model_validate(s.get(Job, uuid.UUID(job_id)))
+        out.wait_reason = wait_reason
+        return out.model_dump(mode="json")
+
+    posted = api.post("/v1/jobs", json=digits_spec(labels={"team": "vision"}, model={"name": "mlp",
+                                                   "params": {"hidden": [64, 32], "note": "é ☃ \"q\""}}))
+    assert posted.json() == schema_says(posted.json()["id"], None)
+    job_id = posted.json()["id"]
+    with db.begin() as s:
+        s.execute(text("""UPDATE jobs SET status = 'RUNNING', progress = 0.5, error = 'x',
+                              metrics = '{"loss": 0.25, "accuracy": 1e-3, "epoch": 2}', runtime = '{"notes": []}',
+                              staging_at = now(), running_at = now() WHERE id = :id"""), {"id": job_id})
+    expected = schema_says(job_id, None)
+    assert api.get(f"/v1/jobs/{job_id}").json() == expected
+    assert api.get("/v1/jobs").json()["jobs"] == [expected]
+
+
+@pytest.mark.parametrize("method,path,body", [
+    ("GET", "/v1/jobs/not-a-uuid", None), ("GET", "/v1/jobs?limit=0", None), ("POST", "/v1/jobs", {"name": 1}),
+    ("POST", "/v1/jobs/not-a-uuid/cancel", None)])
+def test_an_unknown_key_is_401_even_when_the_request_is_also_invalid(api, api_url, method, path, body):
+    assert api.request(method, path, json=body).status_code == 422  # with a good key
+    r = httpx.request(method, f"{api_url}{path}", json=body, headers={"Authorization": "Bearer nope"})
+    assert r.status_code == 401 and "revoked" in r.json()["error"]["message"]
+
+
+def test_connections_the_database_dropped_cost_no_request(api, database_url):
+    """The API does not ping a pooled connection before each request: a dead one (a restarted
+    server) fails the request's first statement, which runs again on a new connection."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    for _ in range(4):  # several pooled connections
+        assert api.get("/v1/jobs").status_code == 200
+    url = make_url(database_url)
+    admin = url.set(drivername="postgresql", database="postgres").render_as_string(hide_password=False)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        killed = conn.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = %s",
+                              [url.database]).fetchone()
+    assert killed and killed[0] > 0
+    for _ in range(4):
+        r = api.get("/v1/jobs")
+        assert r.status_code == 200, r.text
+    assert api.post("/v1/jobs", json=digits_spec()).status_code == 201

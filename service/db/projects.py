@@ -37,9 +37,11 @@ def create_api_key(session: Session, project_name: str) -> str:
 
 
 def project_for_key(session: Session, secret: str) -> uuid.UUID | None:
-    return session.scalars(
-        select(ApiKey.project_id).where(ApiKey.key_hash == hash_key(secret), ApiKey.revoked_at.is_(None))
-    ).first()
+    keys = ApiKey.__table__.c  # plain columns: every request runs this, and Core skips the ORM's steps
+    project_id: uuid.UUID | None = session.execute(
+        select(keys.project_id).where(keys.key_hash == hash_key(secret), keys.revoked_at.is_(None))
+    ).scalar()
+    return project_id
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
-from service.db.models import Job, Project
+from service.db.models import Project
 from trainjobs.catalogue import tpu_chips
 from trainjobs.spec import GpuAccelerator, JobSpec, TpuAccelerator
 from trainjobs.states import JobStatus
@@ -113,14 +115,29 @@ def project_usage(session: Session, project_id: uuid.UUID) -> ProjectUsage:
     return ProjectUsage(row.max_running_jobs, row.max_accelerators, row.running_jobs, row.accelerators_in_use)
 
 
+# Only the asked-for jobs' rows come back: a page of 50 in a project with thousands queued (a sweep)
+# no longer ships every queued job to Python.
 _AHEAD_SQL = text("""
-SELECT id, count(*) OVER w - 1 AS jobs, sum(accelerators) OVER w - accelerators AS accelerators
-  FROM jobs WHERE project_id = :project AND status = 'QUEUED'
-WINDOW w AS (ORDER BY created_at, id)
+SELECT id, jobs, accelerators FROM (
+  SELECT id, count(*) OVER w - 1 AS jobs, sum(accelerators) OVER w - accelerators AS accelerators
+    FROM jobs WHERE project_id = :project AND status = 'QUEUED'
+  WINDOW w AS (ORDER BY created_at, id)) ahead
+ WHERE id = ANY(:ids)
 """)
 
 
-def wait_reasons(session: Session, project_id: uuid.UUID, jobs: list[Job],
+class QueuedJob(Protocol):
+    """What wait_reasons reads of a job: a Job, or a row of its columns."""
+
+    @property
+    def id(self) -> uuid.UUID: ...
+    @property
+    def status(self) -> JobStatus: ...
+    @property
+    def accelerators(self) -> int: ...
+
+
+def wait_reasons(session: Session, project_id: uuid.UUID, jobs: Sequence[QueuedJob],
                  usage: ProjectUsage | None = None) -> dict[uuid.UUID, str]:
     """Why each of `jobs` that is QUEUED waits, for those that wait on a quota. Computed when read (see
     the module docstring); costs nothing when none of them is queued. `usage`: the project's, if the
@@ -129,7 +146,8 @@ def wait_reasons(session: Session, project_id: uuid.UUID, jobs: list[Job],
     if not queued:
         return {}
     usage = usage or project_usage(session, project_id)
-    ahead = {r.id: Ahead(r.jobs, r.accelerators) for r in session.execute(_AHEAD_SQL, {"project": project_id})}
+    ahead = {r.id: Ahead(r.jobs, r.accelerators)
+             for r in session.execute(_AHEAD_SQL, {"project": project_id, "ids": [j.id for j in queued]})}
     reasons = {j.id: usage.wait_reason(j.accelerators, ahead.get(j.id, Ahead())) for j in queued}
     return {job_id: reason for job_id, reason in reasons.items() if reason is not None}
 

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from sqlalchemy import Engine, create_engine, text
-from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 
 if TYPE_CHECKING:
     from alembic.config import Config
 
+T = TypeVar("T")
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
 
@@ -39,11 +40,28 @@ _CONNECT_ARGS = {"connect_timeout": CONNECT_TIMEOUT_S, "keepalives": 1, "keepali
 
 
 @lru_cache(maxsize=8)
-def get_engine(url: str, pool_size: int = 10) -> Engine:
-    # pool_pre_ping: a connection the server dropped (a restart) is replaced at checkout, so callers
-    # recover by themselves once the database is back.
-    return create_engine(url, pool_size=pool_size, max_overflow=20, pool_pre_ping=True, pool_timeout=POOL_TIMEOUT_S,
-                         connect_args=_CONNECT_ARGS)
+def get_engine(url: str, pool_size: int = 10, *, pre_ping: bool = True) -> Engine:
+    """pre_ping: a connection the server dropped (a restart) is replaced at checkout, so callers
+    recover by themselves once the database is back, at one round trip per checkout. The API turns
+    it off (issue 12: a third of a primary-key read) and retries its first statement on a dropped
+    connection instead (retry_if_dropped)."""
+    return create_engine(url, pool_size=pool_size, max_overflow=20, pool_pre_ping=pre_ping,
+                         pool_timeout=POOL_TIMEOUT_S, connect_args=_CONNECT_ARGS)
+
+
+def retry_if_dropped(session: Session, first_statement: Callable[[Session], T]) -> T:
+    """Run a request's first statement; if its pooled connection turns out to be one the server
+    dropped (a restart, a failover), run it once more on a new one. SQLAlchemy has by then
+    invalidated the whole pool (every connection older than the error), so the retry connects
+    afresh, and a database that is still down fails it as usual (a 503). Only for a first statement:
+    nothing before it in the transaction can have been lost."""
+    try:
+        return first_statement(session)
+    except DBAPIError as exc:
+        if not exc.connection_invalidated:
+            raise
+        session.rollback()
+        return first_statement(session)
 
 
 def unreachable_errors() -> tuple[type[Exception], ...]:

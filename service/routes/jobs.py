@@ -12,22 +12,25 @@ from fastapi import APIRouter, Header, Query, Response
 from service.db import jobs as data
 from service.db import quotas
 from service.db.jobstate import JobStatus
-from service.db.models import Job
-from service.db.session import transaction
-from service.deps import Factory, ProjectId
+from service.deps import ApiSecret, Factory, KeyCheckedFirst, project_transaction
 from service.errors import ApiError
 from service.limits import JobSizeLimits, beyond_project_quota
-from service.schemas import AUTHED, EventList, EventPublic, JobList, JobPublic, error_responses
+from service.schemas import (
+    AUTHED,
+    EventList,
+    EventPublic,
+    JobList,
+    JobPublic,
+    error_responses,
+    job_public,
+    json_response,
+)
 from service.sources import check_job_sources
 from trainjobs.spec import JobSpec, label_problem
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
-
-
-def _public(job: Job, wait_reasons: dict[uuid.UUID, str]) -> JobPublic:
-    out = JobPublic.model_validate(job)
-    out.wait_reason = wait_reasons.get(job.id)
-    return out
+# Each route checks its key in the transaction it works in (project_transaction): one threadpool hop
+# and one transaction per request. KeyCheckedFirst keeps an unknown key a 401 before a 422.
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=KeyCheckedFirst)
 
 
 def _not_found(job_id: uuid.UUID) -> ApiError:
@@ -39,49 +42,49 @@ def _not_found(job_id: uuid.UUID) -> ApiError:
     200: {"model": JobPublic, "description": "Replayed: this Idempotency-Key already made the job"},
     **error_responses(*AUTHED, 400, 409, 413)})
 def submit_job(
-    spec: JobSpec, project: ProjectId, factory: Factory, response: Response,
+    spec: JobSpec, secret: ApiSecret, factory: Factory,
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
-) -> JobPublic:
+) -> Response:
     if refusals := JobSizeLimits.from_env().refusals(spec):
         raise ApiError(422, "; ".join(f"{d['field']}: {d['reason']}" for d in refusals), "invalid_spec", refusals)
     body = spec.model_dump(mode="json")
-    request_hash = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).digest()
+    request_hash = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).digest()  # as stored: keep it
     accelerators = quotas.job_accelerators(spec)
     try:
-        with transaction(factory) as session:
+        with project_transaction(factory, secret) as (project, session):
             check_job_sources(session, project, spec)
             usage = quotas.project_usage(session, project)
             if refusal := beyond_project_quota(usage, accelerators):
                 raise ApiError(422, refusal["reason"], "over_quota", [refusal])
             job, created = data.create_job(session, project, body, idempotency_key=idempotency_key,
                                            request_hash=request_hash, accelerators=accelerators)
-            out = _public(job, quotas.wait_reasons(session, project, [job], usage))
+            out = job_public(job, quotas.wait_reasons(session, project, [job], usage).get(job.id))
     except data.IdempotencyConflict as exc:
         raise ApiError(409, str(exc), "idempotency_conflict") from exc
+    headers = {"Location": f"/v1/jobs/{job.id}"}
     if not created:
-        response.status_code = 200
-        response.headers["Idempotent-Replayed"] = "true"
-    response.headers["Location"] = f"/v1/jobs/{out.id}"
-    return out
+        headers["Idempotent-Replayed"] = "true"
+    return json_response(out, 201 if created else 200, headers)
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=error_responses(*AUTHED, 404))
-def get_job(job_id: uuid.UUID, project: ProjectId, factory: Factory) -> JobPublic:
-    with transaction(factory) as session:
-        job = data.get_job(session, project, job_id)
+def get_job(job_id: uuid.UUID, secret: ApiSecret, factory: Factory) -> Response:
+    with project_transaction(factory, secret) as (project, session):
+        job = data.get_job_row(session, project, job_id)
         if job is None:
             raise _not_found(job_id)
-        return _public(job, quotas.wait_reasons(session, project, [job]))
+        out = job_public(job, quotas.wait_reasons(session, project, [job]).get(job.id))
+    return json_response(out)
 
 
 @router.get("", response_model=JobList, responses=error_responses(*AUTHED))
 def list_jobs(
-    project: ProjectId, factory: Factory,
+    secret: ApiSecret, factory: Factory,
     status: Annotated[list[JobStatus] | None, Query()] = None,
     label: Annotated[list[str] | None, Query(description="key=value; repeat to require several")] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
-) -> JobList:
+) -> Response:
     labels: dict[str, str] = {}
     for item in label or []:
         key, sep, value = item.partition("=")
@@ -93,31 +96,31 @@ def list_jobs(
             raise ApiError(422, f"label filter: {problem}", "invalid_request", [{"field": "label", "reason": problem}])
         labels[key] = value
     try:
-        with transaction(factory) as session:
+        with project_transaction(factory, secret) as (project, session):
             jobs, next_cursor = data.list_jobs(session, project, statuses=status or [], labels=labels, limit=limit,
                                                cursor=cursor)
             reasons = quotas.wait_reasons(session, project, jobs)
-            return JobList(jobs=[_public(j, reasons) for j in jobs], next_cursor=next_cursor)
     except data.BadCursor as exc:
         raise ApiError(422, str(exc), "invalid_request", [{"field": "cursor", "reason": str(exc)}]) from exc
+    return json_response({"jobs": [job_public(j, reasons.get(j.id)) for j in jobs], "next_cursor": next_cursor})
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobPublic,
              responses=error_responses(*AUTHED, 404, 409))
-def cancel_job(job_id: uuid.UUID, project: ProjectId, factory: Factory) -> JobPublic:
+def cancel_job(job_id: uuid.UUID, secret: ApiSecret, factory: Factory) -> JobPublic:
     try:
-        with transaction(factory) as session:
+        with project_transaction(factory, secret) as (project, session):
             job = data.request_cancel(session, project, job_id)
             if job is None:
                 raise _not_found(job_id)
-            return JobPublic.model_validate(job)
+        return JobPublic.model_validate(job)
     except data.JobFinished as exc:
         raise ApiError(409, f"job {job_id} cannot be cancelled: {exc}", "job_finished") from exc
 
 
 @router.get("/{job_id}/events", response_model=EventList, responses=error_responses(*AUTHED, 404))
-def job_events(job_id: uuid.UUID, project: ProjectId, factory: Factory) -> EventList:
-    with transaction(factory) as session:
+def job_events(job_id: uuid.UUID, secret: ApiSecret, factory: Factory) -> EventList:
+    with project_transaction(factory, secret) as (project, session):
         if data.get_job(session, project, job_id) is None:
             raise _not_found(job_id)
         return EventList(events=[EventPublic.model_validate(e) for e in data.list_events(session, job_id)])

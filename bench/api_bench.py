@@ -1,0 +1,293 @@
+"""API hot paths (issue 12): `wrk` against `trainjobs api` and against a bare FastAPI + SQLAlchemy app
+(bench/bare_app.py: one primary-key select) in the same run, on the same PostgreSQL.
+
+Measured, each as wrk -t2 -c32 (HTTP/1.1 keep-alive), after a warm-up, rounds alternating so that
+machine load that drifts over the minutes hits both sides alike:
+  GET  /v1/jobs/{id}        a RUNNING job (what a dashboard polls) vs the bare app's GET /jobs/{id}
+  POST /v1/jobs             a small spec (sklearn:digits, cnn), into a project emptied before each run
+  GET  /v1/jobs?limit=50    the newest page of a project holding --jobs jobs
+with `trainjobs api --workers 1` and then `--workers 2`.
+
+--explain: also seeds --explain-jobs jobs into one project and prints EXPLAIN (ANALYZE, BUFFERS) of
+the list query with no filter, a status filter, a label filter and both (bench/README.md).
+
+Usage: python bench/api_bench.py [--duration 10] [--rounds 3] [--workers 1,2] [--jobs 2000] [--explain]
+Uses TRAINJOBS_TEST_DATABASE_URL (or TRAINJOBS_DATABASE_URL), else an embedded PostgreSQL. Needs wrk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+from sqlalchemy import text  # noqa: E402
+
+from service.db.projects import create_api_key, ensure_project  # noqa: E402
+from service.db.session import get_engine, session_factory, transaction  # noqa: E402
+from service.db.session import upgrade  # noqa: E402
+from trainjobs.ports import free_port  # noqa: E402
+
+SPEC = {"name": "digits", "dataset": {"source": "sklearn:digits"}, "model": {"name": "cnn"},
+        "accelerator": {"type": "cpu", "replicas": 2}, "strategy": "mirrored", "training": {"epochs": 2},
+        "labels": {"team": "vision"}}
+METRICS = {"epoch": 2, "loss": 0.21, "accuracy": 0.94, "val_loss": 0.25, "val_accuracy": 0.93,
+           "examples_per_sec": 14000.0, "step_time_ms": 2.1, "input_wait_fraction": 0.02}
+RUNTIME = {"strategy": "mirrored", "replicas": 2, "precision": "float32", "global_batch_size": 64,
+           "learning_rate": 0.001, "steps_per_execution": 4, "notes": ["steps_per_execution auto: 4 (CPU)"]}
+STATUSES = ["SUCCEEDED"] * 16 + ["FAILED", "CANCELLED", "RUNNING", "QUEUED"]
+
+
+def fresh_database(name: str = "trainjobs_apibench") -> str:
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    base = os.environ.get("TRAINJOBS_TEST_DATABASE_URL") or os.environ.get("TRAINJOBS_DATABASE_URL")
+    if base:
+        base = base.replace("postgresql://", "postgresql+psycopg://", 1)
+    else:
+        from stack.embedded import start_embedded_postgres
+
+        base = start_embedded_postgres(Path(tempfile.mkdtemp()) / "pg", database="postgres")
+    admin = make_url(base).set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = make_url(base).set(database=name).render_as_string(hide_password=False)
+    upgrade(url)
+    return url
+
+
+def seed(url: str, project: str, n: int, *, quota: int | None = None) -> str:
+    """n jobs in `project`, newest last, a mix of statuses (one in twenty QUEUED); returns its key."""
+    factory = session_factory(get_engine(url))
+    with transaction(factory) as s:
+        project_id = ensure_project(s, project)
+        s.execute(text("UPDATE projects SET max_running_jobs = :q WHERE id = :p"), {"q": quota, "p": project_id})
+        key = create_api_key(s, project)
+        s.execute(text("""
+            INSERT INTO jobs (project_id, name, spec, labels, status, created_at, updated_at, progress, metrics,
+                              runtime, staging_at, provisioning_at, running_at, finished_at)
+            SELECT :p, 'job-' || g, CAST(:spec AS jsonb),
+                   jsonb_build_object('team', (ARRAY['vision','speech','nlp','ads'])[1 + g % 4], 'sweep', 's' || (g % 50)),
+                   CAST((CAST(:statuses AS text[]))[1 + g % 20] AS job_status),
+                   now() - (:n - g) * interval '1 second', now(), 1.0, CAST(:metrics AS jsonb), CAST(:runtime AS jsonb),
+                   now(), now(), now(), now()
+              FROM generate_series(1, :n) g"""),
+                  {"p": project_id, "n": n, "spec": json.dumps(SPEC), "metrics": json.dumps(METRICS),
+                   "runtime": json.dumps(RUNTIME), "statuses": STATUSES})
+    with get_engine(url).connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("VACUUM ANALYZE jobs"))
+    return key
+
+
+def wait_up(url: str, proc: subprocess.Popen[bytes]) -> None:
+    for _ in range(600):
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{url} did not answer")
+
+
+def start(cmd: list[str], probe: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True)
+    wait_up(probe, proc)
+    return proc
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
+
+
+def _ms(value: str) -> float:
+    number, unit = re.fullmatch(r"([\d.]+)(us|ms|s|m)", value).groups()  # type: ignore[union-attr]
+    return float(number) * _UNITS[unit]
+
+
+def wrk(url: str, key: str, seconds: float, script: str | None = None) -> dict[str, Any]:
+    cmd = ["wrk", "-t2", "-c32", f"-d{round(seconds)}s", "--latency", "-H", f"Authorization: Bearer {key}", url]
+    if script:
+        cmd[1:1] = ["-s", script]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    pct = dict(re.findall(r"^\s+(50|99)%\s+(\S+)\s*$", out, re.M))
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    sockets = re.search(r"Socket errors: (.*)", out)
+    return {"rps": round(rps, 1), "p50_ms": round(_ms(pct["50"]), 1), "p99_ms": round(_ms(pct["99"]), 1),
+            "non_2xx": int(errors.group(1)) if errors else 0, "socket_errors": sockets.group(1) if sockets else ""}
+
+
+def profile(pid: int, seconds: int, run_load) -> list[str]:  # type: ignore[no-untyped-def]
+    """py-spy samples of the server process `pid` while run_load() drives it: the top frames by own
+    time, and the share of samples under each of our functions (inclusive)."""
+    raw = Path(tempfile.mkdtemp()) / "profile.txt"
+    spy_bin = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    # --gil: only the thread holding the GIL, i.e. where the one core Python can use goes.
+    spy = subprocess.Popen([spy_bin, "record", "--pid", str(pid), "--duration", str(seconds), "--rate", "100", "--gil",
+                            "--format", "raw", "-o", str(raw)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run_load()
+    spy.wait()
+    own: dict[str, int] = {}
+    inclusive: dict[str, int] = {}
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = [f for f in stack.split(";") if not f.startswith("process ") and not f.startswith("thread ")]
+        n = int(count)
+        if not frames:
+            continue
+        total += n
+        own[frames[-1]] = own.get(frames[-1], 0) + n
+        for f in set(frames):
+            if "/work/main/" in f or "(service/" in f or "(stack/" in f:
+                inclusive[f] = inclusive.get(f, 0) + n
+    out = [f"{total} busy samples; top own time:"]
+    out += [f"  {100 * n / total:5.1f}%  {f}" for f, n in sorted(own.items(), key=lambda kv: -kv[1])[:15]]
+    out.append("our code, inclusive:")
+    out += [f"  {100 * n / total:5.1f}%  {f}" for f, n in sorted(inclusive.items(), key=lambda kv: -kv[1])[:12]]
+    return out
+
+
+def post_script(tmp: Path) -> str:
+    path = tmp / "post.lua"
+    body = json.dumps(SPEC).replace("\\", "\\\\").replace("'", "\\'")
+    path.write_text(f"wrk.method = 'POST'\nwrk.body = '{body}'\nwrk.headers['Content-Type'] = 'application/json'\n")
+    return str(path)
+
+
+def explain(url: str, jobs: int) -> None:
+    key_project = "bench-explain"
+    t0 = time.perf_counter()
+    seed(url, key_project, jobs)
+    print(f"seeded {jobs} jobs in {time.perf_counter() - t0:.0f} s")
+    queries = {
+        "no filter": "",
+        "status=RUNNING": "AND status IN ('RUNNING')",
+        "label team=vision": "AND labels @> '{\"team\": \"vision\"}'",
+        "label sweep=s7": "AND labels @> '{\"sweep\": \"s7\"}'",
+        "status=QUEUED + label sweep=s7": "AND status IN ('QUEUED') AND labels @> '{\"sweep\": \"s7\"}'",
+    }
+    with get_engine(url).connect() as conn:
+        pid = conn.execute(text("SELECT id FROM projects WHERE name = :n"), {"n": key_project}).scalar()
+        for name, where in queries.items():
+            sql = (f"SELECT id, name, status, created_at FROM jobs WHERE project_id = '{pid}' {where} "
+                   "ORDER BY created_at DESC, id DESC LIMIT 51")
+            plan = conn.execute(text(f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {sql}")).scalars().all()
+            print(f"\n-- {name}\n" + "\n".join(plan))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--duration", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--workers", default="1,2")
+    ap.add_argument("--jobs", type=int, default=2000)
+    ap.add_argument("--explain", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="py-spy the 1-process server under each load instead")
+    ap.add_argument("--explain-jobs", type=int, default=100_000)
+    args = ap.parse_args()
+    if not shutil.which("wrk"):
+        sys.exit("wrk not found: apt-get install wrk")
+    url = fresh_database()
+    key = seed(url, "bench", args.jobs)
+    post_key = seed(url, "bench-post", 0, quota=1_000_000)
+    with get_engine(url).connect() as conn:
+        running = conn.execute(text("SELECT j.id FROM jobs j JOIN projects p ON p.id = j.project_id WHERE p.name = 'bench' "
+                                    "AND j.status = 'RUNNING' ORDER BY j.created_at DESC LIMIT 1")).scalar()
+    env = {**os.environ, "TRAINJOBS_DATABASE_URL": url, "PYTHONPATH": str(ROOT)}
+    tmp = Path(tempfile.mkdtemp())
+    post = post_script(tmp)
+    results: dict[str, list[dict[str, Any]]] = {}
+
+    def record(name: str, r: dict[str, Any]) -> None:
+        results.setdefault(name, []).append(r)
+        print(f"{name:<28} {r['rps']:>8.1f} req/s  p50 {r['p50_ms']:>7.1f} ms  p99 {r['p99_ms']:>7.1f} ms"
+              + (f"  non-2xx {r['non_2xx']}" if r["non_2xx"] else "")
+              + (f"  socket errors {r['socket_errors']}" if r["socket_errors"] else ""), flush=True)
+
+    bare_port = free_port()
+    bare = start([sys.executable, "bench/bare_app.py", url, str(bare_port)],
+                 f"http://127.0.0.1:{bare_port}/jobs/{running}", env)
+    try:
+        for workers in [int(w) for w in args.workers.split(",")]:
+            port = free_port()
+            ours = start([sys.executable, "-m", "stack.cli", "api", "--port", str(port), "--workers", str(workers)],
+                         f"http://127.0.0.1:{port}/healthz", env)
+            base = f"http://127.0.0.1:{port}"
+            try:
+                if args.profile:
+                    for what, target, k, script in (
+                            ("GET /v1/jobs/{id}", f"{base}/v1/jobs/{running}", key, None),
+                            ("GET /v1/jobs?limit=50", f"{base}/v1/jobs?limit=50", key, None),
+                            ("POST /v1/jobs", f"{base}/v1/jobs", post_key, post)):
+                        print(f"\n== {what}")
+                        print("\n".join(profile(ours.pid, args.duration,
+                                                 lambda: record(what, wrk(target, k, args.duration, script)))))
+                    continue
+                for target in (f"http://127.0.0.1:{bare_port}/jobs/{running}", f"{base}/v1/jobs/{running}",
+                               f"{base}/v1/jobs?limit=50"):
+                    wrk(target, key, args.warmup)
+                for _ in range(args.rounds):
+                    if workers == 1:
+                        record("bare GET /jobs/{id}", wrk(f"http://127.0.0.1:{bare_port}/jobs/{running}", key,
+                                                         args.duration))
+                    record(f"w{workers} GET /v1/jobs/{{id}}", wrk(f"{base}/v1/jobs/{running}", key, args.duration))
+                    record(f"w{workers} GET /v1/jobs?limit=50", wrk(f"{base}/v1/jobs?limit=50", key, args.duration))
+                    with get_engine(url).begin() as conn:
+                        conn.execute(text("DELETE FROM jobs WHERE project_id = "
+                                          "(SELECT id FROM projects WHERE name = 'bench-post')"))
+                    record(f"w{workers} POST /v1/jobs", wrk(f"{base}/v1/jobs", post_key, args.duration, post))
+            finally:
+                stop(ours)
+    finally:
+        stop(bare)
+
+    print("\nmedians over rounds (spread min-max):")
+    med = {name: statistics.median(r["rps"] for r in rs) for name, rs in results.items()}
+    for name, rs in results.items():
+        vals = [r["rps"] for r in rs]
+        p99 = statistics.median(r["p99_ms"] for r in rs)
+        print(f"{name:<28} {med[name]:>8.1f} req/s ({min(vals):.0f}-{max(vals):.0f})  p99 {p99:.1f} ms")
+    bare_runs = [r["rps"] for r in results.get("bare GET /jobs/{id}", [])]
+    ours_runs = [r["rps"] for r in results.get("w1 GET /v1/jobs/{id}", [])]
+    if bare_runs and ours_runs:
+        ratios = [o / b for o, b in zip(ours_runs, bare_runs)]
+        print(f"GET /v1/jobs/{{id}} vs bare, per round: {', '.join(f'{r:.2f}x' for r in ratios)}; "
+              f"median {statistics.median(ratios):.2f}x")
+    for what in ("GET /v1/jobs/{id}", "GET /v1/jobs?limit=50", "POST /v1/jobs"):
+        if f"w1 {what}" in med and f"w2 {what}" in med:
+            print(f"{what}: 2 processes / 1 = {med[f'w2 {what}'] / med[f'w1 {what}']:.2f}x")
+    if args.explain:
+        explain(url, args.explain_jobs)
+
+
+if __name__ == "__main__":
+    main()
