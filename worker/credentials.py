@@ -64,22 +64,34 @@ def write_token_file(path: Path, token: str, expiry: datetime) -> None:
     os.replace(tmp, path)
 
 
-class TokenFileRefresher:
-    """Keeps one job's token file fresh: mints at start, then again when half the token's life is
-    gone. A failed mint is logged and retried; the agent keeps the old token until it expires."""
+Sink = Callable[[str, datetime], None]  # (token, expiry) -> where the machine reads it
 
-    def __init__(self, path: Path, mint: Minter):
-        self.path, self.mint = path, mint
+
+class TokenFileRefresher:
+    """Keeps one job's token fresh: mints at start, then again when half the token's life is gone,
+    and hands each token to `sink` (default: write the token file at `path`; a cloud VM's tokens go to
+    an object in the job directory instead, worker/cloud/job_tokens.py). A failed mint or write is
+    logged and retried; the agent keeps the old token until it expires."""
+
+    def __init__(self, path: Path | None, mint: Minter, sink: Sink | None = None, *, label: str | None = None,
+                 min_wait_s: float = RETRY_S):
+        self.path, self.mint, self.min_wait_s = path, mint, min_wait_s
+        self.label = label or (path.parent.name if path is not None else "token")
+        if sink is None:
+            assert path is not None, "a refresher needs a token file or a sink"
+            sink = lambda token, expiry: write_token_file(path, token, expiry)  # noqa: E731
+        self.sink = sink
+        self.token: str | None = None  # the latest token handed over
+        self.expiry: datetime | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        """Write the first token before returning: the agent starts right after."""
+        """Hand over the first token before returning: the agent starts right after."""
         expiry = self._refresh_once()
         if expiry is None:
-            raise RuntimeError(f"could not mint a storage token for {self.path}")
-        self._thread = threading.Thread(target=self._loop, args=(expiry,), name=f"token {self.path.parent.name}",
-                                        daemon=True)
+            raise RuntimeError(f"could not mint a storage token for {self.label}")
+        self._thread = threading.Thread(target=self._loop, args=(expiry,), name=f"token {self.label}", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -88,15 +100,16 @@ class TokenFileRefresher:
     def _refresh_once(self) -> datetime | None:
         try:
             token, expiry = self.mint()
+            self.sink(token, expiry)
         except Exception as exc:
-            log.warning("minting the storage token for %s failed: %s", self.path, exc)
+            log.warning("refreshing the storage token for %s failed: %s", self.label, exc)
             return None
-        write_token_file(self.path, token, expiry)
+        self.token, self.expiry = token, expiry
         return expiry
 
     def _loop(self, expiry: datetime) -> None:
         while True:
             left = (expiry - datetime.now(UTC)).total_seconds()
-            if self._stop.wait(max(RETRY_S, left / 2)):
+            if self._stop.wait(max(self.min_wait_s, left / 2)):
                 return
             expiry = self._refresh_once() or expiry

@@ -26,6 +26,7 @@ from trainjobs.messages import AgentError, AgentReport, AgentState
 from trainjobs.watchdog import Watchdog, stop_this_machine
 from worker.agent.job import AgentJob, WorkDir, load_job, task_index_from_env
 from worker.agent.status import StatusReporter, setup_logging, utc_now
+from worker.agent.token_refresh import start_token_refresh
 
 log = logging.getLogger("trainjobs.agent")
 
@@ -80,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         storage.write_json(storage.JobPaths(args.job_dir.rstrip("/")).status, report.model_dump(mode="json"))
         return EXIT_FAILED
 
+    start_token_refresh()  # on a cloud VM: the worker's newer storage tokens, before the first one expires
     Watchdog(args.job_dir, stop_this_machine, attempt=job.attempt,
              every_s=_env_float("TRAINJOBS_WATCHDOG_EVERY_S", 30.0),
              unreachable_s=_env_float("TRAINJOBS_WATCHDOG_UNREACHABLE_S", 300.0)).start()

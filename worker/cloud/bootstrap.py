@@ -97,5 +97,13 @@ fi
 # Each host of a TPU slice (or VM of a multi-host GPU job) learns its own number from the metadata server.
 METADATA="${{TRAINJOBS_METADATA_URL:-http://metadata.google.internal/computeMetadata/v1}}"
 TASK="$(curl -sf --retry 5 -H 'Metadata-Flavor: Google' "$METADATA/instance/attributes/agent-worker-number")"
+# The job's own storage token (worker/cloud/job_tokens.py): the VM's account has no access to job data.
+TOKEN="$(curl -sf -H 'Metadata-Flavor: Google' "$METADATA/instance/attributes/trainjobs-storage-token" || true)"
+if [ -n "$TOKEN" ]; then
+  TOKEN_DIR="$(mktemp -d)"
+  (umask 077 && printf '%s' "$TOKEN" > "$TOKEN_DIR/storage-token.json")
+  export TRAINJOBS_STORAGE_TOKEN_FILE="$TOKEN_DIR/storage-token.json"
+  export TRAINJOBS_STORAGE_TOKEN_URI="$JOB_DIR/_credentials/storage-token.json"
+fi
 {cluster}exec "$PYTHON" -m worker.agent --job-dir "$JOB_DIR" --task-index "$TASK"
 """

@@ -22,6 +22,8 @@ from trainjobs.spec import TpuAccelerator
 from worker.cloud.bootstrap import startup_script, upload_agent_wheel
 from worker.cloud.config import GcpConfig
 from worker.cloud.errors import MachineRefused, cloud_message, is_stockout, is_transient, with_backoff
+from worker.cloud.job_tokens import METADATA_KEY as TOKEN_KEY
+from worker.cloud.job_tokens import JobTokens, default_job_tokens
 from worker.provisioner import MachineInfo, MachineRequest, MachineState
 
 log = logging.getLogger("trainjobs.worker")
@@ -94,10 +96,12 @@ class TpuVmProvisioner:
 
     def __init__(self, config: GcpConfig, *, client: Any = None, create_wait_s: float = 60.0,
                  delete_wait_s: float = 600.0, backoff_s: float = 0.5,
-                 startup: Callable[[MachineRequest], str] = agent_startup_script):
+                 startup: Callable[[MachineRequest], str] = agent_startup_script, tokens: JobTokens | None = None):
         """create_wait_s: how long create() follows the create operation before leaving it to get();
-        delete_wait_s: how long delete() waits for Google to confirm; backoff_s: the first retry's delay."""
+        delete_wait_s: how long delete() waits for Google to confirm; backoff_s: the first retry's delay;
+        tokens: per-job storage tokens for the VMs (default: on, unless storage is the emulator)."""
         self.config, self.create_wait_s, self.delete_wait_s, self.startup = config, create_wait_s, delete_wait_s, startup
+        self.tokens = tokens if tokens is not None else default_job_tokens()
         self.backoff_s = backoff_s
         self._zone_of: dict[str, str] = {}  # where each machine was last seen: its zone is asked first
         self.client = client if client is not None else tpu_client(config)
@@ -140,7 +144,10 @@ class TpuVmProvisioner:
         for zone in sorted(self.config.zones, key=lambda z: z != seen):
             if (node := self._find(lambda: self.client.get_node(name=self._path(zone, "nodes", name)))) is not None:
                 self._zone_of[name] = zone
-                return self._node_info(node)
+                info = self._node_info(node)
+                if self.tokens is not None and info.state in (MachineState.CREATING, MachineState.READY):
+                    self.tokens.keep(name, node.metadata.get("trainjobs-job-dir", ""))  # adopted: tokens go on
+                return info
             queued = self._find(lambda: self.client.get_queued_resource(name=self._path(zone, "queuedResources", name)))
             if queued is not None:
                 self._zone_of[name] = zone
@@ -150,6 +157,8 @@ class TpuVmProvisioner:
 
     def delete(self, name: str) -> None:
         """Deletes the node and its queued resource in every zone, and waits until Google confirms."""
+        if self.tokens is not None:
+            self.tokens.stop(name)
         for zone in self.config.zones:
             # A queued resource owns its node: `force` deletes both.
             self._delete(f"queued resource {name}", lambda: self.client.delete_queued_resource(
@@ -186,7 +195,9 @@ class TpuVmProvisioner:
             runtime_version=acc.runtime_version,
             labels=request.labels,
             metadata={"startup-script": self.startup(request), "trainjobs-job-dir": request.job_dir,
-                      API_ENDPOINT_KEY: c.tpu_api_endpoint or "https://tpu.googleapis.com"},
+                      API_ENDPOINT_KEY: c.tpu_api_endpoint or "https://tpu.googleapis.com",
+                      # The VM's only way into storage: a token for this job's own objects.
+                      **({TOKEN_KEY: self.tokens.start(request.name, request.job_dir)} if self.tokens else {})},
             tags=builtins.list(c.tags),
             network_config=tpu_v2.NetworkConfig(network=c.network or "", subnetwork=c.subnetwork or "",
                                                 enable_external_ips=True),

@@ -1,0 +1,142 @@
+"""Per-job storage tokens on cloud VMs: the worker publishes them, the VM's startup script and agent
+use them, and nothing else of the job's storage is in the VM's hands."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from stack.fakecloud import FakeTpuApi
+from stack.fakecloud.tpu_inventory import Timing
+from tests.conftest import digits_spec, scaled
+from trainjobs import storage
+from trainjobs.spec import JobSpec
+from worker.access_boundary import JobBoundary
+from worker.agent.token_refresh import refresh_once
+from worker.cloud.bootstrap import startup_script
+from worker.cloud.config import GcpConfig
+from worker.cloud.job_tokens import METADATA_KEY, JobTokens, token_uri
+from worker.gcs_channel import GcsJobChannel
+from worker.provisioner import MachineRequest
+from worker.provisioners.gcp_tpu import TpuVmProvisioner
+
+ZONE = "us-central1-a"
+
+
+class Minter:
+    """Stands in for the token exchange: each token says which boundary it was minted for."""
+
+    def __init__(self, life_s: float = 3600.0) -> None:
+        self.life_s, self.boundaries, self.count = life_s, [], 0
+
+    def __call__(self, boundary: JobBoundary):  # type: ignore[no-untyped-def]
+        self.boundaries.append(boundary)
+
+        def mint() -> tuple[str, datetime]:
+            self.count += 1
+            return f"token-{boundary.job_id}-{self.count}", datetime.now(UTC) + timedelta(seconds=self.life_s)
+
+        return mint
+
+
+def _job(bucket: str, job_id: str = "8d0c7f0e-5a34-4d59-8d7b-0a8e61c0b7d1") -> MachineRequest:
+    spec = JobSpec.model_validate(digits_spec(accelerator={"type": "tpu", "tpu_type": "v5litepod-8"}, strategy="tpu"))
+    channel = GcsJobChannel(bucket)
+    channel.prepare(job_id, 1, spec, f"gs://{bucket}/datasets/{'a' * 64}")  # spec.json: the boundary's source
+    return MachineRequest(job_id, 1, spec, channel.job_dir(job_id))
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> Iterator[FakeTpuApi]:
+    with FakeTpuApi(sandbox=tmp_path, boot=False, timing=Timing(boot_s=0.2, delete_s=0.1)) as api:
+        yield api
+
+
+def test_the_worker_publishes_each_new_token_in_the_job_directory_until_the_machine_goes(bucket: str) -> None:
+    request, minter = _job(bucket), Minter(life_s=0.4)
+    tokens = JobTokens(minter, min_wait_s=0.05)
+    first = json.loads(tokens.start("vm-1", request.job_dir))
+    assert first["access_token"] == f"token-{request.job_id}-1"
+    assert minter.boundaries[0].job_id == request.job_id  # minted for this job's boundary, read from spec.json
+    deadline = time.monotonic() + scaled(10)
+    while (storage.read_json(token_uri(request.job_dir)) or {}).get("access_token") == first["access_token"]:
+        assert time.monotonic() < deadline, "no newer token was published"
+        time.sleep(0.05)
+    tokens.stop("vm-1")
+    assert tokens.running() == []
+    settled = minter.count
+    time.sleep(0.5)
+    assert minter.count == settled  # stopped with its machine
+
+
+def test_the_agent_copies_a_newer_published_token_into_its_file_and_never_an_older_one(bucket: str,
+                                                                                         tmp_path: Path) -> None:
+    uri, token_file = f"gs://{bucket}/jobs/j/_credentials/storage-token.json", tmp_path / "storage-token.json"
+    now = datetime.now(UTC)
+    token_file.write_text(json.dumps({"access_token": "old", "expiry": (now + timedelta(minutes=10)).isoformat()}))
+    storage.write_json(uri, {"access_token": "older", "expiry": (now + timedelta(minutes=5)).isoformat()})
+    assert not refresh_once(token_file, uri)
+    storage.write_json(uri, {"access_token": "new", "expiry": (now + timedelta(minutes=60)).isoformat()})
+    assert refresh_once(token_file, uri)
+    assert json.loads(token_file.read_text())["access_token"] == "new"
+    assert oct(token_file.stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_tpu_node_carries_its_jobs_first_token_and_its_startup_script_hands_it_to_the_agent(
+        bucket: str, fake: FakeTpuApi, tmp_path: Path) -> None:
+    request = _job(bucket)
+    tokens = JobTokens(Minter())
+    script = startup_script(request.job_dir, f"gs://{bucket}/agent/x/trainjobs.whl")
+    p = TpuVmProvisioner(GcpConfig(project="proj", zone=ZONE, tpu_api_endpoint=fake.url), startup=lambda r: script,
+                         create_wait_s=scaled(30), backoff_s=0.01, tokens=tokens)
+    p.create(request)
+    [body] = [r.body or {} for r in fake.requests if r.method == "POST" and r.path.endswith("/nodes")]
+    published = json.loads(body["metadata"][METADATA_KEY])
+    assert published["access_token"] == f"token-{request.job_id}-1"
+
+    # The real startup script, on this machine, against the node's metadata server; "python" prints what
+    # the agent would be started with.
+    python = tmp_path / "python"
+    python.write_text('#!/bin/bash\necho "file=$TRAINJOBS_STORAGE_TOKEN_FILE uri=$TRAINJOBS_STORAGE_TOKEN_URI"\n'
+                      'cat "$TRAINJOBS_STORAGE_TOKEN_FILE"; echo; stat -c %a "$TRAINJOBS_STORAGE_TOKEN_FILE"\n')
+    python.chmod(0o755)
+    env = {"PATH": os.environ["PATH"], "TRAINJOBS_SKIP_INSTALL": "1", "TRAINJOBS_PYTHON": str(python),
+           "TMPDIR": str(tmp_path), "TRAINJOBS_METADATA_URL": fake.metadata_url(request.name, 0)}
+    out = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=scaled(30))
+    assert out.returncode == 0, out.stderr
+    first, token_text, mode = out.stdout.strip().splitlines()
+    assert f"uri={token_uri(request.job_dir)}" in first
+    assert json.loads(token_text) == published
+    assert mode == "600"
+
+    # A new worker (the first died) keeps the adopted node's tokens coming; deleting the node stops them.
+    successor = TpuVmProvisioner(GcpConfig(project="proj", zone=ZONE, tpu_api_endpoint=fake.url),
+                                 startup=lambda r: script, backoff_s=0.01, tokens=JobTokens(Minter()))
+    successor.get(request.name)
+    assert successor.tokens is not None and successor.tokens.running() == [request.name]
+    successor.delete(request.name)
+    assert successor.tokens.running() == []
+
+
+def test_without_a_token_the_startup_script_sets_none(bucket: str, fake: FakeTpuApi, tmp_path: Path) -> None:
+    request = _job(bucket)
+    script = startup_script(request.job_dir, f"gs://{bucket}/agent/x/trainjobs.whl")
+    p = TpuVmProvisioner(GcpConfig(project="proj", zone=ZONE, tpu_api_endpoint=fake.url), startup=lambda r: script,
+                         create_wait_s=scaled(30), backoff_s=0.01)
+    assert p.tokens is None  # storage is the emulator here: it checks no token
+    p.create(request)
+    python = tmp_path / "python"
+    python.write_text('#!/bin/bash\necho "file=${TRAINJOBS_STORAGE_TOKEN_FILE:-none}"\n')
+    python.chmod(0o755)
+    env = {"PATH": os.environ["PATH"], "TRAINJOBS_SKIP_INSTALL": "1", "TRAINJOBS_PYTHON": str(python),
+           "TMPDIR": str(tmp_path), "TRAINJOBS_METADATA_URL": fake.metadata_url(request.name, 0)}
+    out = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=scaled(30))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "file=none"
