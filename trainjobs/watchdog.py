@@ -3,8 +3,9 @@
 The worker deletes machines; the watchdog covers the cases where it cannot. The agent stops when the
 control plane has written a stop request into the job directory (the job ended or was cancelled), or
 when the job directory has been unreachable for `unreachable_s` (the control plane, its storage or the
-network is gone). On a Cloud TPU VM it then deletes its own node through the TPU API, with the VM's
-own credentials from the metadata server, so a dead control plane never leaves a TPU billing.
+network is gone). On a Cloud TPU VM it then deletes its own node through the TPU API, on a Compute
+Engine VM its own instance through the Compute API, with the VM's own credentials from the metadata
+server, so a dead control plane never leaves a machine billing.
 
 Reads run on their own thread and the verdict on another: a read that hangs (a storage client retrying
 a dead endpoint for minutes) counts as unreachable rather than stalling the watchdog with it.
@@ -28,6 +29,7 @@ log = logging.getLogger("trainjobs.agent")
 CONTROL = "control.json"
 METADATA_URL = "http://metadata.google.internal/computeMetadata/v1"
 NODE_NAME_KEY, API_ENDPOINT_KEY = "trainjobs-node", "trainjobs-tpu-api"  # node metadata set by the provisioner
+INSTANCE_KEY, COMPUTE_API_KEY = "trainjobs-instance", "trainjobs-compute-api"  # the same on Compute Engine VMs
 
 
 def request_stop(job_dir: str, reason: str, attempt: int | None = None) -> None:
@@ -90,6 +92,19 @@ class Watchdog:
 def delete_own_tpu_node(metadata_url: str | None = None, timeout_s: float = 30.0) -> str | None:
     """On a Cloud TPU VM made by trainjobs: ask the TPU API to delete this node; return its name. None
     where there is no such node (a local machine, a VM without our metadata)."""
+    return _delete_own(metadata_url, timeout_s, NODE_NAME_KEY, API_ENDPOINT_KEY, "https://tpu.googleapis.com", "v2")
+
+
+def delete_own_instance(metadata_url: str | None = None, timeout_s: float = 30.0) -> str | None:
+    """On a Compute Engine VM made by trainjobs: ask the Compute API to delete this instance; return its
+    name. None where there is no such instance."""
+    return _delete_own(metadata_url, timeout_s, INSTANCE_KEY, COMPUTE_API_KEY, "https://compute.googleapis.com",
+                       "compute/v1")
+
+
+def _delete_own(metadata_url: str | None, timeout_s: float, name_key: str, api_key: str, default_api: str,
+                version: str) -> str | None:
+    """DELETE {api}/{version}/{name}, with the name, the API and a token from this VM's metadata server."""
     import httpx
 
     base = metadata_url or os.environ.get("TRAINJOBS_METADATA_URL") or METADATA_URL
@@ -98,15 +113,15 @@ def delete_own_tpu_node(metadata_url: str | None = None, timeout_s: float = 30.0
     headers = {"Metadata-Flavor": "Google"}
     try:
         with httpx.Client(base_url=base, headers=headers, timeout=5.0) as meta:
-            node = meta.get(f"/instance/attributes/{NODE_NAME_KEY}")
+            node = meta.get(f"/instance/attributes/{name_key}")
             if node.status_code != 200:
                 return None
-            api = meta.get(f"/instance/attributes/{API_ENDPOINT_KEY}")
+            api = meta.get(f"/instance/attributes/{api_key}")
             token = meta.get("/instance/service-accounts/default/token").json()["access_token"]
     except httpx.HTTPError:
         return None  # no metadata server: not a cloud VM
-    endpoint = api.text if api.status_code == 200 else "https://tpu.googleapis.com"
-    response = httpx.delete(f"{endpoint.rstrip('/')}/v2/{node.text}", headers={"Authorization": f"Bearer {token}"},
+    endpoint = api.text if api.status_code == 200 else default_api
+    response = httpx.delete(f"{endpoint.rstrip('/')}/{version}/{node.text}", headers={"Authorization": f"Bearer {token}"},
                             timeout=timeout_s)
     if response.status_code not in (200, 404):
         raise RuntimeError(f"deleting {node.text} failed: {response.status_code} {response.text[:500]}")
@@ -116,10 +131,12 @@ def delete_own_tpu_node(metadata_url: str | None = None, timeout_s: float = 30.0
 def stop_this_machine(reason: str, exit_code: int = 143) -> None:
     """The agent's on_stop: delete our own node if we are on one, then exit at once, even while the main
     thread is stuck in storage retries (which is why this does not raise or wait for it)."""
-    try:
-        if (node := delete_own_tpu_node()) is not None:
-            log.error("watchdog: deleting node %s (%s)", node, reason)
-    except Exception:
-        log.exception("watchdog: could not delete this node")
+    for delete_own in (delete_own_tpu_node, delete_own_instance):
+        try:
+            if (machine := delete_own()) is not None:
+                log.error("watchdog: deleting %s (%s)", machine, reason)
+                break
+        except Exception:
+            log.exception("watchdog: could not delete this machine")
     logging.shutdown()
     os._exit(exit_code)

@@ -27,6 +27,7 @@ from typing import Any
 from trainjobs import storage
 from trainjobs.catalogue import bundled_gpus, default_gpu_machine_type
 from trainjobs.spec import CpuAccelerator, GpuAccelerator, TpuAccelerator
+from trainjobs.watchdog import COMPUTE_API_KEY, INSTANCE_KEY
 from worker.cloud.bootstrap import startup_script, upload_agent_wheel
 from worker.cloud.config import GcpConfig
 from worker.cloud.errors import MachineRefused, cloud_message, is_transient, with_backoff
@@ -58,7 +59,6 @@ LABEL_MACHINE, LABEL_HOSTS = "trainjobs-machine", "trainjobs-hosts"
 # Instance metadata the hosts read back from the metadata server: their number, and what the agent's
 # watchdog needs to delete its own VM (trainjobs/watchdog.py) when the control plane is gone.
 HOST_KEY, JOB_DIR_KEY = "agent-worker-number", "trainjobs-job-dir"
-INSTANCE_KEY, API_ENDPOINT_KEY = "trainjobs-instance", "trainjobs-compute-api"
 SCOPES = ["https://www.googleapis.com/auth/devstorage.read_write",  # the job directory and datasets
           "https://www.googleapis.com/auth/compute"]  # the watchdog deletes its own VM
 CPU_MACHINE_SIZES = (2, 4, 8, 16, 32, 48, 64, 80, 96, 128)
@@ -189,7 +189,7 @@ class GceVmProvisioner:
             JOB_DIR_KEY: request.job_dir,
             HOST_KEY: str(host),
             INSTANCE_KEY: f"projects/{c.project}/zones/{zone}/instances/{name}",
-            API_ENDPOINT_KEY: c.compute_api_endpoint or "https://compute.googleapis.com",
+            COMPUTE_API_KEY: c.compute_api_endpoint or "https://compute.googleapis.com",
         }
         if isinstance(acc, GpuAccelerator):
             metadata["install-nvidia-driver"] = "True"  # Deep Learning VM images install the driver at first boot
