@@ -8,7 +8,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, Text, cast, select, text, tuple_
+from sqlalchemy import Row, Text, cast, func, select, text, tuple_
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -183,3 +183,9 @@ def reset_driver_failures(session: Session, job_id: uuid.UUID, owner: str) -> No
     """A driver step worked: the failures are no longer in a row."""
     session.execute(text("UPDATE jobs SET driver_failures = 0 WHERE id = :id AND lease_owner = :owner"),
                     {"id": job_id, "owner": owner})
+
+
+def count_by_status(session: Session) -> dict[JobStatus, int]:
+    """Jobs of every project by status, in one grouped query (the API's /metrics, at scrape time)."""
+    rows = session.execute(select(Job.status, func.count()).group_by(Job.status))
+    return {JobStatus(status): count for status, count in rows}
