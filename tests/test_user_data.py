@@ -143,7 +143,7 @@ def test_header_row_and_label_by_name_or_negative_position(bucket: str, tmp_path
 def _refusal(dataset: dict[str, Any]) -> dict[str, str]:
     with pytest.raises(ValidationError) as err:
         JobSpec.model_validate({"dataset": dataset, "model": {"name": "mlp"}})
-    [error] = describe_errors(err.value.errors())
+    [error] = describe_errors([dict(e) for e in err.value.errors()])
     return error
 
 
@@ -252,13 +252,59 @@ def test_a_plan_the_data_cannot_carry_fails_at_staging_without_a_machine(
         while True:
             with transaction(db) as s:
                 job = s.get(Job, job_id)
+                assert job is not None
                 if job.status.value == "FAILED" or time.monotonic() > deadline:
                     break
             time.sleep(0.1)
     finally:
         worker.shutdown(timeout=5)
     assert job.status.value == "FAILED", job.status
-    assert "the global batch of 256 is larger than the training split (120 examples)" in job.error
+    assert job.error is not None and "the global batch of 256 is larger than the training split (120 examples)" in job.error
     with transaction(db) as s:
         path = [e.to_status.value for e in s.scalars(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id))]
     assert path == ["QUEUED", "STAGING", "FAILED"] and cloud.created == []
+
+
+# --- paths from the CLI ----------------------------------------------------------------------------
+
+
+def _cli_submit(spec_file: Path, api: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    from click.testing import CliRunner
+
+    from trainjobs.cli import main
+
+    monkeypatch.setenv("TRAINJOBS_API_URL", str(api.base_url))
+    monkeypatch.setenv("TRAINJOBS_API_KEY", api.headers["authorization"].split()[1])
+    return CliRunner().invoke(main, ["submit", str(spec_file)])
+
+
+def test_submit_uploads_a_relative_folder_like_a_file(api: Any, bucket: str, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.test_staging import save_png
+
+    for cls in ("cat", "dog"):
+        for i in range(3):
+            save_png(tmp_path / "project" / "pets" / cls / f"{i}.png", (40 * i, 0, 0))
+    spec_file = write(tmp_path / "project", "job.yaml", "dataset: {source: pets}\nmodel: {name: cnn}\n")
+    result = _cli_submit(spec_file, api, monkeypatch)
+    assert result.exit_code == 0, result.output
+    [job] = api.get("/v1/jobs").json()["jobs"]
+    assert job["spec"]["dataset"]["source"].startswith("dataset:")
+
+
+def test_a_relative_path_that_is_not_there_says_where_it_was_looked_for(
+        api: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "project").mkdir()
+    spec_file = write(tmp_path / "project", "job.yaml", "dataset: {source: data/pets}\nmodel: {name: cnn}\n")
+    result = _cli_submit(spec_file, api, monkeypatch)
+    assert result.exit_code != 0
+    assert (f"dataset.source 'data/pets' is a relative path, so it was looked for next to the spec file, at "
+            f"{(tmp_path / 'project' / 'data' / 'pets').resolve()}, and nothing is there") in result.output
+    assert api.get("/v1/jobs").json()["jobs"] == []
+
+
+@pytest.mark.parametrize("value", ["sklearn:digits", "gs://bucket/data/", "dataset:" + "a" * 64, "/srv/data/on/the/worker"])
+def test_sources_that_are_not_local_paths_are_sent_as_they_are(tmp_path: Path, value: str) -> None:
+    from trainjobs.local_paths import local_upload
+
+    assert local_upload(value, tmp_path, "dataset.source") is None
