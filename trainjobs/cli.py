@@ -103,18 +103,22 @@ def _dry_run(raw: Any) -> None:
 
 
 def _upload_local_files(c: Any, spec: dict[str, Any], base: Path) -> None:
-    """A model module or dataset that is a path on this laptop is uploaded first, so the job runs
-    anywhere (paths are relative to the spec file)."""
-    model = spec.get("model") or {}
-    module = model.get("module")
-    if isinstance(module, str) and "://" not in module and (base / module).exists():
-        model["module"] = c.upload_module(base / module)
-        click.echo(f"uploaded model code {module} -> {model['module']}", err=True)
-    dataset = spec.get("dataset") or {}
-    source = dataset.get("source")
-    if isinstance(source, str) and ":" not in source and (base / source).exists():
-        dataset["source"] = c.upload_dataset(base / source)["dataset"]
-        click.echo(f"uploaded dataset {source} -> {dataset['source']}", err=True)
+    """A model module or dataset (file or folder) that is a path on this laptop is uploaded first, so
+    the job runs anywhere (relative paths are relative to the spec file; trainjobs/local_paths.py)."""
+    from trainjobs.local_paths import LocalPathError, local_upload
+
+    model, dataset = spec.get("model") or {}, spec.get("dataset") or {}
+    try:
+        module = local_upload(model.get("module"), base, "model.module")
+        source = local_upload(dataset.get("source"), base, "dataset.source")
+    except LocalPathError as exc:
+        raise click.ClickException(str(exc)) from None
+    if module is not None:
+        uploaded, model["module"] = model["module"], c.upload_module(module)
+        click.echo(f"uploaded model code {uploaded} -> {model['module']}", err=True)
+    if source is not None:
+        uploaded, dataset["source"] = dataset["source"], c.upload_dataset(source)["dataset"]
+        click.echo(f"uploaded dataset {uploaded} -> {dataset['source']}", err=True)
 
 
 @main.command()
