@@ -266,12 +266,23 @@ def test_artifact_manifest_lists_every_artifact_with_its_hash(digits_job: dict[s
     job_dir = digits_job["job_dir"]
     manifest = read(job_dir, "artifacts/manifest.json")
     paths = {e["path"] for e in manifest}
-    assert {"model.tflite", "metrics.json", "history.json", "saved_model/saved_model.pb"} <= paths
+    assert {"model.tflite", "metrics.json", "history.json", "labels.json", "saved_model/saved_model.pb"} <= paths
     listed = {u.removeprefix(f"{job_dir}/artifacts/") for u in storage.list_uris(f"{job_dir}/artifacts/")}
     assert listed == paths | {"manifest.json"}
     tflite = next(e for e in manifest if e["path"] == "model.tflite")
     data = storage.blob(tflite["uri"]).download_as_bytes()
     assert (len(data), hashlib.sha256(data).hexdigest()) == (tflite["size"], tflite["sha256"])
+
+
+@pytest.mark.tf
+def test_class_names_are_in_labels_json_and_on_the_job(digits_job: dict[str, Any]) -> None:
+    labels = read(digits_job["job_dir"], "artifacts/labels.json")
+    names = [str(i) for i in range(10)]  # what stage() wrote as the manifest's class_names
+    assert labels == {"num_classes": 10, "class_names": names, "label_mapping": {n: n for n in names}}
+    assert read(digits_job["job_dir"], "artifacts/saved_model/assets/labels.json") == labels
+    dataset = read(digits_job["job_dir"], "status.json")["runtime"]["dataset"]
+    assert dataset == {"train_examples": 1438, "validation_examples": 359, "dropped_examples": 0,
+                       "feature_shape": [8, 8, 1], "num_classes": 10, "class_names": names}
 
 
 @pytest.mark.tf
@@ -354,7 +365,7 @@ def test_saved_model_serves_in_inference_mode_even_behind_a_resizing_layer(tmp_p
     from worker.agent.models import ModelInputs, build, builder_for
 
     model = build(builder_for(ModelSpec(name="MobileNetV2"), tmp_path), ModelInputs((8, 8, 1), 4, {"alpha": 0.35}))
-    save_model(model, (8, 8, 1), tmp_path / "sm")
+    save_model(model, (8, 8, 1), tmp_path / "sm", ["a", "b", "c", "d"])
     x = np.random.default_rng(0).random((6, 8, 8, 1), dtype=np.float32) * 16
     loaded = tf.saved_model.load(str(tmp_path / "sm"))
     assert "serving_default" in loaded.signatures

@@ -38,6 +38,20 @@ class LocalDataset:
     label_key: str
     train: Split
     validation: Split | None  # staging may be asked for no validation split
+    dropped_examples: int = 0  # source rows staging left out (a CSV's missing cells under na_policy drop)
+    staging_notes: tuple[str, ...] = ()
+
+    @property
+    def labels(self) -> list[str]:
+        """Class id i's name; ids stand for themselves in a manifest without names."""
+        return list(self.class_names) or [str(i) for i in range(self.num_classes)]
+
+    def summary(self) -> dict[str, Any]:
+        """What the job's record shows of its data."""
+        return {"train_examples": self.train.examples,
+                "validation_examples": self.validation.examples if self.validation else 0,
+                "dropped_examples": self.dropped_examples, "feature_shape": list(self.feature_shape),
+                "num_classes": self.num_classes, "class_names": self.labels}
 
 
 def download_dataset(dataset_uri: str, local_dir: Path) -> LocalDataset:
@@ -69,6 +83,8 @@ def download_dataset(dataset_uri: str, local_dir: Path) -> LocalDataset:
         label_key=label["key"],
         train=splits["train"],
         validation=splits["validation"] if splits.get("validation") and splits["validation"].examples else None,
+        dropped_examples=int(manifest.get("dropped_examples", 0)),
+        staging_notes=tuple(manifest.get("notes", ())),
     )
 
 

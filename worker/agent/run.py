@@ -65,10 +65,10 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
     train_function = install_step_functions(model, plan.steps_per_execution)
     plan = resume_from(plan, saved_at)
     plan = dataclasses.replace(
-        plan, jit_compile=bool(model.jit_compile), notes=plan.notes + tuple(repairs),
+        plan, jit_compile=bool(model.jit_compile), notes=data.staging_notes + plan.notes + tuple(repairs),
         loss_scaling=isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer),
     )
-    reporter.runtime = plan.as_dict()
+    reporter.runtime = plan.as_dict() | {"dataset": data.summary()}
     reporter.epoch = plan.initial_epoch
     reporter.step_progress(plan.initial_epoch + plan.initial_step / plan.steps_per_epoch)
     log.info("runtime plan: %s", json.dumps(reporter.runtime))
@@ -153,17 +153,19 @@ def _export(job: AgentJob, work: WorkDir, plan: RuntimePlan, data: LocalDataset,
     out = work.artifacts
     out.mkdir(parents=True, exist_ok=True)
     serving = export.float32_copy(builder, inputs, model)
-    export.save_model(serving, inputs.input_shape, out / "saved_model")
+    export.save_model(serving, inputs.input_shape, out / "saved_model", data.labels)
+    export.write_labels(out / export.LABELS_NAME, data.labels)  # next to saved_model/ and model.tflite
     # Without a validation split there is nothing to score: empty arrays give accuracy None.
     val_x, val_y = read_arrays(data, data.validation or data.train, EVAL_EXAMPLES if data.validation else 0)
     last = history[-1] if history else {}
     final: dict[str, Any] = {k: last.get(k) for k in ("loss", "accuracy", "val_loss", "val_accuracy")}
     final["saved_model_accuracy"] = export.saved_model_accuracy(out / "saved_model", val_x, val_y)
     if tflite_options is not None:
-        calibration, _ = read_arrays(data, data.train, tflite_options.calibration_examples)
+        calibration, _ = read_arrays(data, data.train, tflite_options.calibration_limit)
         tflite = export.to_tflite(out / "saved_model", tflite_options, calibration)
         (out / "model.tflite").write_bytes(tflite)
-        final.update(tflite_quantization=tflite_options.quantization, tflite_bytes=len(tflite),
+        final.update(tflite_quantization=tflite_options.quantization, tflite_io_type=tflite_options.io_type,
+                     tflite_bytes=len(tflite),
                      tflite_accuracy=export.tflite_accuracy(tflite, val_x, val_y))
     final.update(_throughput(history, job.attempt))
     final.update(eval_examples=int(len(val_y)), epochs=plan.epochs, initial_epoch=plan.initial_epoch,
