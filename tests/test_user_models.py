@@ -55,3 +55,36 @@ def test_uploaded_user_model_trains(api, local_stack):
 def test_broken_user_model_fails_the_job_with_its_message(api, local_stack, code, message):
     job = wait(api, _submit_with_module(api, code)["id"], {"FAILED"})
     assert message in job["error"]
+
+
+def test_a_users_csv_and_model_hand_back_class_names_and_an_integer_tflite(api, local_stack, tmp_path, monkeypatch):
+    """scikit-learn's wine_data.csv as it ships (a summary first line, no header, the class last), the
+    user's build_model(input_shape, num_classes, params), and a uint8-in, uint8-out TFLite model."""
+    import shutil
+    from pathlib import Path
+
+    import sklearn
+
+    from trainjobs import storage
+    from trainjobs.source_rules import HOST_DATA_DIRS_ENV
+
+    shutil.copy(Path(sklearn.__file__).parent / "datasets" / "data" / "wine_data.csv", tmp_path / "wine_data.csv")
+    monkeypatch.setenv(HOST_DATA_DIRS_ENV, str(tmp_path))
+    module = api.post("/v1/modules", files={"file": ("my_model.py", GOOD)}).json()["module"]
+    spec = digits_spec(
+        dataset={"source": str(tmp_path / "wine_data.csv"),
+                 "options": {"skip_rows": 1, "header": "none", "label_column": -1}},
+        model={"module": module, "params": {"units": 16}}, strategy="default", accelerator={"type": "cpu"},
+        training={"epochs": 2, "per_replica_batch_size": 16}, steps_per_execution=3,
+        export={"tflite": {"quantization": "int8", "io_type": "uint8", "calibration_examples": 64}})
+    job = wait(api, api.post("/v1/jobs", json=spec).json()["id"], {"SUCCEEDED"})
+
+    dataset = job["runtime"]["dataset"]
+    assert (dataset["train_examples"], dataset["feature_shape"], dataset["class_names"]) == (142, [13], ["0", "1", "2"])
+    assert job["runtime"]["steps_per_epoch"] == 142 // 16
+    paths = storage.JobPaths.for_job(job["id"])
+    history = storage.read_json(paths.key("artifacts/history.json"))
+    assert [(e["steps"], e["executions"]) for e in history] == [(8, 3), (8, 3)]  # calls of 3, 3 and 2 steps
+    assert storage.read_json(paths.key("artifacts/labels.json"))["label_mapping"] == {"0": "0", "1": "1", "2": "2"}
+    final = storage.read_json(paths.key("artifacts/metrics.json"))
+    assert final["tflite_io_type"] == "uint8" and final["tflite_accuracy"] is not None
