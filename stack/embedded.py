@@ -100,3 +100,13 @@ def use_emulator(emu: GcsEmulator, bucket: str) -> None:
     """Point this process (and the children it starts) at the emulator."""
     os.environ["STORAGE_EMULATOR_HOST"] = emu.url
     os.environ["TRAINJOBS_BUCKET"] = bucket
+
+
+def embedded_postgres_pid(data_dir: Path) -> int | None:
+    """The postmaster of data_dir's server if one is running (its postmaster.pid names a live process)."""
+    try:
+        pid = int((data_dir / "postmaster.pid").read_text().split("\n", 1)[0])
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return None
+    return pid

