@@ -72,24 +72,31 @@ def fresh_database(name: str = "trainjobs_apibench") -> str:
     return url
 
 
-def seed(url: str, project: str, n: int, *, quota: int | None = None) -> str:
-    """n jobs in `project`, newest last, a mix of statuses (one in twenty QUEUED); returns its key."""
+def seed(url: str, project: str, n: int, *, quota: int | None = None, labels: dict[str, str] | None = None) -> str:
+    """n jobs in `project`, one a second up to now, returns a new key of the project. Statuses and
+    labels are drawn independently (a fixed seed): 80% SUCCEEDED, 5% each FAILED, CANCELLED,
+    RUNNING and QUEUED; team one of four, sweep one of fifty, and one job in 2000 labelled rare=yes;
+    `labels` on every job."""
     factory = session_factory(get_engine(url))
     with transaction(factory) as s:
         project_id = ensure_project(s, project)
         s.execute(text("UPDATE projects SET max_running_jobs = :q WHERE id = :p"), {"q": quota, "p": project_id})
         key = create_api_key(s, project)
+        s.execute(text("SELECT setseed(0.42)"))
         s.execute(text("""
             INSERT INTO jobs (project_id, name, spec, labels, status, created_at, updated_at, progress, metrics,
                               runtime, staging_at, provisioning_at, running_at, finished_at)
             SELECT :p, 'job-' || g, CAST(:spec AS jsonb),
-                   jsonb_build_object('team', (ARRAY['vision','speech','nlp','ads'])[1 + g % 4], 'sweep', 's' || (g % 50)),
-                   CAST((CAST(:statuses AS text[]))[1 + g % 20] AS job_status),
+                   jsonb_build_object('team', (ARRAY['vision','speech','nlp','ads'])[1 + floor(random() * 4)::int],
+                                      'sweep', 's' || floor(random() * 50)::int)
+                     || CASE WHEN random() < 0.0005 THEN '{"rare": "yes"}'::jsonb ELSE '{}'::jsonb END
+                     || CAST(:labels AS jsonb),
+                   CAST((CAST(:statuses AS text[]))[1 + floor(random() * 20)::int] AS job_status),
                    now() - (:n - g) * interval '1 second', now(), 1.0, CAST(:metrics AS jsonb), CAST(:runtime AS jsonb),
                    now(), now(), now(), now()
               FROM generate_series(1, :n) g"""),
                   {"p": project_id, "n": n, "spec": json.dumps(SPEC), "metrics": json.dumps(METRICS),
-                   "runtime": json.dumps(RUNTIME), "statuses": STATUSES})
+                   "runtime": json.dumps(RUNTIME), "statuses": STATUSES, "labels": json.dumps(labels or {})})
     with get_engine(url).connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(text("VACUUM ANALYZE jobs"))
     return key
@@ -182,25 +189,90 @@ def post_script(tmp: Path) -> str:
     return str(path)
 
 
-def explain(url: str, jobs: int) -> None:
-    key_project = "bench-explain"
+LIST_FILTERS: dict[str, tuple[list[str], dict[str, str]]] = {
+    "no filter": ([], {}),
+    "status=RUNNING (5%)": (["RUNNING"], {}),
+    "label team=vision (25%)": ([], {"team": "vision"}),
+    "label sweep=s7 (2%)": ([], {"sweep": "s7"}),
+    "label rare=yes (0.05%)": ([], {"rare": "yes"}),
+    "label team=none (no job)": ([], {"team": "none"}),
+    "status=QUEUED + sweep=s7 (0.1%)": (["QUEUED"], {"sweep": "s7"}),
+    "status=QUEUED,RUNNING + rare=yes": (["QUEUED", "RUNNING"], {"rare": "yes"}),
+}
+
+
+def _plan(conn: Any, sql: str) -> str:
+    plan = conn.execute(text(f"EXPLAIN (ANALYZE, COSTS OFF) {sql}")).scalars().all()
+    nodes = [line.strip().removeprefix("->  ").split(" (actual")[0] for line in plan
+             if any(k in line for k in ("Scan", "BitmapAnd", "Sort  (", "Sort (", "Incremental Sort"))]
+    took = next(line for line in plan if line.startswith("Execution Time")).split(": ")[1]
+    return f"{took:>10}  {' / '.join(nodes)}"
+
+
+def explain(url: str, after: bool) -> None:
+    """Before: EXPLAIN ANALYZE of the one statement the list ran. After: the time of
+    service.db.jobs.list_jobs itself (median of 5, both of its statements when it needs both), and
+    the plan of the statement that found the page."""
+    from service.db import jobs as data
+    from service.db.jobstate import JobStatus
+
+    factory = session_factory(get_engine(url))
+    with factory() as session:
+        pid = session.execute(text("SELECT id FROM projects WHERE name = 'bench-explain'")).scalar_one()
+        for name, (statuses, labels) in LIST_FILTERS.items():
+            where = f"project_id = '{pid}'"
+            if statuses:
+                where += " AND status IN (" + ", ".join(f"'{st}'" for st in statuses) + ")"
+            if labels:
+                where += f" AND labels @> '{json.dumps(labels)}'"
+            plain = f"SELECT id FROM jobs WHERE {where} ORDER BY created_at DESC, id DESC LIMIT 51"
+            if not after:
+                session.execute(text(plain)).all()  # warm: the second run is what a busy API sees
+                print(f"  {name:<34} {_plan(session, plain)}")
+                continue
+            times = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                page, _ = data.list_jobs(session, pid, statuses=[JobStatus(st) for st in statuses], labels=labels,
+                                         limit=50, cursor=None)
+                times.append(time.perf_counter() - t0)
+            how = "one statement"
+            if labels:
+                walk = (f"SELECT id FROM (SELECT id, created_at, labels FROM jobs WHERE {where.split(' AND labels')[0]} "
+                        f"ORDER BY created_at DESC, id DESC LIMIT {data.LABEL_WALK_ROWS}) w WHERE labels @> "
+                        f"'{json.dumps(labels)}' ORDER BY created_at DESC, id DESC LIMIT 51")
+                walked = len(session.execute(text(walk)).all())
+                if walked == 51:
+                    how, plain = "walk", walk
+                else:
+                    how = "walk, then GIN"
+                    plain = (f"SELECT id FROM jobs WHERE {where.split(' AND labels')[0]} AND "
+                             f"jsonb_set('{{}}', ARRAY[project_id::text], labels) @> '{json.dumps({str(pid): labels})}' "
+                             "ORDER BY created_at DESC, id DESC LIMIT 51")
+            print(f"  {name:<34} list_jobs {1000 * statistics.median(times):6.2f} ms ({len(page)} rows, {how}); "
+                  f"its plan: {_plan(session, plain)}")
+            session.rollback()
+
+
+def explain_before_after(url: str, jobs: int) -> None:
+    from service.db.session import downgrade
+
     t0 = time.perf_counter()
-    seed(url, key_project, jobs)
-    print(f"seeded {jobs} jobs in {time.perf_counter() - t0:.0f} s")
-    queries = {
-        "no filter": "",
-        "status=RUNNING": "AND status IN ('RUNNING')",
-        "label team=vision": "AND labels @> '{\"team\": \"vision\"}'",
-        "label sweep=s7": "AND labels @> '{\"sweep\": \"s7\"}'",
-        "status=QUEUED + label sweep=s7": "AND status IN ('QUEUED') AND labels @> '{\"sweep\": \"s7\"}'",
-    }
-    with get_engine(url).connect() as conn:
-        pid = conn.execute(text("SELECT id FROM projects WHERE name = :n"), {"n": key_project}).scalar()
-        for name, where in queries.items():
-            sql = (f"SELECT id, name, status, created_at FROM jobs WHERE project_id = '{pid}' {where} "
-                   "ORDER BY created_at DESC, id DESC LIMIT 51")
-            plan = conn.execute(text(f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {sql}")).scalars().all()
-            print(f"\n-- {name}\n" + "\n".join(plan))
+    seed(url, "bench-explain", jobs)
+    # Another project as big, every job of which carries the label that is rare in ours.
+    seed(url, "bench-other", jobs, labels={"rare": "yes"})
+    print(f"\nlist plans, {jobs} jobs in the project listed and as many in another, all of whose jobs are "
+          f"labelled rare=yes (seeded in {time.perf_counter() - t0:.0f} s)")
+    downgrade(url, "0003")
+    with get_engine(url).connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("ANALYZE jobs"))
+    print("before (GIN on labels alone; one statement, the planner's choice):")
+    explain(url, after=False)
+    upgrade(url)
+    with get_engine(url).connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("ANALYZE jobs"))
+    print("after (migration 0005: GIN on {project: labels}; list_jobs walks the newest, then asks the GIN):")
+    explain(url, after=True)
 
 
 def main() -> None:
@@ -213,7 +285,11 @@ def main() -> None:
     ap.add_argument("--explain", action="store_true")
     ap.add_argument("--profile", action="store_true", help="py-spy the 1-process server under each load instead")
     ap.add_argument("--explain-jobs", type=int, default=100_000)
+    ap.add_argument("--explain-only", action="store_true")
     args = ap.parse_args()
+    if args.explain_only:
+        explain_before_after(fresh_database(), args.explain_jobs)
+        return
     if not shutil.which("wrk"):
         sys.exit("wrk not found: apt-get install wrk")
     url = fresh_database()
@@ -286,7 +362,7 @@ def main() -> None:
         if f"w1 {what}" in med and f"w2 {what}" in med:
             print(f"{what}: 2 processes / 1 = {med[f'w2 {what}'] / med[f'w1 {what}']:.2f}x")
     if args.explain:
-        explain(url, args.explain_jobs)
+        explain_before_after(url, args.explain_jobs)
 
 
 if __name__ == "__main__":

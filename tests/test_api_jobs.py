@@ -228,3 +228,34 @@ def test_connections_the_database_dropped_cost_no_request(api, database_url):
         r = api.get("/v1/jobs")
         assert r.status_code == 200, r.text
     assert api.post("/v1/jobs", json=digits_spec()).status_code == 201
+
+
+@pytest.mark.parametrize("walk_rows", [5000, 3], ids=["the newest jobs hold the page", "then the label index"])
+def test_label_filters_page_through_the_projects_matching_jobs_only(api, api_url, db, monkeypatch, walk_rows):
+    """list_jobs walks the project's newest jobs for a label filter, then asks the GIN index on
+    {project: labels} when they hold no full page (walk_rows=3 takes that path on this small data)."""
+    from service.db import jobs as data
+
+    monkeypatch.setattr(data, "LABEL_WALK_ROWS", walk_rows)
+    with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {make_key(db, 'beta')}"}) as beta:
+        for _ in range(3):  # another project's jobs with the same labels never show
+            assert beta.post("/v1/jobs", json=digits_spec(labels={"team": "x"})).status_code == 201
+    ids = [api.post("/v1/jobs", json=digits_spec(labels={"team": "x" if i % 3 else "y", "n": str(i)})).json()["id"]
+           for i in range(9)]
+    api.post(f"/v1/jobs/{ids[4]}/cancel")
+    team_x = [ids[i] for i in range(8, -1, -1) if i % 3]  # newest first
+
+    def pages(params: list[tuple[str, str]]) -> list[str]:
+        seen, cursor = [], None
+        while True:
+            r = api.get("/v1/jobs", params=params + [("limit", "2")] + ([("cursor", cursor)] if cursor else []))
+            assert r.status_code == 200, r.text
+            seen += [j["id"] for j in r.json()["jobs"]]
+            if not (cursor := r.json()["next_cursor"]):
+                return seen
+
+    assert pages([("label", "team=x")]) == team_x
+    assert pages([("label", "team=x"), ("status", "QUEUED")]) == [i for i in team_x if i != ids[4]]
+    assert pages([("label", "team=x"), ("status", "CANCELLED")]) == [ids[4]]
+    assert pages([("label", "team=x"), ("label", "n=5")]) == [ids[5]]
+    assert pages([("label", "team=z")]) == []

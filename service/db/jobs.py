@@ -8,8 +8,8 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, Text, cast, func, select, text, tuple_
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import ColumnElement, Row, Text, bindparam, cast, func, literal_column, select, text, tuple_
+from sqlalchemy.dialects.postgresql import JSONB, array, insert
 from sqlalchemy.orm import Session
 
 from service.db import queue
@@ -112,22 +112,51 @@ def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
         raise BadCursor("cursor is not one this API returned") from exc
 
 
+# A label filter first walks at most this many of the project's newest jobs (in the statuses asked
+# for) in index order; if they hold a whole page, that was the cheapest plan. Else the labels are
+# rare in the project (however common elsewhere, which is all the planner's statistics on labels can
+# see) and the GIN index ix_jobs_project_labels finds exactly the project's jobs carrying them:
+# jsonb_path_ops hashes each whole path, so {project id: {key: value}} is one index entry per
+# project, key and value (migration 0005; plans at 100k jobs in bench/README.md).
+LABEL_WALK_ROWS = 5000
+
+
+def labels_in_project(project_id: ColumnElement[Any] | uuid.UUID, labels: ColumnElement[Any] | dict[str, str],
+                      ) -> ColumnElement[Any]:
+    """The expression ix_jobs_project_labels indexes, {project id: labels}, for the jobs table or for
+    a query's value."""
+    if isinstance(labels, dict):
+        return bindparam(None, {str(project_id): labels}, type_=JSONB)
+    # jsonb_set is immutable, as an index expression must be (jsonb_build_object is only stable).
+    return func.jsonb_set(literal_column("'{}'::jsonb"), array([cast(project_id, Text)]), labels, type_=JSONB)
+
+
 def list_jobs(
     session: Session, project_id: uuid.UUID, *, statuses: list[JobStatus], labels: dict[str, str], limit: int,
     cursor: str | None,
 ) -> tuple[list[Row[Any]], str | None]:
     """Newest first, keyset-paginated on (created_at, id): a page boundary is a position in that order,
     so jobs submitted while a client pages appear before its cursor and never shift later pages.
-    Rows of PUBLIC_COLUMNS. The plans at 100k jobs a project, by filter: bench/README.md."""
-    stmt = select(*PUBLIC_COLUMNS).where(_jobs.project_id == project_id)
+    Rows of PUBLIC_COLUMNS."""
+    where = [_jobs.project_id == project_id]
     if statuses:
-        stmt = stmt.where(_jobs.status.in_(statuses))
-    if labels:
-        stmt = stmt.where(_jobs.labels.contains(labels))
+        where.append(_jobs.status.in_(statuses))
     if cursor:
         created, job_id = decode_cursor(cursor)
-        stmt = stmt.where(tuple_(_jobs.created_at, _jobs.id) < tuple_(created, job_id))
-    jobs = list(session.execute(stmt.order_by(_jobs.created_at.desc(), _jobs.id.desc()).limit(limit + 1)))
+        where.append(tuple_(_jobs.created_at, _jobs.id) < tuple_(created, job_id))
+    newest_first = (_jobs.created_at.desc(), _jobs.id.desc())
+    page = select(*PUBLIC_COLUMNS).order_by(*newest_first).limit(limit + 1)
+    if not labels:
+        jobs = list(session.execute(page.where(*where)))
+    else:
+        walk = select(_jobs.id, _jobs.created_at, _jobs.labels).where(*where).order_by(*newest_first) \
+            .limit(LABEL_WALK_ROWS).subquery()
+        hits = select(walk.c.id).where(walk.c.labels.contains(labels)) \
+            .order_by(walk.c.created_at.desc(), walk.c.id.desc()).limit(limit + 1)
+        jobs = list(session.execute(page.where(_jobs.id.in_(hits.scalar_subquery()))))
+        if len(jobs) <= limit:
+            indexed = labels_in_project(_jobs.project_id, _jobs.labels).contains(labels_in_project(project_id, labels))
+            jobs = list(session.execute(page.where(*where, indexed)))
     next_cursor = encode_cursor(jobs[limit - 1]) if len(jobs) > limit else None
     return jobs[:limit], next_cursor
 

@@ -77,7 +77,10 @@ class Job(Base):
         # Listing: a project's jobs newest first, optionally by status; keyset on (created_at, id).
         Index("ix_jobs_project_created", "project_id", text("created_at DESC"), text("id DESC")),
         Index("ix_jobs_project_status_created", "project_id", "status", text("created_at DESC"), text("id DESC")),
-        Index("ix_jobs_labels", "labels", postgresql_using="gin"),
+        # Label filters within a project: one entry per (project, key, value); see migration 0005 and
+        # service/db/jobs.py:labels_in_project, which writes the same expression.
+        Index("ix_jobs_project_labels", text("(jsonb_set('{}', ARRAY[project_id::text], labels)) jsonb_path_ops"),
+              postgresql_using="gin"),
     )
 
 
