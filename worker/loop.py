@@ -48,6 +48,9 @@ class WorkerConfig:
     # whose job has ended or is unknown (worker/cloud/reaper.py). None: no reaper (local machines die
     # with their processes).
     reap_every_s: float | None = None
+    # Serve only jobs of these accelerator types ("tpu", "gpu", "cpu"), so one fleet can split TPU and
+    # GPU work between workers. None: every type.
+    accelerator_types: tuple[str, ...] | None = None
     driver: DriverConfig = field(default_factory=DriverConfig)
     name: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
 
@@ -153,14 +156,15 @@ class Worker:
             self._pool.submit(self._drive, driver)
         return True
 
-    def _claim(self, statement: Callable[[Connection, str, float], queue.Claim | None]) -> queue.Claim | None:
+    def _claim(self, statement: Callable[[Connection, str, float, tuple[str, ...] | None], queue.Claim | None]
+               ) -> queue.Claim | None:
         # The claim loop is one thread; it keeps one autocommit connection, so a claim costs one
         # round trip (no pool checkout ping, no BEGIN/COMMIT around a single atomic statement).
         if self._claim_conn is None:
             self._claim_conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         started = time.perf_counter()
         try:
-            return statement(self._claim_conn, self.name, self.config.lease_s)
+            return statement(self._claim_conn, self.name, self.config.lease_s, self.config.accelerator_types)
         except DBAPIError:
             self._claim_conn.invalidate()
             self._claim_conn.close()

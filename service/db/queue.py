@@ -4,6 +4,7 @@ round trip; callers own the transaction."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import Connection, text
@@ -13,6 +14,9 @@ from service.db.jobstate import CLAIM_MOVES, NOTIFY_QUEUED, JobStatus, claim_tar
 from service.db.quotas import HOLDING_RANGE_SQL, QuotaDefaults
 
 _TAKEOVER_STATUSES = ", ".join(f"'{s.value}'" for s in CLAIM_MOVES if s != JobStatus.QUEUED)
+# A worker may serve only some accelerator types (`trainjobs worker --accelerators tpu`), so one fleet
+# can split TPU and GPU work; NULL serves all.
+_SERVES = "(CAST(:serves AS text[]) IS NULL OR {t}spec->'accelerator'->>'type' = ANY(CAST(:serves AS text[])))"
 
 # claim_next_job: one statement takes the oldest queued job, or a job whose worker's lease ran out.
 # Where each goes is jobstate.CLAIM_MOVES, the state machine's table, not a rule of this file.
@@ -22,6 +26,7 @@ WITH expired AS (
     -- watching. Partial index ix_jobs_lease holds only leased rows, so this probe is cheap.
     SELECT id, status FROM jobs
      WHERE lease_owner IS NOT NULL AND lease_expires_at < now() AND status IN ({_TAKEOVER_STATUSES})
+       AND {_SERVES.format(t="")}
      ORDER BY lease_expires_at LIMIT 1 FOR UPDATE SKIP LOCKED
 ),
 queued AS (
@@ -31,7 +36,7 @@ queued AS (
     -- row of that backlog costs a few index probes. SKIP LOCKED lets concurrent workers pass over
     -- each other's rows instead of queueing behind them; LIMIT 1 locks one row.
     SELECT j.id, j.status FROM jobs j
-     WHERE j.status = 'QUEUED' AND NOT EXISTS (SELECT 1 FROM expired)
+     WHERE j.status = 'QUEUED' AND NOT EXISTS (SELECT 1 FROM expired) AND {_SERVES.format(t="j.")}
        AND (SELECT taken.jobs < quota.jobs AND taken.accelerators + j.accelerators <= quota.accelerators
               FROM (SELECT GREATEST(COALESCE(p.max_running_jobs, :default_jobs), 0) AS jobs,  -- a LIMIT: never < 0
                            COALESCE(p.max_accelerators, :default_accelerators) AS accelerators
@@ -90,11 +95,14 @@ class Claim:
         return self.from_status != JobStatus.QUEUED
 
 
-def claim_next_job(conn: Session | Connection, owner: str, lease_s: float) -> Claim | None:
-    """Atomic on its own, so the worker runs it on an autocommit connection: one round trip."""
+def claim_next_job(conn: Session | Connection, owner: str, lease_s: float,
+                   serves: Sequence[str] | None = None) -> Claim | None:
+    """Atomic on its own, so the worker runs it on an autocommit connection: one round trip. `serves`:
+    only jobs of these accelerator types (None: all)."""
     quota = QuotaDefaults.from_env()
     row = conn.execute(CLAIM_SQL, {"owner": owner, "lease_s": lease_s, "default_jobs": quota.max_running_jobs,
-                                   "default_accelerators": quota.max_accelerators}).first()
+                                   "default_accelerators": quota.max_accelerators,
+                                   "serves": list(serves) if serves is not None else None}).first()
     if row is None:
         return None
     return Claim(row.id, JobStatus(row.from_status), JobStatus(row.to_status))
@@ -107,6 +115,7 @@ WITH expired AS (
     -- watching, so it must not wait behind queued jobs for a slot (issue 8). Same probe as CLAIM_SQL's.
     SELECT id, status FROM jobs
      WHERE lease_owner IS NOT NULL AND lease_expires_at < now() AND status IN ({_TAKEOVER_STATUSES})
+       AND {_SERVES.format(t="")}
      ORDER BY lease_expires_at LIMIT 1 FOR UPDATE SKIP LOCKED
 ),
 claimed AS (
@@ -128,9 +137,11 @@ SELECT id, from_status, to_status FROM claimed
 """)
 
 
-def take_over_expired_job(conn: Session | Connection, owner: str, lease_s: float) -> Claim | None:
+def take_over_expired_job(conn: Session | Connection, owner: str, lease_s: float,
+                          serves: Sequence[str] | None = None) -> Claim | None:
     """Like claim_next_job, but never a queued job: for the takeover slots beyond a worker's concurrency."""
-    row = conn.execute(TAKEOVER_SQL, {"owner": owner, "lease_s": lease_s}).first()
+    row = conn.execute(TAKEOVER_SQL, {"owner": owner, "lease_s": lease_s,
+                                      "serves": list(serves) if serves is not None else None}).first()
     if row is None:
         return None
     return Claim(row.id, JobStatus(row.from_status), JobStatus(row.to_status))
