@@ -1,5 +1,5 @@
 """The `trainjobs` console script: the client verbs (trainjobs/cli.py) plus the server verbs that run
-the stack: `up`, `api`, `worker`, `db upgrade`, `keys create` / `list` / `revoke`.
+the stack: `up`, `down`, `api`, `worker`, `db upgrade`, `keys create` / `list` / `revoke`.
 
 This module loads with a client-only install: everything a server verb needs is imported inside it,
 after `_require` has said which extra to install if it is missing.
@@ -192,7 +192,9 @@ def _serve_api(url: str, host: str, port: int) -> uvicorn.Server:
 
     # We own SIGTERM and SIGINT (_wait_for_signal); uvicorn installs its handlers only when it runs in
     # the main thread (Server.capture_signals), and here it runs in its own.
-    server = uvicorn.Server(uvicorn.Config(create_app(url), host=host, port=port, log_level="warning"))
+    # log_config=None: uvicorn's lines go through our root handler, so --log-format json covers them.
+    server = uvicorn.Server(uvicorn.Config(create_app(url), host=host, port=port, log_level="warning",
+                                           log_config=None))
     thread = threading.Thread(target=server.run, name="api", daemon=True)
     thread.start()
     while not server.started and thread.is_alive():
@@ -312,6 +314,9 @@ def worker(data_dir: Path, provisioner: str, concurrency: int, local_devices: in
         storage.stop()
 
 
+STACK_FILE = "stack.json"  # in the data dir while `up` runs: what `down` stops if `up` cannot
+
+
 @main.command()
 @click.option("--host", default="127.0.0.1")
 @click.option("--port", default=8080, type=int)
@@ -321,28 +326,110 @@ def worker(data_dir: Path, provisioner: str, concurrency: int, local_devices: in
 @click.option("--local-devices", default=2, type=int, show_default=True)
 @click.option("--project", default="local", show_default=True)
 def up(host: str, port: int, data_dir: Path, provisioner: str, concurrency: int, local_devices: int, project: str) -> None:
-    """The whole local stack in one process: PostgreSQL, GCS emulator, API and worker."""
+    """The whole local stack in one process: PostgreSQL, GCS emulator, API and worker. Ctrl-C or
+    SIGTERM stops all of it, the embedded PostgreSQL and local machines included."""
     _require("local", "up")
+    import json
+    import os
+
     from service.db.projects import create_api_key
     from service.db.session import get_engine, session_factory, transaction
+    from stack.embedded import embedded_postgres_pid, stop_embedded_postgres
     from stack.wiring import resolve_storage
-    from trainjobs.config import save_client_config
+    from trainjobs.config import database_url_from_env, save_client_config
 
+    # The embedded server is stopped at the end only if this `up` started it: one that was already
+    # running serves someone else too (a `trainjobs worker` on the same data dir).
+    pg_dir = data_dir / "postgres"
+    own_pg = database_url_from_env() is None and embedded_postgres_pid(pg_dir) is None
     url = _database(data_dir, migrate=True)
     storage = resolve_storage(data_dir)
-    with transaction(session_factory(get_engine(url))) as session:
-        key = create_api_key(session, project)
-    server = _serve_api(url, host, port)
-    w = _make_worker(url, data_dir, provisioner, concurrency, local_devices)
-    w.start()
-    api_url = f"http://{host}:{port}"
-    cfg = save_client_config(api_url, key)
-    click.echo(f"trainjobs is up: API {api_url} (docs {api_url}/docs), data in {data_dir}; client config {cfg}", err=True)
-    click.echo("ready", err=True)
-    _wait_for_signal()
-    w.shutdown()
-    server.should_exit = True
-    storage.stop()
+    stack_file = data_dir / STACK_FILE
+    data_dir.mkdir(parents=True, exist_ok=True)
+    stack_file.write_text(json.dumps({"pid": os.getpid(), "api_url": f"http://{host}:{port}",
+                                      "emulator_pid": storage.emulator.process.pid if storage.emulator else None,
+                                      "postgres": str(pg_dir) if own_pg else None}))
+    try:
+        with transaction(session_factory(get_engine(url))) as session:
+            key = create_api_key(session, project)
+        server = _serve_api(url, host, port)
+        w = _make_worker(url, data_dir, provisioner, concurrency, local_devices)
+        w.start()
+        api_url = f"http://{host}:{port}"
+        cfg = save_client_config(api_url, key)
+        click.echo(f"trainjobs is up: API {api_url} (docs {api_url}/docs), data in {data_dir}; client config {cfg}",
+                   err=True)
+        click.echo("ready", err=True)
+        _wait_for_signal()
+        click.echo("stopping: worker, API, local machines, storage, database", err=True)
+        w.shutdown()
+        server.should_exit = True
+        if provisioner == "local":
+            _delete_local_machines(data_dir)
+    finally:
+        storage.stop()
+        if own_pg:
+            get_engine.cache_clear()  # close pooled connections before the server goes
+            stop_embedded_postgres(pg_dir)
+        stack_file.unlink(missing_ok=True)
+    click.echo("stopped", err=True)
+
+
+def _delete_local_machines(data_dir: Path) -> list[str]:
+    """The local provisioner's machines in data_dir (agent process groups and their storage guards).
+    A job they ran is RUNNING in the database and is recovered by the next worker."""
+    from worker.provisioners.local import LocalProvisioner
+
+    machines = LocalProvisioner(data_dir / "machines")
+    names = [m.name for m in machines.list({})]
+    for name in names:
+        machines.delete(name)
+    return names
+
+
+@main.command()
+@DATA_DIR
+@click.option("--wait", "wait_s", default=60.0, type=float, help="seconds `up` gets to stop by itself before SIGKILL")
+def down(data_dir: Path, wait_s: float) -> None:
+    """Stop a stack `trainjobs up` left behind in DATA_DIR: the `up` process if it still runs, else what
+    it started (GCS emulator, local machines, embedded PostgreSQL)."""
+    _require("local", "down")
+    import json
+    import os
+
+    from stack.embedded import embedded_postgres_pid, stop_embedded_postgres
+
+    stopped = []
+    stack_file = data_dir / STACK_FILE
+    record = json.loads(stack_file.read_text()) if stack_file.exists() else {}
+    if (pid := record.get("pid")) and _is_ours(pid, "stack.cli", "trainjobs"):
+        os.kill(pid, signal.SIGTERM)  # `up` stops everything it started
+        deadline = time.monotonic() + wait_s
+        while _is_ours(pid, "stack.cli", "trainjobs") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if _is_ours(pid, "stack.cli", "trainjobs"):
+            os.kill(pid, signal.SIGKILL)
+        stopped.append(f"trainjobs up (pid {pid})")
+    if (pid := record.get("emulator_pid")) and _is_ours(pid, "gcp_storage_emulator"):
+        os.killpg(pid, signal.SIGTERM)  # it runs in its own session (stack/embedded.py)
+        stopped.append(f"GCS emulator (pid {pid})")
+    if (data_dir / "machines").is_dir():
+        stopped += [f"local machine {name}" for name in _delete_local_machines(data_dir)]
+    if embedded_postgres_pid(data_dir / "postgres") is not None:
+        stop_embedded_postgres(data_dir / "postgres")
+        stopped.append(f"embedded PostgreSQL ({data_dir / 'postgres'})")
+    stack_file.unlink(missing_ok=True)
+    click.echo(f"stopped {', '.join(stopped)}" if stopped else f"nothing of trainjobs was running in {data_dir}")
+
+
+def _is_ours(pid: int, *names: str) -> bool:
+    """pid is alive and its command line names one of `names` (a recycled pid is someone else's)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z" and any(n in cmdline for n in names)
 
 
 @main.command("fake-cloud")
