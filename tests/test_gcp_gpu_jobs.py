@@ -77,7 +77,7 @@ def make_gce(db: Any, bucket: str, tmp_path: Path) -> Iterator[Callable[..., Gce
 def wait(api: Any, job_id: str, until: Any, timeout: float = 60) -> dict[str, Any]:
     deadline = time.monotonic() + scaled(timeout)
     while True:
-        job = api.get(f"/v1/jobs/{job_id}").json()
+        job: dict[str, Any] = api.get(f"/v1/jobs/{job_id}").json()
         if until(job):
             return job
         assert job["status"] not in TERMINAL and time.monotonic() < deadline, job
@@ -101,7 +101,7 @@ def test_a_stockout_sends_the_vms_to_the_fallback_zone_and_cancel_deletes_them_a
     gce.start_worker(database_url, tmp_path / "staging")
     job = api.post("/v1/jobs", json=gpu_spec(count=1, workers=2)).json()
     vms = wait_for_vms(gce.fake, 2)
-    assert all(gce.fake.instance(n)["zone"].endswith(f"/zones/{FALLBACK}") for n in vms)  # type: ignore[index]
+    assert all(gce.fake.instance(n)["zone"].endswith(f"/zones/{FALLBACK}") for n in vms)
     api.post(f"/v1/jobs/{job['id']}/cancel")
     assert wait(api, job["id"], lambda j: j["status"] in TERMINAL)["status"] == "CANCELLED"
     assert gce.fake.instance_names() == []
@@ -153,7 +153,7 @@ def test_a_two_gpu_job_trains_on_one_vm_and_the_vm_is_deleted(api: Any, make_gce
     assert (done["runtime"]["strategy"], done["runtime"]["replicas"]) == ("mirrored", 2)
     assert gce.fake.instance_names() == []
     [insert] = [r for r in gce.fake.requests if r.method == "POST" and r.path.endswith("/instances")]
-    assert insert.body["machineType"].endswith("/g2-standard-24")  # type: ignore[index]
+    assert insert.body["machineType"].endswith("/g2-standard-24")
 
 
 @pytest.mark.tf
@@ -166,7 +166,7 @@ def test_two_vms_train_together_under_multi_worker_mirrored(api: Any, make_gce: 
     assert done["status"] == "SUCCEEDED", done
     assert (done["runtime"]["strategy"], done["runtime"]["replicas"]) == ("multi_worker_mirrored", 2)
     cluster = storage.read_json(f"{GcsJobChannel().job_dir(job['id'])}/cluster/attempt-1.json")
-    assert len(cluster["worker"]) == 2
+    assert cluster is not None and len(cluster["worker"]) == 2
     assert gce.fake.instance_names() == []
 
 
