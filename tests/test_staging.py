@@ -327,7 +327,8 @@ BAD_DATA = [
     ("tfrecord-corrupt", _write("r.tfrecord", b"\x00" * 30), {}, "r.tfrecord is not a TFRecord file or is corrupt"),
     ("tfrecord-truncated", _write("r.tfrecord", frame(b"x" * 40)[:30]), {}, "r.tfrecord is truncated"),
     ("tfrecord-other-schema", _write("r.tfrecord", frame(_FOREIGN_EXAMPLE)), {},
-     "r.tfrecord record 0 has neither our feature 'x' nor 'image/encoded' (it has 1 features)"),
+     "r.tfrecord record 0 is not in our TFRecord schema (feature 'x') nor TF's image layout ('image/encoded'); "
+     "it has 1 other features"),
     ("tfrecord-empty", _write("r.tfrecord", b""), {}, "r.tfrecord holds no examples"),
     ("unknown-extension", _write("data.bin", b"123"), {}, "cannot tell the format of 'data.bin'"),
     ("missing-path", lambda tmp: str(tmp / "nope.csv"), {}, "no file or folder at"),

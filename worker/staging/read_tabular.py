@@ -38,10 +38,12 @@ def read_csv(path: Path, o: CsvOptions) -> Examples:
     Messages name the file's line and column (from 1), never a value or a column's name: both are
     the file's bytes."""
     header, rows, lines = _csv_rows(path, o)
-    width = len(header) if header is not None else (len(rows[0]) if rows else 0)
+    if header is None and not rows:
+        raise DatasetError(f"{path.name} holds no examples")
+    width = len(header) if header is not None else len(rows[0])
+    at = _label_index(path.name, o, header, width)  # first: a header without the label says more than no rows
     if not rows:
-        raise DatasetError(f"{path.name} holds no examples" + (" (only a header row)" if header is not None else ""))
-    at = _label_index(path.name, o, header, width)
+        raise DatasetError(f"{path.name} holds no examples (only a header row)")
     feature_cols = [i for i in range(width) if i != at]
     if not feature_cols:
         raise DatasetError(f"{path.name} has only the label column: no feature columns")

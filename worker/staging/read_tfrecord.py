@@ -74,8 +74,10 @@ def _keys(features: dict[str, tuple[int, bytes]], o: TfrecordOptions, where: str
     elif IMAGE_LAYOUT[0] in features:
         x_keys = [IMAGE_LAYOUT[0]]
     else:
-        raise DatasetError(f"{where} has neither our feature 'x' nor {IMAGE_LAYOUT[0]!r} (it has {len(features)} "
-                           "features); name yours with dataset.options.x_key or features")
+        # The record's feature names are the file's bytes: count them, never quote them.
+        raise DatasetError(f"{where} is not in our TFRecord schema (feature 'x') nor TF's image layout "
+                           f"({IMAGE_LAYOUT[0]!r}); it has {len(features)} other features: name yours with "
+                           "dataset.options.x_key or features")
     if o.y_key is not None:
         y_key = o.y_key
     else:
