@@ -44,4 +44,4 @@ bench: venv
 	$(PY) bench/trainer_bench.py
 
 clean:
-	rm -rf $(VENV) .demo *.egg-info
+	rm -rf $(VENV) .demo .test-tmp *.egg-info

@@ -44,11 +44,14 @@ def main() -> int:
         os.environ["TRAINJOBS_HOME"] = env["TRAINJOBS_HOME"]
         return run_job(Client())
     finally:
-        stack.terminate()
+        stack.terminate()  # `up` stops what it started: worker, API, machines, emulator, PostgreSQL
         try:
-            stack.wait(30)
+            stack.wait(60)
         except subprocess.TimeoutExpired:
             stack.kill()
+            stack.wait()
+        if stack.returncode != 0:  # it did not stop by itself: stop what it left behind
+            subprocess.run([sys.executable, "-m", "stack.cli", "down", "--data-dir", str(DEMO)], env=env, cwd=ROOT)
 
 
 def run_job(client) -> int:  # type: ignore[no-untyped-def]

@@ -338,10 +338,15 @@ def up(host: str, port: int, data_dir: Path, provisioner: str, concurrency: int,
     from stack.wiring import resolve_storage
     from trainjobs.config import database_url_from_env, save_client_config
 
-    # The embedded server is stopped at the end only if this `up` started it: one that was already
-    # running serves someone else too (a `trainjobs worker` on the same data dir).
+    # The embedded server is stopped at the end only if this `up` started it, or a crashed `up` left it
+    # (its stack.json names a dead process): one that was already running otherwise serves someone
+    # else too (a `trainjobs worker` on the same data dir).
     pg_dir = data_dir / "postgres"
-    own_pg = database_url_from_env() is None and embedded_postgres_pid(pg_dir) is None
+    left = json.loads((data_dir / STACK_FILE).read_text()) if (data_dir / STACK_FILE).exists() else {}
+    crashed = bool(left.get("postgres")) and not _is_ours(left.get("pid") or 0, "stack.cli", "trainjobs")
+    if crashed and (emulator := left.get("emulator_pid")) and _is_ours(emulator, "gcp_storage_emulator"):
+        os.killpg(emulator, signal.SIGTERM)  # the crashed one's; this `up` starts its own
+    own_pg = database_url_from_env() is None and (embedded_postgres_pid(pg_dir) is None or crashed)
     url = _database(data_dir, migrate=True)
     storage = resolve_storage(data_dir)
     stack_file = data_dir / STACK_FILE

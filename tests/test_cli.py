@@ -323,6 +323,19 @@ def test_down_stops_a_stack_whose_up_was_killed(tmp_path, data_dir):
     assert "nothing of trainjobs was running" in cli("down", "--data-dir", str(data_dir), env=env).stdout
 
 
+def test_up_after_a_crashed_up_stops_the_postgres_that_one_left(tmp_path, data_dir):
+    env = own_stack_env(tmp_path)
+    crashed, _ = start_up(env, data_dir, tmp_path / "crashed.log")
+    left = stack_processes(data_dir)
+    crashed.kill()
+    crashed.wait()
+    proc, _ = start_up(env, data_dir, tmp_path / "up.log")
+    started = stack_processes(data_dir)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(scaled(60)) == 0, (tmp_path / "up.log").read_text()
+    assert not any(alive(pid) for pid in (*left.values(), *started.values()))
+
+
 def test_worker_sigterm_hands_running_jobs_back_at_once(db, database_url, tmp_path, api):
     import signal
     import uuid

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from service.db.session import get_engine
-from tests.conftest import digits_spec
+from tests.conftest import digits_spec, scaled
 from trainjobs import storage
 from worker.driver import DriverConfig
 from worker.gcs_channel import GcsJobChannel
@@ -29,7 +29,7 @@ def local_stack(db, database_url, bucket, tmp_path):
     provisioner = LocalProvisioner(tmp_path / "machines", devices=2, slots=2)
     worker = Worker(get_engine(database_url), provisioner, GcsJobChannel(), GcsStager(tmp_path / "staging"),
                     WorkerConfig(concurrency=2, lease_s=30, heartbeat_s=1, poll_s=0.5, name="e2e",
-                                 driver=DriverConfig(poll_s=0.5)))
+                                 driver=DriverConfig(poll_s=0.5, agent_stale_s=scaled(120))))
     worker.start()
     yield provisioner
     worker.shutdown(timeout=10)
@@ -38,7 +38,7 @@ def local_stack(db, database_url, bucket, tmp_path):
 
 
 def wait(api, job_id: str, statuses: set[str], timeout: float = 300) -> dict:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while time.monotonic() < deadline:
         job = api.get(f"/v1/jobs/{job_id}").json()
         if job["status"] in statuses:

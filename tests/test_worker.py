@@ -15,7 +15,7 @@ from service.db.jobstate import JobStatus
 from service.db.models import Job, JobEvent
 from service.db.projects import ensure_project
 from service.db.session import get_engine, transaction
-from tests.conftest import digits_spec
+from tests.conftest import digits_spec, scaled
 from trainjobs.spec import JobSpec
 from worker.driver import DriverConfig
 from worker.loop import Worker, WorkerConfig
@@ -39,7 +39,7 @@ def make_worker(database_url, cloud, name, stager=memory_stager, concurrency=4, 
 
 
 def wait_for(factory, job_id, statuses, timeout=15.0) -> Job:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while time.monotonic() < deadline:
         with transaction(factory) as s:
             job = s.get(Job, job_id)
