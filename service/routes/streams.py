@@ -13,6 +13,7 @@ thread and let go at once. The agent uploads its log about once a second when it
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -20,9 +21,9 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-import anyio
 from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
 
 from service.db import jobs as data
 from service.db.session import transaction
@@ -140,11 +141,11 @@ async def _events(factory: sessionmaker[Session], project: uuid.UUID, job_id: uu
         try:
             # Status first: when it is terminal, everything the job wrote is in storage by now, so
             # the read that follows is the last one needed.
-            status = await anyio.to_thread.run_sync(_status, factory, project, job_id)
+            status = await run_in_threadpool(_status, factory, project, job_id)
             if status is None:  # the row is gone
                 yield event("end", {"status": last_status.value if last_status else None})
                 return
-            items = await anyio.to_thread.run_sync(tail.read, status.terminal)
+            items = await run_in_threadpool(tail.read, status.terminal)
         except Exception as exc:  # an outage: keep the stream, try again at the next poll
             log.warning("job %s stream: %s: %s", job_id, type(exc).__name__, exc)
             items, status = [], last_status
@@ -163,7 +164,7 @@ async def _events(factory: sessionmaker[Session], project: uuid.UUID, job_id: uu
         elif time.monotonic() - last_sent >= PING_S:
             yield ": ping\n\n"
             last_sent = time.monotonic()
-        await anyio.sleep(POLL_S)
+        await asyncio.sleep(POLL_S)
 
 
 def follow(factory: sessionmaker[Session], project: uuid.UUID, job_id: uuid.UUID, tail: Tail) -> StreamingResponse:
