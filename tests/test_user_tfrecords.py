@@ -67,6 +67,17 @@ def test_tf_image_layout_keeps_its_image_shape_and_reads_gzip(bucket: str, tmp_p
     assert resized.manifest["feature"]["shape"] == [4, 4, 1]
 
 
+def test_tfrecords_in_gcs_in_another_layout_are_converted_not_used_in_place(bucket: str, tmp_path: Path) -> None:
+    from trainjobs import storage
+
+    examples = [{"image/encoded": [_png(6, 10 * i)], "image/class/label": [i % 2]} for i in range(10)]
+    path = write_records(tmp_path / "train.tfrecord", examples)
+    storage.blob(f"gs://{bucket}/raw/images/train.tfrecord").upload_from_filename(str(path))
+    staged = stage_dataset(DatasetSpec(source=f"gs://{bucket}/raw/images/"), project_id=PROJECT, bucket=bucket,
+                           work_dir=tmp_path / "work")
+    assert staged.manifest["in_place"] is False and staged.manifest["feature"]["shape"] == [8, 6, 3]
+
+
 def test_user_feature_names_float_lists_and_byte_string_labels_in_zlib(bucket: str, tmp_path: Path) -> None:
     examples = [{"petal": [float(i), float(i) / 2], "sepal": [1.0], "species": [CLASSES[i % 2].encode()]}
                 for i in range(10)]
