@@ -45,6 +45,7 @@ def _require(extra: str, verb: str) -> None:
 
 
 DATA_DIR = click.option("--data-dir", type=click.Path(path_type=Path), default=default_data_dir,
+                        show_default="$TRAINJOBS_DATA_DIR, else $TRAINJOBS_HOME/data (~/.trainjobs/data)",
                         help="where the embedded PostgreSQL, GCS emulator and local machines keep their files")
 
 

@@ -178,6 +178,15 @@ def test_ctrl_c_stops_following_and_leaves_the_job_running(stack, tmp_path):
     assert json.loads(cli("status", job_id, "--output", "json", env=env).stdout)["status"] == "QUEUED"
 
 
+def test_logs_and_metrics_follow_the_event_stream_to_the_jobs_end(stack, tmp_path):
+    env, _ = stack
+    job_id = cli("submit", str(write_spec(tmp_path / "job.yaml")), env=env).stdout.split()[0]
+    logs = [json.loads(line) for line in cli("logs", job_id, "--follow", "-o", "json", env=env).stdout.splitlines()]
+    assert logs[0] == {"event": "status", "status": logs[0]["status"]} and logs[-1] == {"event": "end", "status": "SUCCEEDED"}
+    r = cli("metrics", job_id, "--follow", env=env)
+    assert r.stderr.strip() == "-- job ended SUCCEEDED"
+
+
 def test_status_shows_phases_runtime_and_metrics_without_flags(stack, tmp_path):
     env, _ = stack
     job_id = cli("submit", str(write_spec(tmp_path / "job.yaml")), "--follow", env=env).stdout.split()[0]
