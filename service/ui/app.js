@@ -206,6 +206,7 @@ function jobPage(id) {
         el("tr", {}, el("td", {}, label), el("td", {}, Array.isArray(runtime[k]) ? runtime[k].join("; ") || "none" : runtime[k]))));
       if (!Object.keys(runtime).length) $("#runtime").append(el("tr", {}, el("td", {}, "chosen when the job starts")));
       if (TERMINAL.has(job.status)) await artifacts();
+      else $("#artifacts").replaceChildren(el("li", { class: "muted" }, "listed here when the job succeeds"));
     } catch (e) {
       if (!abort.signal.aborted) $("#job-error").textContent = e.message;
     }
@@ -228,6 +229,7 @@ function jobPage(id) {
   }
 
   $("#cancel").onclick = async () => {
+    if (!confirm(`Cancel job ${job ? job.name : id}? Its machine is deleted.`)) return;
     $("#cancel").disabled = true;
     try { await api(`/v1/jobs/${id}/cancel`, { method: "POST" }); } catch (e) { $("#job-error").textContent = e.message; }
     load();
@@ -235,8 +237,14 @@ function jobPage(id) {
 
   const log = $("#log");
   load();
+  let reloaded = 0;
   follow(`/v1/jobs/${id}/metrics?follow=true`, (name, data) => {
-    if (name === "metric") { epochs.push(data); draw(); } else if (name === "status" || name === "end") load();
+    if (name === "status" || name === "end") { load(); return; }
+    if (name !== "metric") return;
+    epochs.push(data);
+    draw();
+    // The row's progress and runtime move with the epochs (the runtime is recorded after RUNNING).
+    if (Date.now() - reloaded > 2000) { reloaded = Date.now(); load(); }
   }, abort.signal);
   $("#log-state").textContent = "(live)";
   follow(`/v1/jobs/${id}/logs?follow=true`, (name, data) => {
