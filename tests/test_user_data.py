@@ -108,6 +108,7 @@ def test_missing_features_are_filled_when_asked(bucket: str, tmp_path: Path) -> 
                                           "na_fill": -1.0, "validation_split": 0.0})
     m = staged.manifest
     assert m["class_names"] == ["x", "y"] and m["dropped_examples"] == 0
+    assert m["notes"] == ["2 missing feature cells of d.csv set to -1 (na_policy fill)"]
     from tests.test_staging import read_split
 
     x, _ = read_split(staged, "train")

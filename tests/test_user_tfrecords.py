@@ -62,6 +62,7 @@ def test_tf_image_layout_keeps_its_image_shape_and_reads_gzip(bucket: str, tmp_p
     path = write_records(tmp_path / "images" / "train.tfrecord.gz", examples, "GZIP")
     staged = stage(path, bucket, format="tfrecord", options={"validation_split": 0.0})
     assert staged.manifest["feature"]["shape"] == [8, 6, 3]  # height, width, channels as decoded
+    assert staged.manifest["notes"] == ["1 of 1 TFRecord files read as GZIP-compressed (detected)"]
     assert staged.manifest["class_names"] == ["0", "1"]
     resized = stage(path, bucket, format="tfrecord", options={"image_shape": [4, 4, 1], "validation_split": 0.0})
     assert resized.manifest["feature"]["shape"] == [4, 4, 1]

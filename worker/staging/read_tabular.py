@@ -72,9 +72,12 @@ def read_csv(path: Path, o: CsvOptions) -> Examples:
     if o.na_policy == "fill":
         x = np.where(feature_missing[keep], np.float32(o.na_fill), x)
     labels = cells[keep][:, at]
-    return make_examples(x, _numeric_if_possible(labels), path.name, dropped=dropped,
-                         notes=[f"{dropped} of {len(rows)} rows of {path.name} left out for a missing cell "
-                                "(na_policy drop)"] if dropped else [])
+    notes = []
+    if dropped:
+        notes.append(f"{dropped} of {len(rows)} rows of {path.name} left out for a missing cell (na_policy drop)")
+    if o.na_policy == "fill" and (filled := int(feature_missing.sum())):
+        notes.append(f"{filled} missing feature cells of {path.name} set to {o.na_fill:g} (na_policy fill)")
+    return make_examples(x, _numeric_if_possible(labels), path.name, dropped=dropped, notes=notes)
 
 
 def _csv_rows(path: Path, o: CsvOptions) -> tuple[list[str] | None, list[list[str]], list[int]]:

@@ -38,10 +38,13 @@ def read_tfrecord_files(paths: list[Path], root: Path, o: TfrecordOptions, budge
     xs: list[np.ndarray] = []
     labels: list[int | str] = []
     keys: tuple[list[str], str] | None = None
+    compressed: dict[str, int] = {}
     for path in paths:
         budget.check_stop()
         name = str(path.relative_to(root)) if path != root else path.name
-        with open_records(path, o.compression) as stream:
+        with open_records(path, o.compression) as (stream, compression):
+            if compression != "none":
+                compressed[compression] = compressed.get(compression, 0) + 1
             for i, record in enumerate(iter_records(stream, name)):
                 if i % _STOP_EVERY == _STOP_EVERY - 1:
                     budget.check_stop()
@@ -60,7 +63,9 @@ def read_tfrecord_files(paths: list[Path], root: Path, o: TfrecordOptions, budge
         raise DatasetError(f"{root.name} holds no examples")
     if any(isinstance(v, str) for v in labels) and not all(isinstance(v, str) for v in labels):
         raise DatasetError("the TFRecord labels mix class ids and class names")
-    return make_examples(np.stack(xs), np.asarray(labels), root.name)
+    notes = [f"{n} of {len(paths)} TFRecord files read as {kind.upper()}-compressed"
+             + (" (detected)" if o.compression == "auto" else "") for kind, n in sorted(compressed.items())]
+    return make_examples(np.stack(xs), np.asarray(labels), root.name, notes=notes)
 
 
 def _keys(features: dict[str, tuple[int, bytes]], o: TfrecordOptions, where: str) -> tuple[list[str], str]:

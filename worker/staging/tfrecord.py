@@ -79,19 +79,20 @@ class _ZlibReader:
 
 
 @contextmanager
-def open_records(path: Path, compression: str) -> Iterator[BinaryIO]:
-    """The uncompressed bytes of a local TFRecord file; `compression` auto detects GZIP and ZLIB."""
+def open_records(path: Path, compression: str) -> Iterator[tuple[BinaryIO, str]]:
+    """(the uncompressed bytes of a local TFRecord file, the compression read: none, gzip or zlib);
+    `compression` auto detects GZIP and ZLIB."""
     with path.open("rb") as raw:
         if compression == "auto":
             compression = compression_of(raw.read(12)) or "none"
             raw.seek(0)
         if compression == "gzip":
             with gzip.GzipFile(fileobj=raw) as unzipped:
-                yield cast(BinaryIO, unzipped)
+                yield cast(BinaryIO, unzipped), compression
         elif compression == "zlib":
-            yield cast(BinaryIO, _ZlibReader(raw))
+            yield cast(BinaryIO, _ZlibReader(raw)), compression
         else:
-            yield raw
+            yield raw, "none"
 
 
 def iter_records(stream: BinaryIO, name: str) -> Iterator[bytes]:
