@@ -363,11 +363,10 @@ def up(host: str, port: int, data_dir: Path, provisioner: str, concurrency: int,
         w.start()
         api_url = f"http://{host}:{port}"
         cfg = save_client_config(api_url, key)
-        click.echo(f"trainjobs is up: API {api_url} (docs {api_url}/docs), data in {data_dir}; client config {cfg}",
-                   err=True)
-        click.echo("ready", err=True)
+        _say(f"trainjobs is up: API {api_url} (docs {api_url}/docs), data in {data_dir}; client config {cfg}")
+        _say("ready")
         _wait_for_signal()
-        click.echo("stopping: worker, API, local machines, storage, database", err=True)
+        _say("stopping: worker, API, local machines, storage, database")
         w.shutdown()
         server.should_exit = True
         if provisioner == "local":
@@ -378,7 +377,18 @@ def up(host: str, port: int, data_dir: Path, provisioner: str, concurrency: int,
             get_engine.cache_clear()  # close pooled connections before the server goes
             stop_embedded_postgres(pg_dir)
         stack_file.unlink(missing_ok=True)
-    click.echo("stopped", err=True)
+    _say("stopped")
+
+
+def _say(message: str) -> None:
+    """What `up` tells the person who started it, on stderr: a plain line, or under --log-format json a
+    log line like every other, so the stream stays one JSON object per line."""
+    import logging
+
+    if click.get_current_context().find_root().params.get("log_fmt", "text").lower() == "json":
+        logging.getLogger("trainjobs.stack").info(message)
+    else:
+        click.echo(message, err=True)
 
 
 def _delete_local_machines(data_dir: Path) -> list[str]:

@@ -37,7 +37,7 @@ def start_up(env: dict[str, str], data_dir: Path, log: Path, *options: str) -> t
         proc = subprocess.Popen([sys.executable, "-m", "stack.cli", *options, "up", "--port", str(port), "--data-dir",
                                  str(data_dir), "--provisioner", "memory"], env=env, stdout=out, stderr=out)
     deadline = time.monotonic() + scaled(60)
-    while "\nready\n" not in log.read_text():
+    while "\nready\n" not in log.read_text() and '"message": "ready"' not in log.read_text():
         assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
         time.sleep(0.1)
     return proc, port
@@ -135,6 +135,31 @@ def test_submit_follow_shows_each_status_then_the_result_without_http_log_lines(
     assert statuses[-1] == "SUCCEEDED" and len(statuses) >= 2, r.stdout
     assert re.search(rf"^job\s+{job_id}", r.stdout, re.M) and "val_accuracy 0.99" in r.stdout  # the result
     assert "HTTP Request" not in r.stdout + r.stderr and "INFO" not in r.stderr
+
+
+def test_submit_follow_on_a_terminal_draws_a_live_progress_bar(stack, tmp_path):
+    import pty
+    import select
+
+    env, _ = stack
+    master, child_side = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "stack.cli", "submit", str(write_spec(tmp_path / "job.yaml")),
+                             "--follow"], env={**env, "COLUMNS": "160"}, stdout=child_side, stderr=child_side)
+    os.close(child_side)
+    out, deadline = b"", time.monotonic() + scaled(60)
+    while time.monotonic() < deadline:
+        if select.select([master], [], [], 0.5)[0]:
+            try:
+                chunk = os.read(master, 1 << 16)
+            except OSError:  # EIO: the process closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+    os.close(master)
+    assert proc.wait(scaled(30)) == 0, out
+    text = out.decode(errors="replace")
+    assert "ETA" in text and "\x1b[" in text and "SUCCEEDED" in text  # redrawn in place, then the result
 
 
 def test_submit_follow_json_prints_one_object_per_line_ending_with_the_job(stack, tmp_path):
@@ -262,7 +287,7 @@ def test_an_unknown_field_is_answered_with_the_closest_valid_one(stack, tmp_path
 def test_log_lines_about_a_job_carry_its_id_in_json(stack, tmp_path):
     env, _ = stack
     job_id = cli("submit", str(write_spec(tmp_path / "job.yaml")), "--follow", env=env).stdout.split()[0]
-    lines = [json.loads(line) for line in (tmp_path / "up.log").read_text().splitlines() if line.startswith("{")]
+    lines = [json.loads(line) for line in (tmp_path / "up.log").read_text().splitlines()]  # every line is JSON
     about_job = [line for line in lines if job_id in line["message"]]
     assert about_job and all(line["job_id"] == job_id for line in about_job)
 

