@@ -212,6 +212,51 @@ def test_logs_and_metrics_follow_the_event_stream_to_the_jobs_end(stack, tmp_pat
     assert r.stderr.strip() == "-- job ended SUCCEEDED"
 
 
+class ApiBeforeStreaming:
+    """An API from before streaming: `?follow=true` is ignored and answered with the JSON of a plain read.
+    The job runs for its first three reads, then SUCCEEDED; its log grows a line per read."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        reads = {"job": 0}
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+                path = self.path.split("?")[0]
+                if path.endswith("/logs"):
+                    body = {"text": "".join(f"line {i}\n" for i in range(reads["job"]))}
+                elif path.endswith("/metrics"):
+                    body = {"epochs": [{"epoch": i + 1, "loss": 1.0 / (i + 1)} for i in range(min(reads["job"], 2))]}
+                else:
+                    reads["job"] += 1
+                    body = {"id": "j1", "status": "SUCCEEDED" if reads["job"] > 3 else "RUNNING"}
+                data = json.dumps(body).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+
+def test_follow_polls_an_api_that_does_not_stream(tmp_path):
+    old = ApiBeforeStreaming()
+    try:
+        env = {**os.environ, "TRAINJOBS_HOME": str(tmp_path), "TRAINJOBS_API_URL": old.url}
+        r = cli("logs", "j1", "--follow", env=env)
+        assert r.stdout.splitlines() == ["line 0", "line 1", "line 2", "line 3"] and "ended SUCCEEDED" in r.stderr
+    finally:
+        old.server.shutdown()
+
+
 def test_status_shows_phases_runtime_and_metrics_without_flags(stack, tmp_path):
     env, _ = stack
     job_id = cli("submit", str(write_spec(tmp_path / "job.yaml")), "--follow", env=env).stdout.split()[0]
