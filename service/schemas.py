@@ -32,6 +32,11 @@ class JobPublic(BaseModel):
     metrics: dict[str, Any] | None
     runtime: dict[str, Any] | None
     error: str | None
+    # Each machine of each attempt: {name, attempt, requested_at, ready_at, first_report_at, deleted_at}
+    # (ISO 8601 UTC); and when the first training step ran, in seconds after its machine was requested.
+    machines: list[dict[str, Any]] | None = None
+    first_step_at: datetime | None = None
+    time_to_first_step_s: float | None = None
     # Why a QUEUED job has not started, e.g. "project at quota: 8 of 8 running jobs"; computed when read.
     wait_reason: str | None = None
 
@@ -53,7 +58,7 @@ def job_public(row: Any, wait_reason: str | None) -> dict[str, Any]:
     """A JobPublic's JSON, as a dict for orjson, from a row of service.db.jobs.PUBLIC_COLUMNS (JSON
     columns as text) or a Job."""
     out = {name: getattr(row, name) for name in _JOB_FIELDS}
-    for name in ("spec", "labels", "metrics", "runtime"):
+    for name in ("spec", "labels", "metrics", "runtime", "machines"):
         if isinstance(out[name], str):
             out[name] = orjson.Fragment(out[name])
     out["wait_reason"] = wait_reason

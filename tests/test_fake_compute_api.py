@@ -26,7 +26,8 @@ IMAGE = {"boot": True, "initializeParams": {"sourceImage": "projects/p/global/im
 
 
 @pytest.fixture
-def fake(tmp_path: Path) -> Iterator[FakeComputeApi]:
+def fake(tmp_path: Path, gcs_emulator: Any) -> Iterator[FakeComputeApi]:
+    # Storage is the emulator (gcs_emulator), as for the VMs: the provisioner mints no per-job tokens.
     with FakeComputeApi(sandbox=tmp_path, timing=ComputeTiming(boot_s=0.1, delete_s=0.1)) as api:
         yield api
 

@@ -31,7 +31,8 @@ JOB = "6f1c2a9e-0d4b-4c1e-9a7f-3b2d1e0f9a8c"
 
 
 @pytest.fixture
-def fake(tmp_path: Path) -> Iterator[FakeComputeApi]:
+def fake(tmp_path: Path, gcs_emulator: Any) -> Iterator[FakeComputeApi]:
+    # Storage is the emulator (gcs_emulator), as for the VMs: the provisioner mints no per-job tokens.
     with FakeComputeApi(sandbox=tmp_path, boot=False, timing=ComputeTiming(boot_s=0.2, delete_s=0.1)) as api:
         yield api
 
@@ -258,3 +259,29 @@ def test_the_gcp_provisioner_sends_tpu_jobs_to_cloud_tpu_and_the_rest_to_compute
 def test_only_the_compute_engine_provisioner_imports_the_compute_client() -> None:
     importers = {m for m in SOURCES for target, _ in _imports(SOURCES[m]) if target.startswith("google.cloud.compute")}
     assert importers == {"worker.provisioners.gcp_gpu"}
+
+
+def test_every_vm_of_a_set_carries_its_jobs_token_and_an_adopting_worker_keeps_them_coming(
+        fake: FakeComputeApi, bucket: str) -> None:
+    import json
+    from datetime import UTC, datetime, timedelta
+
+    from worker.cloud.job_tokens import METADATA_KEY, JobTokens
+    from worker.gcs_channel import GcsJobChannel
+
+    def Minter() -> Any:  # stands in for the token exchange: a token names the job it was minted for
+        return lambda boundary: lambda: (f"token-{boundary.job_id}-1", datetime.now(UTC) + timedelta(hours=1))
+
+    r = request(job_dir=GcsJobChannel(bucket).job_dir(JOB), workers=2)
+    GcsJobChannel(bucket).prepare(JOB, 1, r.spec, f"gs://{bucket}/datasets/{'a' * 64}")  # the token's boundary
+    p = GceVmProvisioner(GcpConfig(project="proj", zone=ZONE, compute_api_endpoint=fake.url), startup=lambda r: SCRIPT,
+                         create_wait_s=scaled(30), backoff_s=0.01, poll_s=0.02, tokens=JobTokens(Minter()))
+    p.create(r)
+    tokens = {json.loads(metadata(q.body)[METADATA_KEY])["access_token"] for q in inserts(fake)}
+    assert tokens == {f"token-{JOB}-1"}
+    successor = GceVmProvisioner(GcpConfig(project="proj", zone=ZONE, compute_api_endpoint=fake.url),
+                                 backoff_s=0.01, poll_s=0.02, tokens=JobTokens(Minter()))
+    successor.get(r.name)
+    assert successor.tokens is not None and successor.tokens.running() == [r.name]
+    successor.delete(r.name)
+    assert successor.tokens.running() == [] and fake.instance_names() == []

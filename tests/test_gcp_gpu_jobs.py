@@ -152,6 +152,11 @@ def test_a_two_gpu_job_trains_on_one_vm_and_the_vm_is_deleted(api: Any, make_gce
     assert done["status"] == "SUCCEEDED", done
     assert (done["runtime"]["strategy"], done["runtime"]["replicas"]) == ("mirrored", 2)
     assert gce.fake.instance_names() == []
+    # The figures (issue 10 §4): each machine's timeline in order, and the wait for the first step.
+    [machine] = done["machines"]
+    times = [machine[k] for k in ("requested_at", "ready_at", "first_report_at", "deleted_at")]
+    assert machine["attempt"] == 1 and all(times) and times == sorted(times), machine
+    assert done["first_step_at"] > machine["first_report_at"] and done["time_to_first_step_s"] > 0
     [insert] = [r for r in gce.fake.requests if r.method == "POST" and r.path.endswith("/instances")]
     assert insert.body["machineType"].endswith("/g2-standard-24")
 

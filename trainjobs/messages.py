@@ -71,3 +71,4 @@ class AgentReport(_Message):
     runtime: dict[str, Any] | None = None  # the plan the agent chose: strategy, replicas, precision, batch, lr
     metrics: dict[str, Any] | None = None  # the latest epoch's
     error: AgentError | None = None
+    first_step_at: datetime | None = None  # when training's first step ended: the end of the wait for a machine

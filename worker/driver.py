@@ -25,6 +25,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.db import jobs as jobdata
+from service.db import machines as timings
 from service.db.jobstate import TERMINAL, JobStatus, StaleTransition, transition
 from service.db.models import Job
 from service.db.session import transaction
@@ -34,7 +35,8 @@ from worker import metrics
 from worker.outages import is_outage
 from trainjobs.machine_plan import hourly_price_usd
 from worker.provisioner import (
-    LABEL_JOB, DatasetError, JobChannel, MachineRefused, MachineRequest, MachineState, NoCapacity, Provisioner, Stager,
+    LABEL_ATTEMPT, LABEL_JOB, DatasetError, JobChannel, MachineRefused, MachineRequest, MachineState, NoCapacity,
+    Provisioner, Stager,
     StagingStopped,
 )
 
@@ -61,6 +63,7 @@ class JobDriver:
         self.wake = threading.Event()  # something changed: look now instead of at the next poll
         self.cancel_requested = threading.Event()  # the job is CANCELLING: give up staging
         self._failed_in_a_row = 0  # this driver's own count, outages included: sets the backoff
+        self._noted: set[tuple[str, int, str]] = set()  # machine timings already on the row
         self._waiting_seen: float | None = None  # when the machine was last seen queued for capacity
 
     def run(self) -> None:
@@ -119,6 +122,7 @@ class JobDriver:
         machine = self.provisioner.get(request.name)
         if machine is None:
             self.channel.prepare(str(job.id), job.attempt, spec, job.dataset_uri or "")
+            self._note(job, request, "requested_at")
             try:
                 machine = self.provisioner.create(request)
                 metrics.MACHINES_CREATED.inc()
@@ -139,8 +143,12 @@ class JobDriver:
             return False
         if machine.state in (MachineState.PREEMPTED, MachineState.STOPPED):
             return self._move(job, S.RECOVERING, f"machine {machine.state.value.lower()} while starting")
+        if machine.state == MachineState.READY:
+            self._note(job, request, "ready_at")
         status = self.channel.read_status(str(job.id), job.attempt)
         if status is not None:
+            self._note(job, request, "first_report_at")
+            self._note_first_step(job, status)
             if status.state in (AgentState.RUNNING, AgentState.SUCCEEDED):
                 return self._move(job, S.RUNNING, f"agent {status.state.value} on {machine.name}",
                                   record={"runtime": status.runtime})
@@ -160,6 +168,7 @@ class JobDriver:
             return self._move(job, S.FAILED, limit, error=limit)
         status = self.channel.read_status(str(job.id), job.attempt)
         if status is not None:
+            self._note_first_step(job, status)
             progress = {"progress": status.progress, "metrics": status.metrics, "runtime": status.runtime}
             if status.state == AgentState.SUCCEEDED:
                 return self._finish_succeeded(job, status, "agent finished; machine deleted")
@@ -290,6 +299,32 @@ class JobDriver:
         # a machine only the label finds.
         for m in self.provisioner.list({LABEL_JOB: str(job.id)}):
             self.provisioner.delete(m.name)
+            attempt = m.labels.get(LABEL_ATTEMPT, "")
+            self._note(job, None, "deleted_at", name=m.name, attempt=int(attempt) if attempt.isdigit() else job.attempt)
+
+    def _note(self, job: Job, request: MachineRequest | None, event: timings.MachineEvent, *, name: str = "",
+              attempt: int = 0) -> None:
+        """A machine timing for the job's figures (issue 10 §4), once per machine and event. Best effort:
+        a figure is not worth failing a step for."""
+        key = (request.name, request.attempt, event) if request is not None else (name, attempt, event)
+        if key in self._noted:
+            return
+        try:
+            with transaction(self.factory) as session:
+                timings.note_machine(session, job.id, self.owner, key[0], key[1], event, datetime.now(UTC))
+            self._noted.add(key)
+        except Exception as exc:
+            log.warning("job %s: could not record %s of %s: %s", job.id, event, key[0], _describe(exc))
+
+    def _note_first_step(self, job: Job, status: AgentReport) -> None:
+        if status.first_step_at is None or job.first_step_at is not None or ("", 0, "first_step") in self._noted:
+            return
+        try:
+            with transaction(self.factory) as session:
+                timings.note_first_step(session, job.id, self.owner, status.first_step_at)
+            self._noted.add(("", 0, "first_step"))
+        except Exception as exc:
+            log.warning("job %s: could not record its first step: %s", job.id, _describe(exc))
             metrics.MACHINES_DELETED.inc()
 
     def _load(self) -> Job | None:

@@ -87,7 +87,7 @@ def get_job(session: Session, project_id: uuid.UUID, job_id: uuid.UUID, *, lock:
 # Table columns, not ORM attributes: a statement of plain columns skips the ORM's compile and
 # loading steps (a fifth of a primary-key read's Python time).
 _jobs = Job.__table__.c
-_JSON_TEXT = ("spec", "labels", "metrics", "runtime")
+_JSON_TEXT = ("spec", "labels", "metrics", "runtime", "machines")
 PUBLIC_COLUMNS = [cast(c, Text).label(c.name) if c.name in _JSON_TEXT else c
                   for c in _jobs
                   if c.name not in ("project_id", "dataset_uri", "artifacts", "wait_reason", "driver_failures",

@@ -64,6 +64,12 @@ class Job(Base):
     # The agent's artifact manifest, copied out of the job's reach when it succeeded.
     artifacts: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB)
     wait_reason: Mapped[str | None] = mapped_column(Text)  # why a queued job has not started
+    # Each machine of each attempt: name, attempt, requested_at, ready_at, first_report_at, deleted_at
+    # (ISO 8601), written by the worker (service/db/machines.py); the first training step and how long
+    # after its machine was requested it ran (issue 10 §4).
+    machines: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB)
+    first_step_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    time_to_first_step_s: Mapped[float | None] = mapped_column()
     accelerators: Mapped[int] = mapped_column(Integer, server_default="0")  # chips/GPUs held while running
     driver_failures: Mapped[int] = mapped_column(Integer, server_default="0")  # consecutive failed driver steps
     lease_owner: Mapped[str | None] = mapped_column(String(200))

@@ -31,6 +31,8 @@ from trainjobs.watchdog import COMPUTE_API_KEY, INSTANCE_KEY
 from worker.cloud.bootstrap import startup_script, upload_agent_wheel
 from worker.cloud.config import GcpConfig
 from worker.cloud.errors import MachineRefused, cloud_message, is_transient, with_backoff
+from worker.cloud.job_tokens import METADATA_KEY as TOKEN_KEY
+from worker.cloud.job_tokens import JobTokens, default_job_tokens
 from worker.provisioner import LABEL_MANAGED, MachineInfo, MachineRequest, MachineState, NoCapacity
 
 log = logging.getLogger("trainjobs.worker")
@@ -106,13 +108,15 @@ class GceVmProvisioner:
     def __init__(self, config: GcpConfig, *, clients: ComputeClients | None = None, create_wait_s: float = 120.0,
                  delete_wait_s: float = 600.0, backoff_s: float = 0.5, poll_s: float = 1.0,
                  startup: Callable[[MachineRequest], str] = agent_startup_script,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, tokens: JobTokens | None = None):
         """create_wait_s: how long create() follows the insert operations (a stockout is only known once
         they end); delete_wait_s: how long delete() waits for Google to confirm; poll_s: between
-        operation polls; backoff_s: the first retry's delay."""
+        operation polls; backoff_s: the first retry's delay; tokens: per-job storage tokens for the VMs
+        (worker/cloud/job_tokens.py; default: on, unless storage is the emulator)."""
         self.config, self.create_wait_s, self.delete_wait_s, self.poll_s = config, create_wait_s, delete_wait_s, poll_s
         self.backoff_s, self.startup, self.clock = backoff_s, startup, clock
         self.clients = clients if clients is not None else compute_clients(config)
+        self.tokens = tokens if tokens is not None else default_job_tokens()
         self._zone_of: dict[str, str] = {}  # where each set was last seen: its zone is asked first
         self._clustered: set[str] = set()  # sets whose cluster file this process has written
         self._stocked_out_since: dict[str, float] = {}  # set -> when every zone first said no
@@ -148,7 +152,11 @@ class GceVmProvisioner:
             members = self._list(zone, f'labels.{LABEL_MACHINE} = "{name}"')
             if members:
                 self._zone_of[name] = zone
-                return self._set_info(zone, name, members)
+                info = self._set_info(zone, name, members)
+                if self.tokens is not None and info.state in (MachineState.CREATING, MachineState.READY):
+                    job_dir = {i.key: i.value for i in members[0].metadata.items}.get(JOB_DIR_KEY, "")
+                    self.tokens.keep(name, job_dir)  # adopted from a dead worker: its tokens go on
+                return info
         if seen is not None and self._preempted(seen, f"{name}-"):
             # A spot VM preempted with instanceTerminationAction DELETE leaves nothing to find.
             return MachineInfo(name, MachineState.PREEMPTED, {}, f"preempted in {seen} and deleted by Google")
@@ -156,6 +164,8 @@ class GceVmProvisioner:
 
     def delete(self, name: str) -> None:
         """Deletes every VM of the set in every zone and waits until Google confirms."""
+        if self.tokens is not None:
+            self.tokens.stop(name)
         for zone in self.config.zones:
             members = self._list(zone, f'labels.{LABEL_MACHINE} = "{name}"')
             operations = [op for m in members if (op := self._delete_instance(zone, m.name)) is not None]
@@ -191,6 +201,8 @@ class GceVmProvisioner:
             INSTANCE_KEY: f"projects/{c.project}/zones/{zone}/instances/{name}",
             COMPUTE_API_KEY: c.compute_api_endpoint or "https://compute.googleapis.com",
         }
+        if self.tokens is not None:  # the VMs' only way into storage: a token for this job's own objects
+            metadata[TOKEN_KEY] = self.tokens.start(request.name, request.job_dir)
         if isinstance(acc, GpuAccelerator):
             metadata["install-nvidia-driver"] = "True"  # Deep Learning VM images install the driver at first boot
         network = compute_v1.NetworkInterface(
