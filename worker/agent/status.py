@@ -74,6 +74,7 @@ class StatusReporter:
         self.metrics: dict[str, Any] | None = None
         self.error: AgentError | None = None
         self.started_at = utc_now()
+        self.first_step_at: datetime | None = None  # when training's first step ended (issue 10 §4)
         self._lock = threading.Lock()
         self._final = False
         self._stop = threading.Event()
@@ -93,6 +94,8 @@ class StatusReporter:
 
     def step_progress(self, epochs_done: float) -> None:
         """Cheap, called from a training callback; the next heartbeat carries it."""
+        if self.first_step_at is None:
+            self.first_step_at = utc_now()
         self.progress = min(1.0, epochs_done / self.job.spec.training.epochs)
 
     def epoch_done(self, epoch: int, metrics: dict[str, Any]) -> None:
@@ -123,7 +126,7 @@ class StatusReporter:
             state=self.state, phase=self.phase, job_id=self.job.job_id, attempt=self.job.attempt,
             task_index=self.job.task_index, started_at=self.started_at, heartbeat_at=utc_now(), epoch=self.epoch,
             epochs=self.job.spec.training.epochs, progress=round(self.progress, 4), runtime=self.runtime,
-            metrics=self.metrics, error=self.error,
+            metrics=self.metrics, error=self.error, first_step_at=self.first_step_at,
         )
 
     def write(self, final: bool = False) -> None:
