@@ -171,6 +171,30 @@ def test_another_projects_job_cannot_be_followed(api, bucket, db, api_url):
     assert other.status_code == 404
 
 
+def test_an_idle_stream_sends_keep_alives_and_holds_no_database_connection(api, bucket, database_url, monkeypatch):
+    from service.db.session import get_engine
+    from service.routes import streams
+
+    monkeypatch.setattr(streams, "PING_S", 0.2)  # the API runs in this process (conftest.api_url)
+    job = api.post("/v1/jobs", json=digits_spec()).json()  # stays QUEUED: no worker here
+    followers = [Follower(api, f"/v1/jobs/{job['id']}/logs?follow=true") for _ in range(3)]
+    for follower in followers:
+        assert follower.next().name == "status"
+    pool = get_engine(database_url).pool
+    checked_out = []
+    for _ in range(20):
+        checked_out.append(pool.checkedout())  # type: ignore[attr-defined]
+        time.sleep(0.05)
+    # Each poll is one short transaction: three streams holding connections would show 3 throughout.
+    assert min(checked_out) == 0 and max(checked_out) < len(followers), checked_out
+    with api.stream("GET", f"/v1/jobs/{job['id']}/metrics?follow=true", timeout=scaled(30)) as response:
+        lines = response.iter_lines()
+        assert any(next(lines) == ": ping" for _ in range(20))
+    api.post(f"/v1/jobs/{job['id']}/cancel")
+    for follower in followers:
+        assert follower.until("end")[-1].data == {"status": "CANCELLED"}
+
+
 # --- a real agent -------------------------------------------------------------------------------
 
 LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
