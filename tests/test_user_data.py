@@ -161,6 +161,11 @@ def _refusal(dataset: dict[str, Any]) -> dict[str, str]:
     ({"source": "d.csv", "options": {"na_fill": 0}}, "dataset.options.na_fill", "under na_policy fill"),
     ({"source": "d.csv", "options": {"header": "none", "label_column": "kind"}}, "dataset.options.label_column",
      "give label_column as a position"),
+    ({"source": "d.csv", "options": {"label_column": True}}, "dataset.options.label_column",
+     "a column's name (1 to 256 characters) or its position"),
+    ({"source": "d.csv", "options": {"header": -1}}, "dataset.options.header", "0 to 1000 (after skip_rows), or 'none'"),
+    ({"source": "d.tfrecord", "options": {"x_key": "a", "features": ["b"]}},
+     "dataset.options.features", "give x_key (one feature) or features (several), not both"),
 ])
 def test_options_for_another_format_are_refused_at_submit(dataset: dict[str, Any], field: str, reason: str) -> None:
     error = _refusal(dataset)

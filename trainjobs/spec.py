@@ -230,11 +230,11 @@ OPTION_FORMATS: dict[str, tuple[str, ...]] = {
 class DatasetOptions(_Strict):
     validation_split: Number = Field(default=0.2, ge=0.0, le=0.5)
     # --- csv ---
-    header: Annotated[Int, Field(ge=0, le=1000)] | Literal["none"] | None = Field(
+    header: Int | Literal["none"] | None = Field(
         default=None, description="csv: the header row, counted from 0 after skip_rows (default 0), or 'none' "
         "when every row is data (columns are then named by position).")
     skip_rows: Int = Field(default=0, ge=0, le=1_000_000, description="csv: lines skipped before the header or data")
-    label_column: Annotated[str, Field(min_length=1, max_length=256)] | Annotated[Int, Field(ge=-10_000, le=10_000)] | None = Field(
+    label_column: str | Int | None = Field(
         default=None, description="csv: the label column, by header name, or by position from 0 (negative counts "
         "from the end: -1 is the last). Default 'label' with a header, the last column without.")
     delimiter: str | None = Field(default=None, min_length=1, max_length=1, description="csv: the field separator (default ',')")
@@ -259,6 +259,24 @@ class DatasetOptions(_Strict):
     # --- image_folder ---
     image_size: tuple[Annotated[Int, Field(ge=8, le=1024)], Annotated[Int, Field(ge=8, le=1024)]] | None = None
     shard_examples: Int = Field(default=4096, ge=64, le=1_000_000, description="examples per staged TFRecord shard")
+
+    # Checked before the unions are tried, so a bad value gets one reason, not one per union member.
+    @field_validator("header", mode="before")
+    @classmethod
+    def _header_row(cls, v: Any) -> Any:
+        if v is None or v == "none" or (isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 1000):
+            return v
+        raise _fail("header", "header is the header's row number, 0 to 1000 (after skip_rows), or 'none'")
+
+    @field_validator("label_column", mode="before")
+    @classmethod
+    def _label_column(cls, v: Any) -> Any:
+        if v is None or (isinstance(v, str) and 1 <= len(v) <= 256):
+            return v
+        if isinstance(v, int) and not isinstance(v, bool) and -10_000 <= v <= 10_000:
+            return v
+        raise _fail("label_column", "label_column is a column's name (1 to 256 characters) or its position "
+                    "(an integer from 0; negative counts from the end)")
 
     @field_validator("delimiter")
     @classmethod
