@@ -12,6 +12,7 @@ with `trainjobs api --workers 1` and then `--workers 2`.
 the list query with no filter, a status filter, a label filter and both (bench/README.md).
 
 Usage: python bench/api_bench.py [--duration 10] [--rounds 3] [--workers 1,2] [--jobs 2000] [--explain]
+       [--explain-only] [--profile] [--repo CHECKOUT]
 Uses TRAINJOBS_TEST_DATABASE_URL (or TRAINJOBS_DATABASE_URL), else an embedded PostgreSQL. Needs wrk.
 """
 
@@ -114,8 +115,8 @@ def wait_up(url: str, proc: subprocess.Popen[bytes]) -> None:
     raise RuntimeError(f"{url} did not answer")
 
 
-def start(cmd: list[str], probe: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True)
+def start(cmd: list[str], probe: str, env: dict[str, str], cwd: Path = ROOT) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, start_new_session=True)
     wait_up(probe, proc)
     return proc
 
@@ -286,6 +287,7 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="py-spy the 1-process server under each load instead")
     ap.add_argument("--explain-jobs", type=int, default=100_000)
     ap.add_argument("--explain-only", action="store_true")
+    ap.add_argument("--repo", type=Path, default=ROOT, help="serve `trainjobs api` from another checkout (before)")
     args = ap.parse_args()
     if args.explain_only:
         explain_before_after(fresh_database(), args.explain_jobs)
@@ -315,8 +317,9 @@ def main() -> None:
     try:
         for workers in [int(w) for w in args.workers.split(",")]:
             port = free_port()
-            ours = start([sys.executable, "-m", "stack.cli", "api", "--port", str(port), "--workers", str(workers)],
-                         f"http://127.0.0.1:{port}/healthz", env)
+            ours = start([sys.executable, "-m", "stack.cli", "api", "--port", str(port)]
+                         + (["--workers", str(workers)] if workers > 1 else []),
+                         f"http://127.0.0.1:{port}/healthz", {**env, "PYTHONPATH": str(args.repo)}, cwd=args.repo)
             base = f"http://127.0.0.1:{port}"
             try:
                 if args.profile:

@@ -47,6 +47,8 @@ def main() -> None:
     ap.add_argument("--learning-rate", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--checkpoint-dir", type=Path, help="save a checkpoint at every epoch's end (small_job_bench.py)")
+    ap.add_argument("--export-dir", type=Path, help="export a SavedModel at the end")
     args = ap.parse_args()
 
     cpu = tf.config.list_physical_devices("CPU")[0]
@@ -87,9 +89,32 @@ def main() -> None:
                       steps_per_execution=args.steps_per_execution)
 
     timer = EpochTimer(args.steps_per_epoch * args.global_batch)
+    callbacks: list[keras.callbacks.Callback] = [timer]
+    if args.checkpoint_dir:
+        # What a careful user writes: the model and optimizer after every epoch, the previous one
+        # kept until the new one is whole. Before the timer, whose epoch end then includes it.
+        callbacks.insert(0, EpochCheckpoint(tf.train.Checkpoint(model=model, optimizer=model.optimizer),
+                                            args.checkpoint_dir))
+    began = time.time()
     model.fit(train, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch, validation_data=val,
-              callbacks=[timer], verbose=0)
-    args.out.write_text(json.dumps({"epochs": timer.epochs}, indent=2))
+              callbacks=callbacks, verbose=0)
+    if args.export_dir:
+        model.export(str(args.export_dir), verbose=False)
+    args.out.write_text(json.dumps({"epochs": timer.epochs, "fit_began_at": began, "ended_at": time.time()}, indent=2))
+
+
+class EpochCheckpoint(keras.callbacks.Callback):
+    def __init__(self, checkpoint: tf.train.Checkpoint, directory: Path):
+        super().__init__()
+        self.checkpoint, self.directory, self.previous = checkpoint, directory, None
+        directory.mkdir(parents=True, exist_ok=True)
+
+    def on_epoch_end(self, epoch, logs=None):  # type: ignore[no-untyped-def]
+        path = self.checkpoint.write(str(self.directory / f"epoch-{epoch + 1}"))
+        if self.previous:
+            for stale in self.directory.glob(f"{Path(self.previous).name}.*"):
+                stale.unlink()
+        self.previous = path
 
 
 class EpochTimer(keras.callbacks.Callback):

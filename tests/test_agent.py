@@ -182,7 +182,7 @@ def test_checkpoints_follow_the_epoch_and_step_schedules_at_call_boundaries(
         every_epochs: int, every_steps: int | None, expected: list[tuple[int, int, int]]) -> None:
     """Two epochs of 12 steps, run 4 steps per call."""
     saved: list[TrainingPosition] = []
-    store = SimpleNamespace(save=lambda checkpoint, at: saved.append(at))
+    store = SimpleNamespace(save=lambda checkpoint, at, final=False: saved.append(at) or True, uploading=lambda: False)
     training = TrainingSpec(epochs=2, checkpoint_every_epochs=every_epochs, checkpoint_every_steps=every_steps)
     schedule = CheckpointSchedule(store, None, training, _small_plan(12, 4, epochs=2))  # type: ignore[arg-type]
     for epoch in range(2):
@@ -190,6 +190,32 @@ def test_checkpoints_follow_the_epoch_and_step_schedules_at_call_boundaries(
             schedule.after_call(TrainingPosition(epoch, step, 12 * epoch + step))
         schedule.after_epoch(TrainingPosition(epoch + 1, 0, 12 * (epoch + 1)))
     assert [(at.epoch, at.step, at.global_step) for at in saved] == expected
+
+
+def test_a_save_due_during_the_last_upload_is_skipped_then_taken_once_it_is_done() -> None:
+    """A job of one task does not wait for storage between epochs: a checkpoint due while the last one
+    still uploads is skipped (CheckpointStore.may_skip) and taken at the first call after the upload
+    ends; the final one is never skipped (the real store waits for the upload instead)."""
+    saved: list[TrainingPosition] = []
+    busy = {"now": False}
+
+    def save(checkpoint: Any, at: TrainingPosition, final: bool = False) -> bool:
+        if busy["now"] and not final:
+            return False
+        saved.append(at)
+        return True
+
+    store = SimpleNamespace(save=save, uploading=lambda: busy["now"])
+    schedule = CheckpointSchedule(store, None, TrainingSpec(epochs=2), _small_plan(12, 4, epochs=2))  # type: ignore[arg-type]
+    busy["now"] = True
+    schedule.after_epoch(TrainingPosition(1, 0, 12))  # due, skipped
+    schedule.after_call(TrainingPosition(1, 4, 16))  # still uploading: nothing
+    busy["now"] = False
+    schedule.after_call(TrainingPosition(1, 8, 20))  # free: the skipped save is taken now
+    schedule.after_call(TrainingPosition(1, 12, 24))  # nothing due
+    busy["now"] = True
+    schedule.after_epoch(TrainingPosition(2, 0, 24))  # the final checkpoint: never skipped
+    assert [(at.epoch, at.step) for at in saved] == [(1, 8), (2, 0)]
 
 
 @pytest.mark.parametrize(("saved", "steps_per_epoch", "start", "noted"), [

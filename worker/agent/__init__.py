@@ -12,6 +12,7 @@ It reads `<job-dir>/spec.json`, trains, and reports only through GCS (see trainj
     builtin_models.py  mlp, cnn, resnet
     optimizer.py       optimizer and warmup schedule
     checkpoints.py     checkpoint save, upload, resume
+    publisher.py       per-epoch uploads (metrics, checkpoint, status, events) off the training thread
     tensorboard.py     per-epoch scalars as event files
     train.py           model.fit and the per-epoch recorder
     keras_compat.py    repairs that let Keras 3 fit under MultiWorkerMirroredStrategy

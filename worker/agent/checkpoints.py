@@ -21,6 +21,7 @@ from typing import Any
 from trainjobs import storage
 from trainjobs.spec import TrainingSpec
 from worker.agent.plan import RuntimePlan, TrainingPosition
+from worker.agent.publisher import Publisher
 from worker.agent.status import utc_now
 
 log = logging.getLogger("trainjobs.agent")
@@ -29,9 +30,19 @@ LATEST = "latest.json"
 
 
 class CheckpointStore:
-    def __init__(self, local_dir: Path, remote: str, upload: bool, attempt: int):
+    """`publisher`: upload off the training thread (the chief's; others never upload). `may_skip`: a
+    save due while the previous one is still uploading is skipped rather than waited for. Only for a
+    job of one task: in a multi-worker job every task takes part in each save (a collective write)
+    and only the chief knows about uploads, so there the chief waits instead."""
+
+    def __init__(self, local_dir: Path, remote: str, upload: bool, attempt: int, *,
+                 publisher: Publisher | None = None, may_skip: bool = False):
         self.local_dir, self.remote, self.upload, self.attempt = local_dir, remote.rstrip("/"), upload, attempt
+        self.publisher, self.may_skip = publisher, may_skip
         self._local_prefix: str | None = None
+
+    def uploading(self) -> bool:
+        return self.upload and self.publisher is not None and self.publisher.busy("checkpoint")
 
     def latest(self) -> dict[str, Any] | None:
         return storage.read_json(f"{self.remote}/{LATEST}")
@@ -54,17 +65,30 @@ class CheckpointStore:
                  at.epoch, at.step, at.global_step, latest.get("attempt"))
         return at
 
-    def save(self, checkpoint: Any, at: TrainingPosition) -> None:
-        """Every task writes (MultiWorkerMirroredStrategy needs all of them to); only the chief uploads."""
+    def save(self, checkpoint: Any, at: TrainingPosition, *, final: bool = False) -> bool:
+        """Every task writes (MultiWorkerMirroredStrategy needs all of them to); only the chief uploads.
+        False: skipped, the previous checkpoint still uploading (may_skip, and not the final one)."""
+        if self.uploading():
+            if self.may_skip and not final:
+                log.info("checkpoint at epoch %d, step %d skipped: the previous one is still uploading",
+                         at.epoch, at.step)
+                return False
+            assert self.publisher is not None
+            self.publisher.wait("checkpoint")
         self.local_dir.mkdir(parents=True, exist_ok=True)
         prefix = f"step-{at.global_step:09d}"
         checkpoint.write(str(self.local_dir / prefix))
         previous_local, self._local_prefix = self._local_prefix, prefix
-        if self.upload:
+        if self.upload and self.publisher is not None:
+            self.publisher.put("checkpoint", lambda: self._upload(prefix, at))
+        elif self.upload:
             self._upload(prefix, at)
+        # The previous checkpoint's upload is done (uploading() was false, or waited for): its local
+        # files may go.
         if previous_local is not None and previous_local != prefix:
             for stale in self.local_dir.glob(f"{previous_local}.*"):
                 stale.unlink()
+        return True
 
     def _upload(self, prefix: str, at: TrainingPosition) -> None:
         files = sorted(p.name for p in self.local_dir.glob(f"{prefix}.*"))
@@ -102,19 +126,25 @@ class CheckpointSchedule:
         self.every_epochs, self.every_steps = training.checkpoint_every_epochs, training.checkpoint_every_steps
         self.epochs, self.steps_per_epoch = plan.epochs, plan.steps_per_epoch
         self._saved_at = plan.initial_global_step
+        self._skipped = False  # a due save was skipped (CheckpointStore.may_skip): take it when free
 
     def after_call(self, at: TrainingPosition) -> None:
-        if at.step < self.steps_per_epoch and self._steps_due(at):
+        if at.step < self.steps_per_epoch and (self._steps_due(at) or self._skipped_and_free()):
             self._save(at)
 
     def after_epoch(self, at: TrainingPosition) -> None:
-        if at.epoch % self.every_epochs == 0 or at.epoch == self.epochs or self._steps_due(at):
-            self._save(at)
+        final = at.epoch == self.epochs
+        if at.epoch % self.every_epochs == 0 or final or self._steps_due(at) or self._skipped_and_free():
+            self._save(at, final=final)
+
+    def _skipped_and_free(self) -> bool:
+        return self._skipped and not self.store.uploading()
 
     def _steps_due(self, at: TrainingPosition) -> bool:
         every = self.every_steps
         return every is not None and at.global_step // every > self._saved_at // every
 
-    def _save(self, at: TrainingPosition) -> None:
-        self.store.save(self.checkpoint, at)
-        self._saved_at = at.global_step
+    def _save(self, at: TrainingPosition, final: bool = False) -> None:
+        self._skipped = not self.store.save(self.checkpoint, at, final=final)
+        if not self._skipped:
+            self._saved_at = at.global_step

@@ -24,6 +24,7 @@ from worker.agent.job import AgentJob, WorkDir
 from worker.agent.models import ModelInputs, build, builder_for
 from worker.agent.optimizer import make_optimizer
 from worker.agent.plan import RuntimePlan, TrainingPosition, resolve_plan, resume_from, strategy_to_build
+from worker.agent.publisher import Publisher
 from worker.agent.status import StatusReporter
 from worker.agent.step_functions import install_step_functions
 from worker.agent.tensorboard import ScalarLog
@@ -55,7 +56,11 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
     reporter.set_phase("building")
     inputs = _model_inputs(spec.model.params, data, builtin=spec.model.module is None)
     builder = builder_for(spec.model, work.user_model)
-    store = CheckpointStore(work.checkpoints, job.paths.checkpoints, upload=job.is_chief, attempt=job.attempt)
+    # Per-epoch uploads go through one background thread (worker/agent/publisher.py); a job of one
+    # task skips a checkpoint that would overlap the previous one's upload.
+    publisher = Publisher()
+    store = CheckpointStore(work.checkpoints, job.paths.checkpoints, upload=job.is_chief, attempt=job.attempt,
+                            publisher=publisher, may_skip=spec.workers == 1)
     model, checkpoint, saved_at = _compile_and_restore(builder, inputs, plan, spec.training, strategy, store)
     repairs: list[str] = []
     if strategy_name == "multi_worker_mirrored":
@@ -82,14 +87,16 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
         history.append(entry)
         log.info("epoch %d/%d: %s", epoch, plan.epochs, json.dumps(entry))
         if job.is_chief:
-            # metrics.json before the checkpoint: a resumed run truncates history to the checkpoint,
-            # so the opposite order could lose an epoch's entry.
-            storage.write_json(job.paths.metrics, _metrics_doc(job, plan, history))
+            # metrics.json before the checkpoint (the publisher keeps that order): a resumed run
+            # truncates history to the checkpoint, so the opposite order could lose an epoch's entry.
+            doc = _metrics_doc(job, plan, list(history))
+            publisher.put("metrics", lambda: storage.write_json(job.paths.metrics, doc))
         schedule.after_epoch(at)
-        reporter.epoch_done(epoch, entry)
+        reporter.epoch_done(epoch, entry, write=False)
+        publisher.put("status", reporter.write)
         if tb is not None:
             tb.write(epoch, entry)
-            tb.upload()
+            publisher.put("tensorboard", tb.upload)
 
     meter = InputWaitMeter()
     train = meter.wrap(train_dataset(data, plan.global_batch_size, spec.training.seed, spec.training.cache_dataset))
@@ -100,8 +107,11 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
     recorder = EpochRecorder(plan, job.attempt, meter, train_function, on_epoch, schedule.after_call,
                              reporter.step_progress)
     fit(model, plan, train, val, recorder)
+    # The final checkpoint and metrics.json are in storage before the job can report success.
+    publisher.drain()
     if tb is not None:
         tb.close()
+        tb.upload()  # complete: a background upload may have caught the events file mid-write
 
     if not job.is_chief:
         # Export touches no collective op, so other workers have nothing to contribute to it. They

@@ -98,10 +98,12 @@ class StatusReporter:
             self.first_step_at = utc_now()
         self.progress = min(1.0, epochs_done / self.job.spec.training.epochs)
 
-    def epoch_done(self, epoch: int, metrics: dict[str, Any]) -> None:
+    def epoch_done(self, epoch: int, metrics: dict[str, Any], *, write: bool = True) -> None:
+        """write=False: the caller uploads status.json itself (off the training thread, run.py)."""
         self.epoch, self.metrics = epoch, metrics
         self.progress = epoch / self.job.spec.training.epochs
-        self.write()
+        if write:
+            self.write()
 
     def finish(self, state: AgentState, error: BaseException | None = None) -> None:
         """The last word: stop the heartbeat, upload the log, write the terminal state."""
