@@ -20,7 +20,7 @@ from trainjobs import storage
 from trainjobs.spec import JobSpec
 from worker.cloud.config import GcpConfig
 from worker.cloud.errors import MachineRefused
-from worker.provisioner import LABEL_JOB, MachineRequest, MachineState, NoCapacity
+from worker.provisioner import LABEL_JOB, MachineRequest, MachineState
 from worker.provisioners.gcp import GcpProvisioner
 from worker.provisioners.gcp_gpu import INSTANCE_STATES, GceVmProvisioner, cluster_uri
 from worker.provisioners.gcp_tpu import TpuVmProvisioner
@@ -166,8 +166,12 @@ def test_when_every_zone_is_out_the_job_waits_then_fails_after_the_capacity_wait
                          startup=lambda r: SCRIPT, backoff_s=0.01, poll_s=0.02, create_wait_s=scaled(30),
                          clock=lambda: now[0])
     r = request()
-    with pytest.raises(NoCapacity, match="no zone has capacity for a VM with 1 x nvidia-tesla-t4"):
-        p.create(r)
+    waiting = p.create(r)  # the driver starts no boot clock for it, and asks again at its next step
+    assert waiting.waiting_for_capacity and "no zone has capacity for a VM with 1 x nvidia-tesla-t4" in (waiting.detail or "")
+    assert p.get(r.name) is None
+    asked = len(inserts(fake))
+    now[0] = 10.0
+    assert p.create(r).waiting_for_capacity and len(inserts(fake)) == asked  # asked moments ago: not again yet
     now[0] = 601.0
     with pytest.raises(MachineRefused, match=f"no capacity for a VM with 1 x nvidia-tesla-t4 in {ZONE} after 10 minutes"):
         p.create(r)

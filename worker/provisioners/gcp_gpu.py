@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import builtins
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from worker.cloud.config import GcpConfig
 from worker.cloud.errors import MachineRefused, cloud_message, is_transient, with_backoff
 from worker.cloud.job_tokens import METADATA_KEY as TOKEN_KEY
 from worker.cloud.job_tokens import JobTokens, default_job_tokens
-from worker.provisioner import LABEL_MANAGED, MachineInfo, MachineRequest, MachineState, NoCapacity
+from worker.provisioner import LABEL_MANAGED, MachineInfo, MachineRequest, MachineState
 
 log = logging.getLogger("trainjobs.worker")
 
@@ -108,10 +109,12 @@ class GceVmProvisioner:
     def __init__(self, config: GcpConfig, *, clients: ComputeClients | None = None, create_wait_s: float = 120.0,
                  delete_wait_s: float = 600.0, backoff_s: float = 0.5, poll_s: float = 1.0,
                  startup: Callable[[MachineRequest], str] = agent_startup_script,
-                 clock: Callable[[], float] = time.monotonic, tokens: JobTokens | None = None):
+                 clock: Callable[[], float] = time.monotonic, tokens: JobTokens | None = None,
+                 capacity_retry_s: float = 30.0):
         """create_wait_s: how long create() follows the insert operations (a stockout is only known once
         they end); delete_wait_s: how long delete() waits for Google to confirm; poll_s: between
-        operation polls; backoff_s: the first retry's delay; tokens: per-job storage tokens for the VMs
+        operation polls; backoff_s: the first retry's delay; capacity_retry_s: how often a set that no
+        zone had capacity for asks again; tokens: per-job storage tokens for the VMs
         (worker/cloud/job_tokens.py; default: on, unless storage is the emulator)."""
         self.config, self.create_wait_s, self.delete_wait_s, self.poll_s = config, create_wait_s, delete_wait_s, poll_s
         self.backoff_s, self.startup, self.clock = backoff_s, startup, clock
@@ -120,6 +123,8 @@ class GceVmProvisioner:
         self._zone_of: dict[str, str] = {}  # where each set was last seen: its zone is asked first
         self._clustered: set[str] = set()  # sets whose cluster file this process has written
         self._stocked_out_since: dict[str, float] = {}  # set -> when every zone first said no
+        self._last_capacity_try: dict[str, float] = {}  # set -> when every zone last said no
+        self.capacity_retry_s = capacity_retry_s
 
     # --- Provisioner ---
 
@@ -128,6 +133,8 @@ class GceVmProvisioner:
             raise MachineRefused("the Compute Engine provisioner runs GPU and CPU jobs; TPU jobs go to Cloud TPU")
         if (existing := self.get(request.name)) is not None:
             return existing
+        if self.clock() - self._last_capacity_try.get(request.name, -math.inf) < self.capacity_retry_s:
+            return self._no_capacity(request, asked=False)  # every zone said no moments ago
         hosts = request.spec.workers
         for zone in self.config.zones:
             image = self._image(request)
@@ -135,6 +142,7 @@ class GceVmProvisioner:
             error = self._wait_all(zone, operations)
             if error is None or error == TIMED_OUT:  # still creating: get() follows it from here
                 self._stocked_out_since.pop(request.name, None)
+                self._last_capacity_try.pop(request.name, None)
                 self._zone_of[request.name] = zone
                 break
             code, message = error
@@ -265,16 +273,21 @@ class GceVmProvisioner:
                 raise  # still failing after the retries: the driver's next step tries again
             raise MachineRefused(cloud_message(exc)) from exc
 
-    def _no_capacity(self, request: MachineRequest) -> MachineInfo:
-        """Compute Engine does not queue a VM for capacity: wait here, asking again at each step, up to
-        the configured capacity wait."""
+    def _no_capacity(self, request: MachineRequest, asked: bool = True) -> MachineInfo:
+        """Compute Engine does not queue a VM for capacity: the set waits here, every zone asked again at
+        the driver's next step (get() finds nothing, so it calls create()), up to the capacity wait. A
+        machine waiting for capacity starts no boot clock in the driver."""
         first = self._stocked_out_since.setdefault(request.name, self.clock())
+        if asked:
+            self._last_capacity_try[request.name] = self.clock()
         what = _describe(request)
         zones = ", ".join(self.config.zones)
         if self.clock() - first >= self.config.capacity_wait_s:
             self._stocked_out_since.pop(request.name, None)
+            self._last_capacity_try.pop(request.name, None)
             raise MachineRefused(f"no capacity for {what} in {zones} after {_duration(self.config.capacity_wait_s)}")
-        raise NoCapacity(f"no zone has capacity for {what} now ({zones})")
+        return MachineInfo(request.name, MachineState.CREATING, request.labels,
+                           f"no zone has capacity for {what} now ({zones})", waiting_for_capacity=True)
 
     # --- responses ---
 
