@@ -289,3 +289,16 @@ def test_every_vm_of_a_set_carries_its_jobs_token_and_an_adopting_worker_keeps_t
     assert successor.tokens is not None and successor.tokens.running() == [r.name]
     successor.delete(r.name)
     assert successor.tokens.running() == [] and fake.instance_names() == []
+
+
+@pytest.mark.parametrize("accelerator, workers, machine", [
+    ({"gpu_type": "nvidia-l4", "count": 2}, 1, "Compute Engine GPU VM 2 x nvidia-l4, g2-standard-24"),
+    ({"gpu_type": "nvidia-tesla-t4", "count": 1}, 2, "Compute Engine GPU VM 1 x nvidia-tesla-t4, n1-standard-4 each"),
+    ({"gpu_type": "nvidia-tesla-t4", "machine_type": "n1-highmem-8"}, 1, "Compute Engine GPU VM 1 x nvidia-tesla-t4, n1-highmem-8"),
+])
+def test_the_dry_run_names_the_machine_type_the_provisioner_will_ask_for(accelerator: dict, workers: int,
+                                                                        machine: str) -> None:
+    from trainjobs.machine_plan import plan_machines
+
+    plan = plan_machines(request(workers=workers, **accelerator).spec)
+    assert f"{plan.kind} {plan.type}" == machine and plan.hosts == workers

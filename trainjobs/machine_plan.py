@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainjobs.catalogue import GPU_TYPES, TPU_GENERATIONS, tpu_chips
+from trainjobs.catalogue import GPU_TYPES, TPU_GENERATIONS, default_gpu_machine_type, tpu_chips
 from trainjobs.spec import CpuAccelerator, GpuAccelerator, JobSpec, TpuAccelerator
 
 
@@ -51,8 +51,9 @@ def plan_machines(spec: JobSpec) -> MachinePlan:
             return MachinePlan("Cloud TPU", f"{acc.tpu_type} ({chips} chips)", acc.hosts, acc.runtime_version, acc.spot,
                                price)
         case GpuAccelerator():
-            machine = f", {acc.machine_type}" if acc.machine_type else ""
-            return MachinePlan("Compute Engine GPU VM", f"{acc.count} x {acc.gpu_type}{machine}", spec.workers, None,
-                               acc.spot, price)
+            machine = acc.machine_type or default_gpu_machine_type(acc.gpu_type, acc.count)
+            per_vm = " each" if spec.workers > 1 else ""
+            return MachinePlan("Compute Engine GPU VM", f"{acc.count} x {acc.gpu_type}, {machine}{per_vm}", spec.workers,
+                               None, acc.spot, price)
         case CpuAccelerator():
             return MachinePlan("CPU", f"{acc.replicas} replica(s)", spec.workers, None, False, price)
