@@ -53,7 +53,7 @@ RUNTIME = {"strategy": "mirrored", "replicas": 2, "precision": "float32", "globa
 STATUSES = ["SUCCEEDED"] * 16 + ["FAILED", "CANCELLED", "RUNNING", "QUEUED"]
 
 
-def fresh_database(name: str = "trainjobs_apibench") -> str:
+def fresh_database(name: str = "trainjobs_apibench", revision: str = "head") -> str:
     import psycopg
     from sqlalchemy.engine import make_url
 
@@ -69,7 +69,14 @@ def fresh_database(name: str = "trainjobs_apibench") -> str:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}"')
     url = make_url(base).set(database=name).render_as_string(hide_password=False)
-    upgrade(url)
+    if revision == "head":
+        upgrade(url)
+    else:  # for a --repo checkout whose head is older
+        from alembic import command
+
+        from service.db.session import _alembic_config
+
+        command.upgrade(_alembic_config(url), revision)
     return url
 
 
@@ -288,13 +295,14 @@ def main() -> None:
     ap.add_argument("--explain-jobs", type=int, default=100_000)
     ap.add_argument("--explain-only", action="store_true")
     ap.add_argument("--repo", type=Path, default=ROOT, help="serve `trainjobs api` from another checkout (before)")
+    ap.add_argument("--revision", default="head", help="migrate only to this revision (the --repo checkout's head)")
     args = ap.parse_args()
     if args.explain_only:
         explain_before_after(fresh_database(), args.explain_jobs)
         return
     if not shutil.which("wrk"):
         sys.exit("wrk not found: apt-get install wrk")
-    url = fresh_database()
+    url = fresh_database(revision=args.revision)
     key = seed(url, "bench", args.jobs)
     post_key = seed(url, "bench-post", 0, quota=1_000_000)
     with get_engine(url).connect() as conn:

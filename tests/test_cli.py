@@ -441,3 +441,40 @@ def test_worker_sigterm_hands_running_jobs_back_at_once(db, database_url, tmp_pa
         expired = s.execute(text("SELECT lease_expires_at < now() FROM jobs WHERE id = :id"),
                             {"id": job.id}).scalar()
     assert job.status.value == "RUNNING" and expired  # still running, and any worker may take it over now
+
+
+def test_api_workers_runs_that_many_server_processes_on_one_port(db, database_url, tmp_path):
+    import httpx
+
+    from tests.conftest import make_key
+
+    key = make_key(db, "alpha")
+    port = free_port()
+    env = {**os.environ, "TRAINJOBS_DATABASE_URL": database_url, "TRAINJOBS_HOME": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "stack.cli", "api", "--port", str(port), "--workers", "2"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + scaled(60)
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
+            with contextlib.suppress(httpx.HTTPError):
+                r = httpx.get(f"http://127.0.0.1:{port}/v1/jobs", headers={"Authorization": f"Bearer {key}"})
+                if r.status_code == 200:
+                    break
+            time.sleep(0.2)
+        assert r.json()["jobs"] == []
+
+        def children() -> list[int]:
+            found = []
+            for stat in Path("/proc").glob("[0-9]*/stat"):
+                with contextlib.suppress(OSError):
+                    if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == proc.pid:
+                        found.append(int(stat.parent.name))
+            return found
+
+        # uvicorn's supervisor starts the servers (and multiprocessing may add a resource tracker).
+        servers = [pid for pid in children() if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert len(servers) == 2
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(scaled(30)) == 0
