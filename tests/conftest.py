@@ -2,7 +2,8 @@
 
 Every temporary file of a run lives under one directory, TRAINJOBS_TEST_TMPDIR (default .test-tmp in
 the checkout, not the system temp): pytest's tmp_path folders (the last 3 runs are kept, older ones
-removed) and, through TMPDIR, whatever the tests and the processes they start put in a temp dir.
+removed) and, through TMPDIR, whatever the tests and the processes they start put in a temp dir (a
+folder per test process, removed when it ends).
 """
 
 from __future__ import annotations
@@ -26,19 +27,6 @@ TEST_TMP.mkdir(parents=True, exist_ok=True)
 os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", str(TEST_TMP))
 
 
-@pytest.fixture(scope="session", autouse=True)
-def temp_dir_of_this_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """TMPDIR inside this run's pytest folder, so tempfile users and child processes (agents, TF, the
-    emulator) write there and pytest's retention removes it with the run."""
-    tmp = tmp_path_factory.mktemp("tmp", numbered=False)
-    before = os.environ.get("TMPDIR"), tempfile.tempdir
-    os.environ["TMPDIR"], tempfile.tempdir = str(tmp), str(tmp)
-    yield tmp
-    if before[0] is None:
-        os.environ.pop("TMPDIR", None)
-    else:
-        os.environ["TMPDIR"] = before[0]
-    tempfile.tempdir = before[1]
 
 
 def outside_pytest_tmp(prefix: str) -> Path:
@@ -47,6 +35,38 @@ def outside_pytest_tmp(prefix: str) -> Path:
     pytest-of-<user> to mode 0700, which locks that user out mid-run. Short, so the server's socket
     fits in its data directory. The caller removes it."""
     return Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir=TEST_TMP))
+
+
+def _remove_stale(older_than_s: float = 86400) -> None:
+    """What killed runs left outside pytest's folder (pytest prunes its own)."""
+    import time
+
+    for path in TEST_TMP.glob("*-*"):
+        try:
+            stale = not path.name.startswith("pytest-of-") and path.stat().st_mtime < time.time() - older_than_s
+        except OSError:  # another run removed it first
+            continue
+        if stale:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+_remove_stale()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def temp_dir_of_this_run() -> Iterator[Path]:
+    """TMPDIR of this test process, so tempfile users and child processes (agents, TF, the emulator,
+    an embedded PostgreSQL a test starts) write under TEST_TMP; removed when the process ends."""
+    tmp = outside_pytest_tmp("tmp")
+    before = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"], tempfile.tempdir = str(tmp), str(tmp)
+    yield tmp
+    if before[0] is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before[0]
+    tempfile.tempdir = before[1]
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def scaled(seconds: float) -> float:
