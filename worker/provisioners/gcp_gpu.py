@@ -34,7 +34,7 @@ from worker.cloud.config import GcpConfig
 from worker.cloud.errors import MachineRefused, cloud_message, is_transient, with_backoff
 from worker.cloud.job_tokens import METADATA_KEY as TOKEN_KEY
 from worker.cloud.job_tokens import JobTokens, default_job_tokens
-from worker.provisioner import LABEL_MANAGED, MachineInfo, MachineRequest, MachineState
+from worker.provisioner import LABEL_ATTEMPT, LABEL_MANAGED, MachineInfo, MachineRequest, MachineState
 
 log = logging.getLogger("trainjobs.worker")
 
@@ -322,7 +322,7 @@ class GceVmProvisioner:
         """The cluster every host waits for: worker i at VM i's internal IP, port tf_port + i."""
         ordered = sorted(members, key=lambda m: int(m.name.rsplit("-", 1)[-1]))
         metadata = {item.key: item.value for item in ordered[0].metadata.items}
-        job_dir, attempt = metadata[JOB_DIR_KEY], int(ordered[0].labels.get("trainjobs-attempt", "1"))
+        job_dir, attempt = metadata[JOB_DIR_KEY], int(ordered[0].labels.get(LABEL_ATTEMPT, "1"))
         workers = [f"{m.network_interfaces[0].network_i_p}:{self.config.tf_port + i}" for i, m in enumerate(ordered)]
         storage.write_json(cluster_uri(job_dir, attempt), {"worker": workers})
         log.info("cluster of %s: %s", ordered[0].name.rsplit("-", 1)[0], ", ".join(workers))
