@@ -302,3 +302,18 @@ def test_the_dry_run_names_the_machine_type_the_provisioner_will_ask_for(acceler
 
     plan = plan_machines(request(workers=workers, **accelerator).spec)
     assert f"{plan.kind} {plan.type}" == machine and plan.hosts == workers
+
+
+def test_a_gcp_worker_is_wired_to_both_products_from_the_environment(tmp_path: Path, monkeypatch: Any) -> None:
+    from stack.wiring import build_runtime
+
+    for name, value in {"TRAINJOBS_GCP_PROJECT": "proj", "TRAINJOBS_GCP_ZONE": ZONE, "TRAINJOBS_GCP_TF_PORT": "3000",
+                        "TRAINJOBS_TPU_API_ENDPOINT": "http://127.0.0.1:9",
+                        "TRAINJOBS_COMPUTE_API_ENDPOINT": "http://127.0.0.1:9"}.items():
+        monkeypatch.setenv(name, value)
+    provisioner = build_runtime("gcp", tmp_path).provisioner
+    assert isinstance(provisioner, GcpProvisioner)
+    assert isinstance(provisioner.tpu, TpuVmProvisioner) and isinstance(provisioner.vm, GceVmProvisioner)
+    assert provisioner.vm.config.tf_port == 3000
+    assert provisioner.vm.clients.instances.api_endpoint == provisioner.vm.clients.zone_operations.api_endpoint \
+        == "http://127.0.0.1:9"
