@@ -209,7 +209,8 @@ def _job(factory: Any, job_id: uuid.UUID) -> Job:
 
 def _worker(database_url: str, provisioner: Any, channel: Any) -> Worker:
     config = WorkerConfig(concurrency=2, name=f"outage-{uuid.uuid4().hex[:6]}", lease_s=scaled(30), heartbeat_s=0.5,
-                          poll_s=0.3, driver=DriverConfig(poll_s=0.3, retry_backoff_max_s=scaled(4)))
+                          poll_s=0.3, driver=DriverConfig(poll_s=0.3, retry_backoff_max_s=scaled(4),
+                                                          agent_stale_s=scaled(120)))  # outages here scale too
     return Worker(get_engine(database_url), provisioner, channel, memory_stager, config)
 
 
