@@ -3,16 +3,14 @@ from its agent and was deleted (jobs.machines, a JSON list, one entry per machin
 the first training step ran (jobs.first_step_at) with how long after the machine was requested
 (jobs.time_to_first_step_s): the control plane's and the cloud's overhead, seen by the user.
 
-Numbered 0004 (reserved for issue 10) but written after 0005, so it revises 0005: one head.
-
-Revision ID: 0004
+Revision ID: 0006
 Revises: 0005
 """
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision = '0004'
+revision = '0006'
 down_revision = '0005'
 branch_labels = None
 depends_on = None
