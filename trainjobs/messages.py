@@ -11,16 +11,16 @@ an older worker reads, and a rolling upgrade keeps working.
 
 from __future__ import annotations
 
-import enum
 from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainjobs.spec import JobSpec
+from trainjobs.str_enum import StrEnum
 
 
-class AgentState(enum.StrEnum):
+class AgentState(StrEnum):
     STARTING = "starting"  # the process is up, reading spec.json
     RUNNING = "running"  # downloading, building, training or exporting (phase says which)
     SUCCEEDED = "succeeded"  # artifacts written

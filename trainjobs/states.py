@@ -3,10 +3,10 @@ between them are allowed, and the only code that makes them, is service/db/jobst
 
 from __future__ import annotations
 
-import enum
+from trainjobs.str_enum import StrEnum
 
 
-class JobStatus(enum.StrEnum):
+class JobStatus(StrEnum):
     QUEUED = "QUEUED"  # stored, waiting for a worker
     STAGING = "STAGING"  # claimed; dataset being validated and pushed to GCS
     PROVISIONING = "PROVISIONING"  # machine being created, agent starting

@@ -27,12 +27,14 @@ import json
 import os
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from trainjobs.storage_limits import honours_call_limits
+
+UTC = timezone.utc  # datetime.UTC is 3.11+; the agent's wheel runs on the VM images' Python 3.10
 
 DEFAULT_BUCKET = "trainjobs-local"
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 import sys
 import time
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 from rich.table import Table
+
+UTC = timezone.utc  # datetime.UTC is 3.11+; the agent's wheel runs on the VM images' Python 3.10
 
 PHASES = (("created", "created_at"), ("staging", "staging_at"), ("provisioning", "provisioning_at"),
           ("running", "running_at"), ("finished", "finished_at"))

@@ -12,13 +12,15 @@ import logging
 import sys
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from trainjobs import storage
 from trainjobs.messages import AgentError, AgentReport, AgentState
 from worker.agent.job import AgentJob
+
+UTC = timezone.utc  # datetime.UTC is 3.11+; the agent's wheel runs on the VM images' Python 3.10
 
 log = logging.getLogger("trainjobs.agent")
 

@@ -26,6 +26,9 @@ EPOCH = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip can hold: no build time
 # The TPU runtime image and the Deep Learning VM images bring TensorFlow built for their accelerator;
 # installing PyPI's would replace it.
 NOT_INSTALLED_ON_VMS = ("tensorflow",)
+# ... and their system Python is 3.10 (tpu-vm-tf-* on Ubuntu 22.04, the Deep Learning VM images), where the
+# wheel is installed: the agent's files keep to 3.10 (tests/test_agent_python.py), the server stays 3.11+.
+AGENT_REQUIRES_PYTHON = ">=3.10"
 
 
 def agent_requirements() -> list[str]:
@@ -35,6 +38,7 @@ def agent_requirements() -> list[str]:
 
 
 def _files() -> list[tuple[str, bytes]]:
+    """(path in the wheel, bytes) of every source file the agent's wheel holds."""
     paths = [REPO_ROOT / "worker" / "__init__.py"]
     for package in AGENT_PACKAGES:
         paths += sorted((REPO_ROOT / package).rglob("*.py"))
@@ -49,8 +53,8 @@ def build_agent_wheel() -> tuple[str, bytes]:
     """(file name, bytes) of a py3-none-any wheel of the agent: deterministic for the same sources."""
     version = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
     dist_info = f"trainjobs-{version}.dist-info"
-    metadata = "Metadata-Version: 2.1\nName: trainjobs\nVersion: {}\n{}".format(
-        version, "".join(f"Requires-Dist: {r}\n" for r in agent_requirements()))
+    metadata = "Metadata-Version: 2.1\nName: trainjobs\nVersion: {}\nRequires-Python: {}\n{}".format(
+        version, AGENT_REQUIRES_PYTHON, "".join(f"Requires-Dist: {r}\n" for r in agent_requirements()))
     wheel = "Wheel-Version: 1.0\nGenerator: trainjobs\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
     entries = _files() + [(f"{dist_info}/METADATA", metadata.encode()), (f"{dist_info}/WHEEL", wheel.encode())]
     record = "".join(f"{name},{_record_hash(data)},{len(data)}\n" for name, data in entries) + f"{dist_info}/RECORD,,\n"

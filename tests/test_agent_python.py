@@ -1,0 +1,131 @@
+"""The agent's wheel runs on Python 3.10: the system Python of the Cloud TPU VM runtime images
+(tpu-vm-tf-*, Ubuntu 22.04) and of the Deep Learning VM images, which the startup script installs the
+wheel into (worker/cloud/bootstrap.py). The server stays on 3.11+.
+
+No Python 3.10 interpreter exists on the machines these tests run on, and none can be downloaded (only
+package registries are reachable), so the wheel is checked statically, file by file, exactly as it ships:
+- vermin (its rules know which stdlib names, keywords and syntax each version added) with target 3.10,
+  evaluating annotations as if at run time: `from __future__ import annotations` keeps most of them
+  strings, but pydantic evaluates its models' field annotations when the class is made;
+- the 3.10 grammar (`ast.parse(..., feature_version=(3, 10))`).
+Each check is first shown to refuse a 3.11-only snippet, so a wrong flag cannot make it pass everything.
+What static checks cannot see (a 3.11 behaviour change behind the same name) is noted where it matters,
+e.g. trainjobs/str_enum.py, whose parity with enum.StrEnum is tested here.
+"""
+
+from __future__ import annotations
+
+import ast
+import enum
+import json
+import subprocess
+import sys
+import zipfile
+from io import BytesIO
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from pydantic import BaseModel
+
+from trainjobs.messages import AgentState
+from trainjobs.states import JobStatus
+from trainjobs.str_enum import StrEnum
+from worker.cloud.bootstrap import build_agent_wheel
+
+TARGET = (3, 10)
+ELEVEN_ONLY = {
+    "datetime.UTC": "from datetime import UTC\nprint(UTC)\n",
+    "enum.StrEnum": "import enum\nclass S(enum.StrEnum):\n    A = 'a'\n",
+    "tomllib": "import tomllib\n",
+    "typing.Self": "from typing import Self\n",
+    "asyncio.timeout": "import asyncio\nasync def f():\n    async with asyncio.timeout(1):\n        pass\n",
+    "except*": "try:\n    pass\nexcept* ValueError:\n    pass\n",
+    "a pydantic field's annotation": "from __future__ import annotations\nimport typing\nfrom pydantic import BaseModel\n"
+                                     "class M(BaseModel):\n    parent: typing.Self | None = None\n",
+}
+
+
+@pytest.fixture(scope="module")
+def wheel_sources(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel's Python files, unpacked as they ship."""
+    root = tmp_path_factory.mktemp("agent-wheel")
+    _, data = build_agent_wheel()
+    with zipfile.ZipFile(BytesIO(data)) as wheel:
+        wheel.extractall(root, [n for n in wheel.namelist() if n.endswith(".py")])
+    return root
+
+
+def _vermin(*paths: Path) -> subprocess.CompletedProcess[str]:
+    # --no-parse-comments: a `# novm` comment cannot quietly exempt a line.
+    return subprocess.run(
+        [sys.executable, "-c", "import sys; from vermin import main; sys.exit(main())",
+         f"--target={TARGET[0]}.{TARGET[1]}-", "--violations", "--eval-annotations", "--no-tips",
+         "--no-config-file", "--no-parse-comments", "--processes=1", *map(str, paths)],
+        capture_output=True, text=True, timeout=300)
+
+
+def _py_files(root: Path) -> list[Path]:
+    return sorted(root.rglob("*.py"))
+
+
+@pytest.mark.parametrize("feature", sorted(ELEVEN_ONLY))
+def test_the_checks_refuse_code_that_needs_python_3_11(tmp_path: Path, feature: str) -> None:
+    source = tmp_path / "probe.py"
+    source.write_text(ELEVEN_ONLY[feature])
+    if feature == "except*":  # a grammar change: the parser's business
+        with pytest.raises(SyntaxError):
+            ast.parse(source.read_text(), feature_version=TARGET)
+    else:
+        found = _vermin(source)
+        assert found.returncode != 0, found.stdout + found.stderr
+
+
+def test_the_wheel_holds_the_agent_and_the_core(wheel_sources: Path) -> None:
+    shipped = {str(p.relative_to(wheel_sources)) for p in _py_files(wheel_sources)}
+    assert {"worker/__init__.py", "worker/agent/__main__.py", "trainjobs/messages.py", "trainjobs/str_enum.py"} <= shipped
+
+
+def test_no_file_in_the_agent_wheel_needs_more_than_python_3_10(wheel_sources: Path) -> None:
+    found = _vermin(*_py_files(wheel_sources))
+    assert found.returncode == 0, found.stdout + found.stderr
+
+
+@pytest.mark.parametrize("name", ["trainjobs", "worker"])
+def test_every_file_in_the_agent_wheel_parses_with_the_python_3_10_grammar(wheel_sources: Path, name: str) -> None:
+    files = _py_files(wheel_sources / name)
+    assert files
+    for path in files:
+        ast.parse(path.read_text(), filename=str(path.relative_to(wheel_sources)), feature_version=TARGET)
+
+
+def test_the_wheel_says_it_installs_on_python_3_10() -> None:
+    _, data = build_agent_wheel()
+    with zipfile.ZipFile(BytesIO(data)) as wheel:
+        metadata = wheel.read(next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    assert "Requires-Python: >=3.10\n" in metadata
+
+
+# --- our StrEnum behaves as enum.StrEnum wherever a member is written, compared or parsed ----------
+
+@pytest.mark.parametrize("ours", [AgentState, JobStatus])
+def test_the_message_enums_write_and_compare_as_enum_strenum_does(ours: type[StrEnum]) -> None:
+    theirs: Any = cast(Any, enum.StrEnum)(ours.__name__, {m.name: m.value for m in ours})
+
+    class Ours(BaseModel):
+        state: ours  # type: ignore[valid-type]
+
+    class Theirs(BaseModel):
+        state: theirs
+
+    for member in ours:
+        twin = theirs[member.name]
+        assert isinstance(member, str) and member == twin == member.value and hash(member) == hash(twin)
+        assert (str(member), f"{member}", f"{member:>12}", "%s" % member, repr(str(member))) == \
+               (str(twin), f"{twin}", f"{twin:>12}", "%s" % twin, repr(str(twin)))
+        assert json.dumps({"s": member, member: 1}) == json.dumps({"s": twin, twin: 1})
+        assert ours(member.value) is member and ours(str(twin)) is member
+        assert Ours(state=member).model_dump_json() == Theirs(state=twin).model_dump_json()
+        assert Ours.model_validate_json(Theirs(state=twin).model_dump_json()).state is member
+    assert Ours.model_json_schema()["$defs"][ours.__name__]["enum"] == \
+           Theirs.model_json_schema()["$defs"][ours.__name__]["enum"]
