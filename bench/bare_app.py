@@ -20,7 +20,10 @@ sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
 
 from service.db.models import Job  # noqa: E402  the same table, the same ORM mapping
 
-COLUMNS = [c for c in Job.__table__.columns if c.name not in ("lease_owner", "lease_expires_at", "driver_failures")]
+# What a job read shows, as of issue 12 (a fixed list, so that the same app serves an older schema).
+COLUMNS = [Job.__table__.c[name] for name in (
+    "id", "name", "spec", "labels", "status", "attempt", "created_at", "updated_at", "staging_at", "provisioning_at",
+    "running_at", "finished_at", "error", "progress", "metrics", "runtime")]
 
 
 def make_app(url: str) -> FastAPI:

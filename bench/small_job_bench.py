@@ -2,8 +2,8 @@
 script with its own per-epoch checkpoint, in one run. Goals: the training loop's wall time <= 1.2x
 the script's, training throughput >= 0.95x.
 
-1. The product: `trainjobs up` (API, worker, local provisioner) on a fresh database of the
-   PostgreSQL named by TRAINJOBS_TEST_DATABASE_URL and a GCS emulator this bench starts; a job
+1. The product: `trainjobs up` (API, worker, local provisioner) on a new database (per checkout) of
+   the PostgreSQL named by TRAINJOBS_TEST_DATABASE_URL and a GCS emulator this bench starts; a job
    submitted through the client: sklearn digits (1797 8x8 images, 20% validation), the built-in cnn,
    mirrored over 2 CPU replicas, float32, 20 epochs, a checkpoint every epoch (the default), a
    SavedModel at the end. Measured: submit -> SUCCEEDED, and the training loop, from the agent's
@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -74,11 +75,15 @@ def run_product(repo: Path, url: str, epochs: int, scratch: Path) -> dict[str, A
                           stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, start_new_session=True)
     try:
         assert up.stderr is not None
+        said = []
         for line in up.stderr:
+            said.append(line)
             if line.strip() == "ready":
                 break
         else:
-            raise RuntimeError(f"trainjobs up exited {up.wait()}")
+            raise RuntimeError(f"trainjobs up exited {up.wait()}: {''.join(said[-20:])}")
+        # Keep reading what it says, so that a full pipe never blocks it.
+        threading.Thread(target=lambda: [None for _ in up.stderr or []], daemon=True).start()
         key = json.loads((data_dir / "config.json").read_text())["api_key"]
         client = Client(f"http://127.0.0.1:{port}", key)
         t0 = time.time()
@@ -90,8 +95,9 @@ def run_product(repo: Path, url: str, epochs: int, scratch: Path) -> dict[str, A
         history = (storage.read_json(storage.JobPaths.for_job(job["id"], BUCKET).metrics) or {})["history"]
         logs = client.logs(job["id"])
     finally:
-        os.killpg(up.pid, signal.SIGTERM)
-        up.wait(60)
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGTERM)
+            up.wait(60)
     began = _logged("training epochs", logs)[0]
     ended = max(_logged(rf"epoch {epochs}/{epochs}:", logs) + _logged("checkpoint at epoch .* uploaded", logs))
     times = {k: datetime.fromisoformat(job[k]).timestamp() for k in ("running_at", "finished_at")}
@@ -128,11 +134,17 @@ def run_script(data: Path, runtime: dict[str, Any], epochs: int, scratch: Path) 
             "examples_per_sec": statistics.median(e["examples_per_sec"] for e in epochs_done[1:])}
 
 
-def fresh_database() -> str:
-    sys.path.insert(0, str(REPO / "bench"))
-    from api_bench import fresh_database as fresh
+def empty_database(name: str) -> str:
+    """`trainjobs up` migrates it with its own checkout's migrations."""
+    import psycopg
+    from sqlalchemy.engine import make_url
 
-    return fresh("trainjobs_smallbench")
+    base = make_url(os.environ["TRAINJOBS_TEST_DATABASE_URL"].replace("postgresql://", "postgresql+psycopg://", 1))
+    admin = base.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return base.set(database=name).render_as_string(hide_password=False)
 
 
 def main() -> None:
@@ -146,16 +158,16 @@ def main() -> None:
     emulator = start_gcs_emulator(None, bucket=BUCKET)
     use_emulator(emulator, BUCKET)
     os.environ["TRAINJOBS_BUCKET"] = BUCKET
-    url = fresh_database()
+    urls = {str(repo): empty_database(f"trainjobs_smallbench_{i}") for i, repo in enumerate(args.repo)}
     data: Path | None = None
     rows = []
     try:
         for i in range(args.runs):
             products = {}
             for repo in args.repo:  # the checkouts alternate within a run, then the script
-                products[str(repo)] = product = run_product(repo, url, args.epochs, scratch)
+                products[str(repo)] = product = run_product(repo, urls[str(repo)], args.epochs, scratch)
                 if data is None:
-                    data = staged_copy(url, product["job_id"], scratch / "data")
+                    data = staged_copy(urls[str(repo)], product["job_id"], scratch / "data")
             assert data is not None
             script = run_script(data, next(iter(products.values()))["runtime"], args.epochs, scratch)
             print(json.dumps({"run": i + 1, "script": script}), flush=True)
