@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import enum
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -28,10 +29,11 @@ from typing import Any, cast
 import pytest
 from pydantic import BaseModel
 
+from tests.conftest import scaled
 from trainjobs.messages import AgentState
 from trainjobs.states import JobStatus
 from trainjobs.str_enum import StrEnum
-from worker.cloud.bootstrap import build_agent_wheel
+from worker.cloud.bootstrap import build_agent_wheel, startup_script
 
 TARGET = (3, 10)
 ELEVEN_ONLY = {
@@ -62,7 +64,7 @@ def _vermin(*paths: Path) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-c", "import sys; from vermin import main; sys.exit(main())",
          f"--target={TARGET[0]}.{TARGET[1]}-", "--violations", "--eval-annotations", "--no-tips",
          "--no-config-file", "--no-parse-comments", "--processes=1", *map(str, paths)],
-        capture_output=True, text=True, timeout=300)
+        capture_output=True, text=True, timeout=scaled(300))
 
 
 def _py_files(root: Path) -> list[Path]:
@@ -129,3 +131,41 @@ def test_the_message_enums_write_and_compare_as_enum_strenum_does(ours: type[Str
         assert Ours.model_validate_json(Theirs(state=twin).model_dump_json()).state is member
     assert Ours.model_json_schema()["$defs"][ours.__name__]["enum"] == \
            Theirs.model_json_schema()["$defs"][ours.__name__]["enum"]
+
+
+# --- the install step of the startup script, on an image whose TensorFlow came with it ---------------
+
+@pytest.mark.parametrize("image_tensorflow", ["tensorflow-tpu", "tensorflow", None])
+def test_the_startup_script_installs_the_wheel_within_the_bounds_of_the_images_tensorflow(
+        tmp_path: Path, image_tensorflow: str | None) -> None:
+    """pip is asked for the wheel and for the image's own TensorFlow distribution at its installed version,
+    so the agent's dependencies are resolved against TensorFlow's bounds instead of upgraded under it."""
+    image = tmp_path / "image-site-packages"  # the VM image's Python: a TensorFlow distribution, or none
+    (image / "tensorflow").mkdir(parents=True)
+    (image / "tensorflow" / "__init__.py").write_text("")
+    if image_tensorflow is not None:
+        info = image / f"{image_tensorflow.replace('-', '_')}-2.18.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {image_tensorflow}\nVersion: 2.18.0\n"
+                                       "Requires-Dist: protobuf<6.0.0dev,>=3.20.3\n")
+        (info / "RECORD").write_text("tensorflow/__init__.py,,\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    # python: the image's interpreter (no site-packages but the image's); `-m` calls are only recorded.
+    (bin_dir / "python").write_text(f'#!/bin/bash\nif [ "$1" = -m ]; then echo "$*" >> {calls}; exit 0; fi\n'
+                                    f'PYTHONPATH={image} exec {sys.executable} -S "$@"\n')
+    (bin_dir / "gcloud").write_text('#!/bin/bash\n: > "$4/trainjobs-0.1.0-py3-none-any.whl"\n')  # storage cp URI DIR/
+    (bin_dir / "curl").write_text('#!/bin/bash\ncase "${@: -1}" in */agent-worker-number) echo 0;; *) exit 22;; esac\n')
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    script = startup_script("gs://b/jobs/j1", "gs://b/agent/abc/trainjobs-0.1.0-py3-none-any.whl")
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "TRAINJOBS_PYTHON": str(bin_dir / "python"),
+           "TMPDIR": str(tmp_path)}
+    out = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=scaled(60))
+    assert out.returncode == 0, out.stderr
+    install, run = calls.read_text().splitlines()
+    pinned = [] if image_tensorflow is None else [f"{image_tensorflow}==2.18.0"]
+    assert install.split()[:4] == ["-m", "pip", "install", "--quiet"]
+    assert install.split()[4].endswith("/trainjobs-0.1.0-py3-none-any.whl") and install.split()[5:] == pinned
+    assert run == "-m worker.agent --job-dir gs://b/jobs/j1 --task-index 0"

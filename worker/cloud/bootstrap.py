@@ -79,6 +79,13 @@ def upload_agent_wheel(bucket: str) -> str:
     return uri
 
 
+# Prints "dist==version" for the distribution(s) that installed the `tensorflow` package (tensorflow,
+# tensorflow-tpu, tensorflow-cpu, ...), nothing if none did. Python 3.10+, as on the images.
+_IMAGE_TENSORFLOW = (
+    'import importlib.metadata as m; '
+    'print(*sorted({d + "==" + m.version(d) for d in m.packages_distributions().get("tensorflow", [])}))')
+
+
 def startup_script(job_dir: str, wheel_uri: str, cluster_uri: str | None = None) -> str:
     """Runs as root on every host at boot. TRAINJOBS_SKIP_INSTALL and TRAINJOBS_METADATA_URL let the fake
     cloud run the same script on this machine (the agent from the checkout, its own metadata server).
@@ -95,8 +102,12 @@ PYTHON="${{TRAINJOBS_PYTHON:-python3}}"
 if [ -z "${{TRAINJOBS_SKIP_INSTALL:-}}" ]; then
   WHEEL_DIR="$(mktemp -d)"
   gcloud storage cp "$AGENT_WHEEL" "$WHEEL_DIR/"
-  # The wheel brings the agent's dependencies but not TensorFlow: the VM image has its own.
-  "$PYTHON" -m pip install --quiet "$WHEEL_DIR"/*.whl
+  # The wheel brings the agent's dependencies but not TensorFlow: the VM image has its own. pip resolves only
+  # what it is asked for, so we name the image's TensorFlow distribution at its installed version too (nothing
+  # is reinstalled): the agent's dependencies then keep within its bounds. Asked for the wheel alone, pip takes
+  # the newest google-cloud-storage, whose protobuf (>=6.33) TensorFlow 2.18 refuses (<6), and upgrades it.
+  IMAGE_TF="$("$PYTHON" -c {shlex.quote(_IMAGE_TENSORFLOW)})"
+  "$PYTHON" -m pip install --quiet "$WHEEL_DIR"/*.whl $IMAGE_TF
 fi
 # Each host of a TPU slice (or VM of a multi-host GPU job) learns its own number from the metadata server.
 METADATA="${{TRAINJOBS_METADATA_URL:-http://metadata.google.internal/computeMetadata/v1}}"
