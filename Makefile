@@ -21,7 +21,7 @@ demo: venv
 # TensorFlow) in one process.
 test: venv
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=15 $(PYTEST_ARGS)
 
 # The agent under the TensorFlow of the default TPU image (trainjobs/tpu_runtimes.py), which is what it
 # trains with on a TPU VM: the VM installs the agent wheel's requirements (worker/cloud/bootstrap.py)
@@ -37,7 +37,7 @@ $(TPU_VENV)/.installed: pyproject.toml
 	touch $@
 
 test-tpu-tf: $(TPU_VENV)/.installed
-	PYTHONPATH=. $(TPU_VENV)/bin/python -m pytest tests/test_agent.py -k "$(TPU_AGENT_TESTS)" $(PYTEST_ARGS)
+	PYTHONPATH=. $(TPU_VENV)/bin/python -m pytest tests/test_agent.py tests/test_agent_runs.py -k "$(TPU_AGENT_TESTS)" $(PYTEST_ARGS)
 
 bench: venv
 	$(PY) bench/claim_bench.py

@@ -75,6 +75,23 @@ def scaled(seconds: float) -> float:
     return seconds * float(os.environ.get("TRAINJOBS_TEST_TIME_SCALE", "1"))
 
 
+# The modules that take longest, longest first (module totals of a durations run; bench/README.md,
+# "Test suite"). `make test` hands whole modules to its two workers in collection order
+# (--dist loadfile --no-loadscope-reorder), so these start first and the many short modules fill in
+# behind them, instead of a long one starting last and running alone. A module not named keeps its
+# place after these; the tests within a module keep their order.
+LONGEST_MODULES = (
+    "test_trainer_matrix.py", "test_agent_runs.py", "test_outages.py", "test_agent.py", "test_gcp_gpu_jobs.py",
+    "test_gcp_tpu_jobs.py", "test_end_to_end.py", "test_cli.py", "test_code_tenancy.py", "test_api_limits.py",
+    "test_staging.py", "test_user_models.py", "test_streaming.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_MODULES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: module order kept within
+
+
 @pytest.fixture(scope="session")
 def gcs_emulator() -> Iterator[GcsEmulator]:
     """One in-memory emulator per test process; STORAGE_EMULATOR_HOST points at it."""

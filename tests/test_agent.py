@@ -5,9 +5,7 @@ only by what it leaves in GCS."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -342,25 +340,6 @@ def test_logs_and_tensorboard_events_are_uploaded(digits_job: dict[str, Any]) ->
 
 
 @pytest.mark.tf
-def test_mixed_float16_job_trains_with_loss_scaling_and_exports_int8(bucket: str, tmp_path: Path) -> None:
-    """Two T4s on the stand-in: mirrored, auto precision float16, so Keras must scale the loss, and
-    the exports must still come out of a float16-trained model."""
-    x, y = digits()
-    dataset = stage(bucket, tmp_path, x, y, 10, val=359, shards=1)
-    job_dir = make_job(bucket, spec(
-        accelerator={"type": "gpu", "gpu_type": "nvidia-tesla-t4", "count": 2}, model={"name": "cnn"},
-        export={"tflite": {"quantization": "int8", "calibration_examples": 50}},
-    ), dataset)
-    rc, out = run_agent(job_dir)
-    assert rc == 0, out[-5000:]
-    runtime = read(job_dir, "status.json")["runtime"]
-    assert (runtime["precision"], runtime["loss_scaling"], runtime["strategy"]) == ("mixed_float16", True, "mirrored")
-    final = read(job_dir, "artifacts/metrics.json")
-    assert final["tflite_accuracy"] == pytest.approx(final["saved_model_accuracy"], abs=0.05)
-    assert final["saved_model_accuracy"] > 0.5
-
-
-@pytest.mark.tf
 @pytest.mark.parametrize(("name", "input_shape"), [
     ("mlp", (4,)), ("cnn", (8, 8)), ("resnet", (8, 8, 1)), ("MobileNetV2", (8, 8, 1)),
 ])
@@ -456,114 +435,5 @@ def test_user_module_failure_is_reported_in_status(bucket: str, tmp_path: Path, 
     assert status["error"]["logs"]
 
 
-def _slow_job(bucket: str, tmp_path: Path, epochs: int, **training: Any) -> tuple[str, dict[str, Any], str]:
-    """Digits repeated, so an epoch lasts seconds: long enough to be interrupted in.
-    Returns (job_id, spec, dataset_uri); the job directory is made for attempt 1."""
-    x, y = digits()
-    dataset = stage(bucket, tmp_path, np.tile(x, (8, 1, 1, 1)), np.tile(y, 8), 10, val=359, shards=2)
-    job_id = str(uuid.uuid4())
-    s = spec(training={"epochs": epochs, "per_replica_batch_size": 16, "learning_rate": 0.003, **training})
-    make_job(bucket, s, dataset, attempt=1, job_id=job_id)
-    return job_id, s, dataset
-
-
-@pytest.mark.tf
-@pytest.mark.parametrize(("schedule", "mid_epoch"), [
-    ({}, False),
-    ({"checkpoint_every_steps": 50}, True),
-], ids=["epoch-end", "mid-epoch"])
-def test_resumes_from_the_last_checkpoint_after_being_killed(bucket: str, tmp_path: Path, schedule: dict[str, Any],
-                                                             mid_epoch: bool) -> None:
-    """Killed once a checkpoint of the awaited kind is in GCS, a second attempt goes on from it and
-    trains exactly the steps an uninterrupted run would have."""
-    job_id, s, dataset = _slow_job(bucket, tmp_path, epochs=3, **schedule)
-    job_dir = storage.JobPaths.for_job(job_id, bucket).root
-
-    def awaited_checkpoint_is_in() -> bool:
-        latest = read(job_dir, "checkpoints/latest.json")
-        return latest is not None and (latest["step"] > 0 or not mid_epoch)
-
-    first = start_agent(job_dir)
-    try:
-        wait_for(awaited_checkpoint_is_in, first)
-    finally:
-        first.kill()  # SIGKILL: nothing gets to clean up, as when a VM vanishes
-        first.wait()
-    assert read(job_dir, "status.json")["state"] == "running"
-    taken = read(job_dir, "checkpoints/latest.json")
-    assert (taken["step"] > 0) == mid_epoch
-
-    make_job(bucket, s, dataset, attempt=2, job_id=job_id)
-    rc, out = run_agent(job_dir)
-    assert rc == 0, out[-5000:]
-    status = read(job_dir, "status.json")
-    assert (status["state"], status["attempt"]) == ("succeeded", 2)
-    runtime = status["runtime"]
-    assert (runtime["initial_epoch"], runtime["initial_step"]) == (taken["epoch"], taken["step"])
-    steps_per_epoch = runtime["steps_per_epoch"]
-    assert taken["global_step"] == taken["epoch"] * steps_per_epoch + taken["step"]
-    history = read(job_dir, "artifacts/history.json")
-    assert [e["epoch"] for e in history] == [1, 2, 3]
-    assert {e["attempt"] for e in history if e["epoch"] <= taken["epoch"]} <= {1}
-    assert {e["attempt"] for e in history if e["epoch"] > taken["epoch"]} == {2}
-    resumed = history[taken["epoch"]]  # the epoch the checkpoint was taken in, or the one after it
-    assert resumed.get("resumed_at_step", 0) == taken["step"]
-    assert resumed["steps"] == steps_per_epoch - taken["step"]
-    final = read(job_dir, "artifacts/metrics.json")
-    assert final["optimizer_iterations"] == 3 * steps_per_epoch
-    assert read(job_dir, "artifacts/manifest.json")
-
-
-@pytest.mark.tf
-def test_two_workers_train_together_and_only_the_chief_writes_artifacts(bucket: str, tmp_path: Path) -> None:
-    from trainjobs.ports import free_port
-
-    x, y = digits()
-    dataset = stage(bucket, tmp_path, x, y, 10, val=359, shards=1)
-    # Mid-epoch checkpoints too: every worker writes them (the writes are collective), the chief uploads.
-    job_dir = make_job(bucket, spec(accelerator={"type": "cpu"}, workers=2, model={"name": "cnn"}, training={
-        "epochs": 2, "per_replica_batch_size": 32, "learning_rate": 0.003, "checkpoint_every_steps": 8,
-    }), dataset)
-    cluster = {"worker": [f"localhost:{free_port()}", f"localhost:{free_port()}"]}
-    procs = [start_agent(job_dir, TRAINJOBS_LOCAL_DEVICES="1",
-                         TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}))
-             for i in range(2)]
-    outs = [p.communicate(timeout=AGENT_TIMEOUT_S)[0].decode(errors="replace") for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
-    chief, other = read(job_dir, "status.json"), read(job_dir, "status-1.json")
-    assert (chief["state"], chief["task_index"], other["state"], other["task_index"]) == ("succeeded", 0, "succeeded", 1)
-    assert chief["runtime"]["strategy"] == "multi_worker_mirrored" and chief["runtime"]["replicas"] == 2
-    assert chief["metrics"]["val_accuracy"] == other["metrics"]["val_accuracy"]  # one model, trained together
-    assert read(job_dir, "artifacts/manifest.json")
-    assert read(job_dir, "checkpoints/latest.json")["global_step"] == 2 * chief["runtime"]["steps_per_epoch"]
-
-
-@pytest.mark.tf
-def test_heartbeat_refreshes_status_while_training(bucket: str, tmp_path: Path) -> None:
-    job_id, _, _ = _slow_job(bucket, tmp_path, epochs=20)
-    job_dir = storage.JobPaths.for_job(job_id, bucket).root
-    proc = start_agent(job_dir)
-    try:
-        wait_for(lambda: (read(job_dir, "status.json") or {}).get("phase") == "training", proc)
-        first = read(job_dir, "status.json")
-        wait_for(lambda: read(job_dir, "status.json")["heartbeat_at"] > first["heartbeat_at"], proc, timeout=scaled(30))
-    finally:
-        proc.kill()
-        proc.wait()
-    assert first["state"] == "running" and first["runtime"]["replicas"] == 2
-
-
-@pytest.mark.tf
-def test_sigterm_reports_terminated_and_exits_143(bucket: str, tmp_path: Path) -> None:
-    job_id, _, _ = _slow_job(bucket, tmp_path, epochs=20)
-    job_dir = storage.JobPaths.for_job(job_id, bucket).root
-    proc = start_agent(job_dir)
-    try:
-        wait_for(lambda: (read(job_dir, "status.json") or {}).get("phase") == "training", proc)
-        proc.send_signal(signal.SIGTERM)
-        rc = proc.wait(timeout=scaled(60))
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert rc == 143
-    assert read(job_dir, "status.json")["state"] == "terminated"
+# The agent's longer runs (resume after a kill, two workers, heartbeat, SIGTERM, mixed_float16) are in
+# test_agent_runs.py, a module of their own so `make test`'s two workers share them.
