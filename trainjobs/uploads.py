@@ -94,8 +94,9 @@ def store_upload(stream: BinaryIO, filename: str, *, project_id: str, kind: Uplo
     b = storage.bucket(bucket)
     incoming = b.blob(f"{INCOMING}{uuid.uuid4().hex}")
     digest, size = hashlib.sha256(), 0
+    out = incoming.open("wb", chunk_size=_CHUNK)
     try:
-        with incoming.open("wb", chunk_size=_CHUNK) as out:
+        with out:
             while chunk := stream.read(_READ):
                 digest.update(chunk)
                 size += len(chunk)
@@ -107,6 +108,12 @@ def store_upload(stream: BinaryIO, filename: str, *, project_id: str, kind: Uplo
             _rewrite(incoming, b.blob(f"{upload_prefix(project_id, sha)}{name}"))
         return sha, size
     finally:
+        if not out.closed:
+            # Its close() failed (storage unreachable) and left the buffer open: io's finalizer would
+            # call close() again whenever the writer is collected, a fresh upload under the storage
+            # client's own 120 s of retries in whichever thread collects it (a request's, or the
+            # next test's). Dropped here instead: nothing of a failed upload is kept anyway.
+            out._buffer.close()
         _delete_quietly(incoming)
 
 
