@@ -299,6 +299,7 @@ class JobDriver:
         # a machine only the label finds.
         for m in self.provisioner.list({LABEL_JOB: str(job.id)}):
             self.provisioner.delete(m.name)
+            metrics.MACHINES_DELETED.inc()
             attempt = m.labels.get(LABEL_ATTEMPT, "")
             self._note(job, None, "deleted_at", name=m.name, attempt=int(attempt) if attempt.isdigit() else job.attempt)
 
@@ -325,7 +326,6 @@ class JobDriver:
             self._noted.add(("", 0, "first_step"))
         except Exception as exc:
             log.warning("job %s: could not record its first step: %s", job.id, _describe(exc))
-            metrics.MACHINES_DELETED.inc()
 
     def _load(self) -> Job | None:
         with transaction(self.factory) as session:
