@@ -113,7 +113,8 @@ def store_upload(stream: BinaryIO, filename: str, *, project_id: str, kind: Uplo
             # call close() again whenever the writer is collected, a fresh upload under the storage
             # client's own 120 s of retries in whichever thread collects it (a request's, or the
             # next test's). Dropped here instead: nothing of a failed upload is kept anyway.
-            out._buffer.close()
+            if (buffer := getattr(out, "_buffer", None)) is not None:  # BlobWriter's own; absent: nothing to drop
+                buffer.close()
         _delete_quietly(incoming)
 
 
