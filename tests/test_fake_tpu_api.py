@@ -23,7 +23,9 @@ PARENT = "/v2/projects/proj/locations/us-central1-a"
 
 
 @pytest.fixture
-def fake(tmp_path: Path) -> Iterator[FakeTpuApi]:
+def fake(tmp_path: Path, gcs_emulator: object) -> Iterator[FakeTpuApi]:
+    # With the emulator, as the fake cloud always runs: the provisioner mints no per-job storage tokens
+    # (which would need Application Default Credentials); tests/test_job_tokens.py covers those.
     with FakeTpuApi(sandbox=tmp_path, timing=Timing(boot_s=0.1, delete_s=0.1)) as api:
         yield api
 

@@ -28,7 +28,8 @@ JOB = "6f1c2a9e-0d4b-4c1e-9a7f-3b2d1e0f9a8c"
 
 
 @pytest.fixture
-def fake(tmp_path: Path) -> Iterator[FakeTpuApi]:
+def fake(tmp_path: Path, gcs_emulator: object) -> Iterator[FakeTpuApi]:
+    # With the emulator, as the fake cloud always runs: no per-job storage tokens (tests/test_job_tokens.py).
     with FakeTpuApi(sandbox=tmp_path, boot=False, timing=Timing(boot_s=0.2, delete_s=0.1)) as api:
         yield api
 

@@ -14,19 +14,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from stack.fakecloud.hosts import FakeHosts
 from stack.fakecloud.server import ApiError
+from stack.fakecloud.server import rfc3339_now as _now
 from trainjobs.catalogue import GPU_TYPES, bundled_gpus
 
 _NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 _FILTER_TERM = re.compile(r'^\(?\s*([a-zA-Z][\w.-]*)\s*=\s*"([^"]*)"\s*\)?$')
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
 @dataclass

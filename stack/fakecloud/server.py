@@ -24,6 +24,13 @@ METADATA_PATH = re.compile(r"^/metadata/([^/]+)/(\d+)/computeMetadata/v1/(.+)$")
 Route = tuple[str, re.Pattern[str], str]  # method, path (group 1: the resource name), action
 
 
+def rfc3339_now() -> str:
+    """Now, as Google's APIs write times (createTime, insertTime): RFC 3339 in UTC with a Z."""
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
 class ApiError(Exception):
     """An error response: HTTP status, google.rpc code name, message, optional ErrorInfo reason."""
 

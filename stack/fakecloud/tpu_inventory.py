@@ -10,11 +10,11 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from stack.fakecloud.hosts import FakeHosts
 from stack.fakecloud.server import ApiError
+from stack.fakecloud.server import rfc3339_now as _now
 from trainjobs.catalogue import TPU_GENERATIONS
 
 NODE_TYPE = "type.googleapis.com/google.cloud.tpu.v2.Node"
@@ -23,10 +23,6 @@ EMPTY_TYPE = "type.googleapis.com/google.protobuf.Empty"
 METADATA_TYPE = "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata"
 _TYPE = re.compile(r"^(v2|v3|v4|v5p|v5litepod|v6e)-(\d+)$")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)s$")
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
 @dataclass
