@@ -221,3 +221,20 @@ def digits_spec(**overrides: object) -> dict:
                   "accelerator": {"type": "cpu", "replicas": 2}, "strategy": "mirrored", "training": {"epochs": 2}}
     spec.update(overrides)
     return spec
+
+
+TERMINAL_STATUSES = {"SUCCEEDED", "FAILED", "CANCELLED"}
+
+
+def wait_for_job(api, job_id: str, until, timeout: float = 60) -> dict:  # type: ignore[no-untyped-def]
+    """Poll the API until `until(job)` holds; fail at once if the job ends another way, or after the
+    (scaled) timeout."""
+    import time
+
+    deadline = time.monotonic() + scaled(timeout)
+    while True:
+        job: dict = api.get(f"/v1/jobs/{job_id}").json()
+        if until(job):
+            return job
+        assert job["status"] not in TERMINAL_STATUSES and time.monotonic() < deadline, job
+        time.sleep(0.2)

@@ -16,6 +16,8 @@ import pytest
 from service.db.session import get_engine
 from stack.fakecloud import FakeComputeApi
 from stack.fakecloud.compute_inventory import ComputeTiming
+from tests.conftest import TERMINAL_STATUSES as TERMINAL
+from tests.conftest import wait_for_job as wait
 from tests.conftest import digits_spec, scaled
 from trainjobs import storage
 from trainjobs.ports import free_port
@@ -30,7 +32,6 @@ from worker.provisioners.gcp_gpu import GceVmProvisioner
 from worker.staging_adapter import GcsStager
 
 ZONE, FALLBACK = "us-central1-a", "us-central1-b"
-TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 
 def gpu_spec(count: int = 2, spot: bool = False, **overrides: Any) -> dict[str, Any]:
@@ -72,16 +73,6 @@ def make_gce(db: Any, bucket: str, tmp_path: Path) -> Iterator[Callable[..., Gce
         if stack.worker is not None:
             stack.worker.shutdown(timeout=10)
         stack.fake.stop()
-
-
-def wait(api: Any, job_id: str, until: Any, timeout: float = 60) -> dict[str, Any]:
-    deadline = time.monotonic() + scaled(timeout)
-    while True:
-        job: dict[str, Any] = api.get(f"/v1/jobs/{job_id}").json()
-        if until(job):
-            return job
-        assert job["status"] not in TERMINAL and time.monotonic() < deadline, job
-        time.sleep(0.2)
 
 
 def wait_for_vms(fake: FakeComputeApi, count: int, status: str = "RUNNING", timeout: float = 60) -> list[str]:

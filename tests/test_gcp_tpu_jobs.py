@@ -15,6 +15,8 @@ import pytest
 from service.db.session import get_engine
 from stack.fakecloud import FakeTpuApi
 from stack.fakecloud.tpu_inventory import Timing
+from tests.conftest import TERMINAL_STATUSES as TERMINAL
+from tests.conftest import wait_for_job as wait
 from tests.conftest import digits_spec, scaled
 from trainjobs import storage
 from trainjobs.spec import JobSpec
@@ -28,7 +30,6 @@ from worker.provisioners.gcp_tpu import TpuVmProvisioner
 from worker.staging_adapter import GcsStager
 
 ZONE = "us-central1-a"
-TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 
 def tpu_spec(spot: bool = False, **overrides: Any) -> dict[str, Any]:
@@ -67,16 +68,6 @@ def make_gcp(db: Any, bucket: str, tmp_path: Path) -> Iterator[Callable[..., Gcp
         if stack.worker is not None:
             stack.worker.shutdown(timeout=10)
         stack.fake.stop()
-
-
-def wait(api: Any, job_id: str, until: Any, timeout: float = 60) -> dict[str, Any]:
-    deadline = time.monotonic() + scaled(timeout)
-    while True:
-        job = api.get(f"/v1/jobs/{job_id}").json()
-        if until(job):
-            return job
-        assert job["status"] not in TERMINAL and time.monotonic() < deadline, job
-        time.sleep(0.2)
 
 
 def wait_for_node(fake: FakeTpuApi, state: str, timeout: float = 60) -> str:
