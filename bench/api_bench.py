@@ -35,6 +35,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import bench_db  # noqa: E402
+
 import httpx  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
@@ -51,33 +53,6 @@ METRICS = {"epoch": 2, "loss": 0.21, "accuracy": 0.94, "val_loss": 0.25, "val_ac
 RUNTIME = {"strategy": "mirrored", "replicas": 2, "precision": "float32", "global_batch_size": 64,
            "learning_rate": 0.001, "steps_per_execution": 4, "notes": ["steps_per_execution auto: 4 (CPU)"]}
 STATUSES = ["SUCCEEDED"] * 16 + ["FAILED", "CANCELLED", "RUNNING", "QUEUED"]
-
-
-def fresh_database(name: str = "trainjobs_apibench", revision: str = "head") -> str:
-    import psycopg
-    from sqlalchemy.engine import make_url
-
-    base = os.environ.get("TRAINJOBS_TEST_DATABASE_URL") or os.environ.get("TRAINJOBS_DATABASE_URL")
-    if base:
-        base = base.replace("postgresql://", "postgresql+psycopg://", 1)
-    else:
-        from stack.embedded import start_embedded_postgres
-
-        base = start_embedded_postgres(Path(tempfile.mkdtemp()) / "pg", database="postgres")
-    admin = make_url(base).set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = make_url(base).set(database=name).render_as_string(hide_password=False)
-    if revision == "head":
-        upgrade(url)
-    else:  # for a --repo checkout whose head is older
-        from alembic import command
-
-        from service.db.session import _alembic_config
-
-        command.upgrade(_alembic_config(url), revision)
-    return url
 
 
 def seed(url: str, project: str, n: int, *, quota: int | None = None, labels: dict[str, str] | None = None) -> str:
@@ -298,11 +273,11 @@ def main() -> None:
     ap.add_argument("--revision", default="head", help="migrate only to this revision (the --repo checkout's head)")
     args = ap.parse_args()
     if args.explain_only:
-        explain_before_after(fresh_database(), args.explain_jobs)
+        explain_before_after(bench_db.fresh_database("trainjobs_apibench"), args.explain_jobs)
         return
     if not shutil.which("wrk"):
         sys.exit("wrk not found: apt-get install wrk")
-    url = fresh_database(revision=args.revision)
+    url = bench_db.fresh_database("trainjobs_apibench", args.revision)
     key = seed(url, "bench", args.jobs)
     post_key = seed(url, "bench-post", 0, quota=1_000_000)
     with get_engine(url).connect() as conn:

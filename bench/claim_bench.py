@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import bench_db  # noqa: E402
 
 import httpx  # noqa: E402
 import psycopg  # noqa: E402
@@ -32,29 +32,11 @@ from sqlalchemy.engine import make_url  # noqa: E402
 
 from service.db import queue  # noqa: E402
 from service.db.projects import create_api_key, ensure_project  # noqa: E402
-from service.db.session import get_engine, session_factory, transaction, upgrade  # noqa: E402
+from service.db.session import get_engine, session_factory, transaction  # noqa: E402
 
 RAW_CLAIM = """UPDATE jobs SET status = 'STAGING', lease_owner = %s, lease_expires_at = now() + interval '60 s'
  WHERE id = (SELECT id FROM jobs WHERE status = 'QUEUED' ORDER BY created_at LIMIT 1 FOR UPDATE SKIP LOCKED)
  RETURNING id"""
-
-
-def fresh_database() -> str:
-    base = os.environ.get("TRAINJOBS_TEST_DATABASE_URL") or os.environ.get("TRAINJOBS_DATABASE_URL")
-    if base:
-        base = base.replace("postgresql://", "postgresql+psycopg://", 1)
-    else:
-        from stack.embedded import start_embedded_postgres
-
-        base = start_embedded_postgres(Path(tempfile.mkdtemp()) / "pg", database="postgres")
-    url = make_url(base).set(database="trainjobs_bench")
-    admin = make_url(base).set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute('DROP DATABASE IF EXISTS "trainjobs_bench" WITH (FORCE)')
-        conn.execute('CREATE DATABASE "trainjobs_bench"')
-    rendered = url.render_as_string(hide_password=False)
-    upgrade(rendered)
-    return rendered
 
 
 def fill_queue(url: str, n: int, per_project: int = 8) -> None:
@@ -167,7 +149,7 @@ def main() -> None:
     ap.add_argument("--jobs-per-project", type=int, default=8,
                     help="claim throughput: jobs (and job quota) per project; --jobs-per-project 2000 puts all in one")
     args = ap.parse_args()
-    url = fresh_database()
+    url = bench_db.fresh_database("trainjobs_bench")
     claims = bench_claims(url, args.jobs, args.threads, args.jobs_per_project)
     dispatch = bench_dispatch(url, args.posts)
     print(json.dumps({"claim_throughput": claims, "dispatch_latency": dispatch}, indent=2))

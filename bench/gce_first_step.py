@@ -29,14 +29,14 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import psycopg  # noqa: E402
-from sqlalchemy.engine import make_url  # noqa: E402
+from bench import bench_db  # noqa: E402
+
 
 from service.db.jobstate import JobStatus  # noqa: E402
 from service.db.jobs import create_job  # noqa: E402
 from service.db.models import Job  # noqa: E402
 from service.db.projects import ensure_project  # noqa: E402
-from service.db.session import get_engine, session_factory, transaction, upgrade  # noqa: E402
+from service.db.session import get_engine, session_factory, transaction  # noqa: E402
 from stack.embedded import start_gcs_emulator, use_emulator  # noqa: E402
 from stack.fakecloud import FakeComputeApi  # noqa: E402
 from trainjobs.spec import JobSpec  # noqa: E402
@@ -52,22 +52,6 @@ from worker.staging_adapter import GcsStager  # noqa: E402
 BUCKET = "trainjobs-gcebench"
 SPEC = {"name": "first-step", "dataset": {"source": "sklearn:digits"}, "model": {"name": "cnn"},
         "accelerator": {"type": "gpu", "gpu_type": "nvidia-l4", "count": 2}, "training": {"epochs": 1}}
-
-
-def fresh_database() -> str:
-    base = os.environ.get("TRAINJOBS_TEST_DATABASE_URL") or os.environ.get("TRAINJOBS_DATABASE_URL")
-    if not base:
-        from stack.embedded import start_embedded_postgres
-
-        base = start_embedded_postgres(Path(tempfile.mkdtemp()) / "pg", database="postgres")
-    base = base.replace("postgresql://", "postgresql+psycopg://", 1)
-    admin = make_url(base).set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute('DROP DATABASE IF EXISTS "trainjobs_gcebench" WITH (FORCE)')
-        conn.execute('CREATE DATABASE "trainjobs_gcebench"')
-    url = make_url(base).set(database="trainjobs_gcebench").render_as_string(hide_password=False)
-    upgrade(url)
-    return url
 
 
 def run_job(url: str, provisioner: Provisioner, scratch: Path) -> dict[str, Any]:
@@ -110,7 +94,7 @@ def main() -> None:
     emulator = start_gcs_emulator(None, bucket=BUCKET)
     use_emulator(emulator, BUCKET)
     os.environ["TRAINJOBS_BUCKET"] = BUCKET
-    url = fresh_database()
+    url = bench_db.fresh_database("trainjobs_gcebench")
     results: dict[str, list[dict[str, Any]]] = {"local": [], "gce": []}
     try:
         for run in range(args.runs):

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import gc
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 from fastapi import FastAPI
 
 from service import errors, metrics, outages
 from service.db.session import check_migrated, get_engine, session_factory
+from service.deps import db_threads
 from service.middleware import AnswerUnexpectedErrors, BodyLimit, BodyLimits
 from service.routes import artifacts, dashboard, datasets, health, jobs, modules
 from trainjobs.uploads import UploadKind, max_upload_bytes, too_large_message
@@ -25,13 +30,24 @@ def body_limit(method: str, path: str) -> BodyLimit:
                                     "send data as a dataset (POST /v1/datasets), not inside the spec")
 
 
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    # What is alive once the app is built (modules, routes, models: hundreds of thousands of objects)
+    # lives as long as the process: frozen out of the collector's reach, a full collection walks only
+    # what requests made. Those collections were a list's p99 (issue 12: 139 ms -> 78 ms).
+    gc.collect()
+    gc.freeze()
+    yield
+
+
 def create_app(database_url: str, *, check_schema: bool = True) -> FastAPI:
     engine = get_engine(database_url, pre_ping=False)  # deps.py retries a request's first statement instead
     if check_schema:
         check_migrated(engine)
-    app = FastAPI(title="trainjobs", version="0.1.0",
+    app = FastAPI(title="trainjobs", version="0.1.0", lifespan=_lifespan,
                   description="Run TensorFlow training jobs on Cloud TPUs and GPU VMs.")
     app.state.session_factory = session_factory(engine)
+    app.state.db_threads = db_threads()  # a bad TRAINJOBS_API_DB_THREADS stops the start, naming it
     errors.install(app)
     outages.install(app)  # 503s, within seconds, while PostgreSQL or storage is down
     # The last added runs first: unexpected errors are answered around everything else.

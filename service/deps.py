@@ -3,20 +3,28 @@
 Each sync dependency costs a hop to the threadpool and back (issue 12 measured three per read, a
 fifth of a primary-key read's time), so what needs no I/O is async, and the jobs routes check the
 key inside the route, in the transaction they work in (project_transaction, KeyCheckedFirst).
+
+The jobs routes' database work runs on a few threads of its own, taken first come first served
+(in_db_thread), not on the 40 of the shared threadpool: 32 requests' threads taking turns at the GIL
+in no order made a primary-key read's p99 5x its median (issue 12; bench/README.md). The shared
+threadpool keeps what may wait on storage (uploads, artifacts, logs), so a slow bucket does not
+hold up reads of the database.
 """
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
+import anyio
+import anyio.to_thread
 from fastapi import Depends, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from sqlalchemy.orm import Session, sessionmaker
-from starlette.concurrency import run_in_threadpool
 
 from service.db.projects import project_for_key
 from service.db.session import retry_if_dropped
@@ -28,7 +36,34 @@ async def get_factory(request: Request) -> sessionmaker[Session]:
     return factory
 
 
-Factory = Annotated[sessionmaker[Session], Depends(get_factory)]
+SessionFactory = sessionmaker[Session]
+Factory = Annotated[SessionFactory, Depends(get_factory)]
+
+T = TypeVar("T")
+# Enough to keep PostgreSQL busy while one of them runs Python (a submit is 5 round trips); more
+# only take turns at the GIL. TRAINJOBS_API_DB_THREADS per server process.
+DEFAULT_DB_THREADS = 4
+
+
+def db_threads() -> int:
+    raw = os.environ.get("TRAINJOBS_API_DB_THREADS", "").strip()
+    try:
+        n = int(raw) if raw else DEFAULT_DB_THREADS
+    except ValueError:
+        raise ValueError(f"TRAINJOBS_API_DB_THREADS={raw!r} is not a whole number") from None
+    if n < 1:
+        raise ValueError(f"TRAINJOBS_API_DB_THREADS={raw!r} must be at least 1")
+    return n
+
+
+async def in_db_thread(request: Request, fn: Callable[..., T], *args: Any) -> T:
+    """fn(*args) on one of the app's database threads; requests wait their turn in arrival order
+    (anyio's CapacityLimiter queues its waiters first in, first out)."""
+    state = request.app.state
+    limiter = getattr(state, "db_limiter", None)
+    if limiter is None:  # made here, in the server's event loop
+        limiter = state.db_limiter = anyio.CapacityLimiter(state.db_threads)
+    return await anyio.to_thread.run_sync(fn, *args, limiter=limiter)
 
 
 def _secret(request: Request) -> str:
@@ -87,7 +122,7 @@ class KeyCheckedFirst(APIRoute):
                 return await handler(request)
             except RequestValidationError:
                 factory = await get_factory(request)
-                await run_in_threadpool(_check_key, factory, _secret(request))
+                await in_db_thread(request, _check_key, factory, _secret(request))
                 raise
 
         return key_first

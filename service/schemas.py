@@ -56,8 +56,9 @@ _JOB_FIELDS = tuple(name for name in JobPublic.model_fields if name != "wait_rea
 
 def job_public(row: Any, wait_reason: str | None) -> dict[str, Any]:
     """A JobPublic's JSON, as a dict for orjson, from a row of service.db.jobs.PUBLIC_COLUMNS (JSON
-    columns as text) or a Job."""
-    out = {name: getattr(row, name) for name in _JOB_FIELDS}
+    columns as text)."""
+    columns = row._mapping  # by name through the mapping: a fifth of getattr's time on a Row
+    out = {name: columns[name] for name in _JOB_FIELDS}
     for name in ("spec", "labels", "metrics", "runtime", "machines"):
         if isinstance(out[name], str):
             out[name] = orjson.Fragment(out[name])

@@ -265,3 +265,57 @@ def test_openapi_declares_every_status_a_route_answers(api_url, method, path, st
     for status in statuses - {"200", "201", "202"}:
         schema = operation["responses"][status]["content"]["application/json"]["schema"]
         assert schema == {"$ref": "#/components/schemas/ErrorResponse"}, (status, schema)
+
+
+# --- the jobs routes' database threads (service/deps.py: in_db_thread) -----------------------------
+
+
+def test_jobs_routes_run_on_their_own_few_threads(db, database_url, monkeypatch):
+    """TRAINJOBS_API_DB_THREADS=2: however many requests arrive at once, two run their database work
+    at a time (the rest wait their turn), and each is answered."""
+    from service.app import create_app
+    from service.db import jobs as jobdata
+    from tests.conftest import make_key
+
+    monkeypatch.setenv("TRAINJOBS_API_DB_THREADS", "2")
+    app = create_app(database_url)
+    lock, running, most = threading.Lock(), [0], [0]
+    real = jobdata.list_jobs
+
+    def counted(session, project_id, **kw):  # type: ignore[no-untyped-def]
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.05)
+        try:
+            return real(session, project_id, **kw)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(jobdata, "list_jobs", counted)
+    key = make_key(db, "threads")
+    with _serve(app) as url:
+        first = httpx.get(f"{url}/v1/jobs?limit=1", headers={"Authorization": f"Bearer {key}"})  # starts the pool
+        assert first.status_code == 200
+        answers: dict[int, int] = {}
+
+        def get(limit: int) -> None:
+            answers[limit] = httpx.get(f"{url}/v1/jobs?limit={limit}", headers={"Authorization": f"Bearer {key}"},
+                                       timeout=scaled(30)).status_code
+
+        threads = [threading.Thread(target=get, args=(n,)) for n in range(2, 14)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert answers == {n: 200 for n in range(2, 14)}
+    assert most[0] == 2
+
+
+def test_a_bad_db_threads_setting_stops_the_start_naming_it(database_url, monkeypatch):
+    from service.app import create_app
+
+    monkeypatch.setenv("TRAINJOBS_API_DB_THREADS", "0")
+    with pytest.raises(ValueError, match="TRAINJOBS_API_DB_THREADS"):
+        create_app(database_url)

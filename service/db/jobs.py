@@ -8,13 +8,15 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Row, Text, bindparam, cast, func, literal_column, select, text, tuple_
+import orjson
+from sqlalchemy import (
+    ColumnElement, Row, Select, Text, bindparam, cast, func, literal, literal_column, select, text, true, tuple_,
+)
 from sqlalchemy.dialects.postgresql import JSONB, array, insert
 from sqlalchemy.orm import Session
 
-from service.db import queue
-from service.db.jobstate import CANCELLABLE, JobStatus, clean_text, transition
-from service.db.models import IdempotencyKey, Job, JobEvent
+from service.db.jobstate import CANCELLABLE, NOTIFY_QUEUED, JobStatus, clean_text, transition
+from service.db.models import JOB_STATUS, IdempotencyKey, Job, JobEvent
 
 
 class IdempotencyConflict(Exception):
@@ -32,46 +34,46 @@ class BadCursor(ValueError):
 def create_job(
     session: Session, project_id: uuid.UUID, spec: dict[str, Any], *, idempotency_key: str | None, request_hash: bytes,
     accelerators: int = 0,
-) -> tuple[Job, bool]:
+) -> tuple[Row[Any], bool]:
     """Insert a queued job; with an idempotency key, return the first job made with it instead.
     `accelerators` is what it will count against its project's quota (quotas.job_accelerators).
-    Returns (job, created)."""
+    Returns (job, created): job is a row of PUBLIC_COLUMNS plus, for a created job, `ahead_jobs` and
+    `ahead_accelerators` (quotas.Ahead: the project's queued jobs before it)."""
     if idempotency_key is not None and (job := _job_for_key(session, project_id, idempotency_key, request_hash)):
         return job, False
     # With a key, a savepoint, so that losing the race for it undoes only our job row, not the caller's
     # transaction. Without one there is no race to lose, and no savepoint's two round trips to pay.
     savepoint = session.begin_nested() if idempotency_key is not None else None
-    job = Job(id=uuid.uuid4(), project_id=project_id, name=spec["name"], spec=spec, labels=spec.get("labels", {}),
-              status=JobStatus.QUEUED, attempt=0, accelerators=accelerators)
-    session.add(job)
-    session.flush()
-    session.add(JobEvent(job_id=job.id, from_status=None, to_status=JobStatus.QUEUED, reason="submitted"))
+    job_id = uuid.uuid4()
+    job = session.execute(_SUBMIT, {
+        "id": job_id, "project": project_id, "name": spec["name"], "spec": orjson.dumps(spec).decode(),
+        "labels": orjson.dumps(spec.get("labels", {})).decode(), "accelerators": accelerators,
+        "event_reason": "submitted", "channel": NOTIFY_QUEUED, "notify_id": str(job_id),
+    }).one()
     if idempotency_key is not None:
         # ON CONFLICT waits for a concurrent inserter of the same key to commit, then does nothing:
         # exactly one of two racing requests creates the job.
         won = session.execute(
             insert(IdempotencyKey).values(project_id=project_id, key=idempotency_key, request_hash=request_hash,
-                                          job_id=job.id).on_conflict_do_nothing().returning(IdempotencyKey.key)
+                                          job_id=job_id).on_conflict_do_nothing().returning(IdempotencyKey.key)
         ).first()
+        assert savepoint is not None
         if won is None:
-            assert savepoint is not None
             savepoint.rollback()
             winner = _job_for_key(session, project_id, idempotency_key, request_hash)
             assert winner is not None
             return winner, False
-    queue.notify_queued(session, job.id)
-    if savepoint is not None:
         savepoint.commit()
     return job, True
 
 
-def _job_for_key(session: Session, project_id: uuid.UUID, key: str, request_hash: bytes) -> Job | None:
+def _job_for_key(session: Session, project_id: uuid.UUID, key: str, request_hash: bytes) -> Row[Any] | None:
     row = session.get(IdempotencyKey, (project_id, key))
     if row is None:
         return None
     if row.request_hash != request_hash:
         raise IdempotencyConflict(f"Idempotency-Key {key!r} was already used with a different request body")
-    return session.get(Job, row.job_id)
+    return get_job_row(session, project_id, row.job_id)
 
 
 def get_job(session: Session, project_id: uuid.UUID, job_id: uuid.UUID, *, lock: bool = False) -> Job | None:
@@ -97,6 +99,33 @@ PUBLIC_COLUMNS = [cast(c, Text).label(c.name) if c.name in _JSON_TEXT else c
 def get_job_row(session: Session, project_id: uuid.UUID, job_id: uuid.UUID) -> Row[Any] | None:
     """The job's public columns (PUBLIC_COLUMNS), JSON columns as text; None when not this project's."""
     return session.execute(select(*PUBLIC_COLUMNS).where(_jobs.id == job_id, _jobs.project_id == project_id)).first()
+
+
+def _submit_statement() -> Select[Any]:
+    """A submit in one round trip: the job row, its first event, the NOTIFY that wakes a worker
+    (delivered at commit, so a woken worker always finds the row), and how many of the project's
+    queued jobs are ahead of it (quotas.Ahead, by the claim's order). Before (issue 12) this was the
+    ORM's unit of work and four statements more."""
+    values = {"id": bindparam("id"), "project_id": bindparam("project"), "name": bindparam("name"),
+              "spec": cast(bindparam("spec", type_=Text), JSONB), "labels": cast(bindparam("labels", type_=Text), JSONB),
+              "status": JobStatus.QUEUED, "attempt": 0, "accelerators": bindparam("accelerators")}
+    job = insert(Job).values(values).returning(*_jobs).cte("job")
+    event = insert(JobEvent).from_select(
+        ["job_id", "to_status", "reason"],
+        select(job.c.id, literal(JobStatus.QUEUED, JOB_STATUS), bindparam("event_reason"))).cte("event")
+    queued = Job.__table__.alias("queued")
+    ahead = select(func.count().label("ahead_jobs"),
+                   func.coalesce(func.sum(queued.c.accelerators), 0).label("ahead_accelerators")).where(
+        queued.c.project_id == job.c.project_id, queued.c.status == JobStatus.QUEUED,
+        tuple_(queued.c.created_at, queued.c.id) < tuple_(job.c.created_at, job.c.id)).lateral("ahead")
+    columns = [cast(job.c[c.name], Text).label(c.name) if c.name in _JSON_TEXT else job.c[c.name]
+               for c in PUBLIC_COLUMNS]
+    return (select(*columns, ahead.c.ahead_jobs, ahead.c.ahead_accelerators,
+                   func.pg_notify(bindparam("channel"), bindparam("notify_id")).label("notified"))
+            .select_from(job.join(ahead, true())).add_cte(event))
+
+
+_SUBMIT = _submit_statement()
 
 
 def encode_cursor(job: Job | Row[Any]) -> str:
@@ -147,16 +176,16 @@ def list_jobs(
     newest_first = (_jobs.created_at.desc(), _jobs.id.desc())
     page = select(*PUBLIC_COLUMNS).order_by(*newest_first).limit(limit + 1)
     if not labels:
-        jobs = list(session.execute(page.where(*where)))
+        jobs = list(session.execute(page.where(*where)).all())
     else:
         walk = select(_jobs.id, _jobs.created_at, _jobs.labels).where(*where).order_by(*newest_first) \
             .limit(LABEL_WALK_ROWS).subquery()
         hits = select(walk.c.id).where(walk.c.labels.contains(labels)) \
             .order_by(walk.c.created_at.desc(), walk.c.id.desc()).limit(limit + 1)
-        jobs = list(session.execute(page.where(_jobs.id.in_(hits.scalar_subquery()))))
+        jobs = list(session.execute(page.where(_jobs.id.in_(hits.scalar_subquery()))).all())
         if len(jobs) <= limit:
             indexed = labels_in_project(_jobs.project_id, _jobs.labels).contains(labels_in_project(project_id, labels))
-            jobs = list(session.execute(page.where(*where, indexed)))
+            jobs = list(session.execute(page.where(*where, indexed)).all())
     next_cursor = encode_cursor(jobs[limit - 1]) if len(jobs) > limit else None
     return jobs[:limit], next_cursor
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, text
 from sqlalchemy.orm import Session
 
-from service.db.jobstate import CLAIM_MOVES, NOTIFY_QUEUED, JobStatus, claim_target_sql
+from service.db.jobstate import CLAIM_MOVES, JobStatus, claim_target_sql
 from service.db.quotas import HOLDING_RANGE_SQL, QuotaDefaults
 
 _TAKEOVER_STATUSES = ", ".join(f"'{s.value}'" for s in CLAIM_MOVES if s != JobStatus.QUEUED)
@@ -169,7 +169,3 @@ def release_lease(session: Session, job_id: uuid.UUID, owner: str) -> None:
         {"id": job_id, "owner": owner},
     )
 
-
-def notify_queued(session: Session, job_id: uuid.UUID) -> None:
-    # Delivered at commit, so a woken worker always finds the row.
-    session.execute(text("SELECT pg_notify(:channel, :id)"), {"channel": NOTIFY_QUEUED, "id": str(job_id)})

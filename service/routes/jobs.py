@@ -7,29 +7,23 @@ import json
 import uuid
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 
 from service.db import jobs as data
 from service.db import quotas
 from service.db.jobstate import JobStatus
-from service.deps import ApiSecret, Factory, KeyCheckedFirst, project_transaction
+from service.deps import ApiSecret, Factory, KeyCheckedFirst, SessionFactory, in_db_thread, project_transaction
 from service.errors import ApiError
 from service.limits import JobSizeLimits, beyond_project_quota
 from service.schemas import (
-    AUTHED,
-    EventList,
-    EventPublic,
-    JobList,
-    JobPublic,
-    error_responses,
-    job_public,
-    json_response,
+    AUTHED, EventList, EventPublic, JobList, JobPublic, error_responses, job_public, json_response,
 )
 from service.sources import check_job_sources
 from trainjobs.spec import JobSpec, label_problem
 
-# Each route checks its key in the transaction it works in (project_transaction): one threadpool hop
-# and one transaction per request. KeyCheckedFirst keeps an unknown key a 401 before a 422.
+# Each route checks its key in the transaction it works in (project_transaction): one thread hop and
+# one transaction per request, on the API's few database threads, first come first served
+# (deps.in_db_thread). KeyCheckedFirst keeps an unknown key a 401 before a 422.
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=KeyCheckedFirst)
 
 
@@ -41,14 +35,20 @@ def _not_found(job_id: uuid.UUID) -> ApiError:
 @router.post("", status_code=201, response_model=JobPublic, responses={
     200: {"model": JobPublic, "description": "Replayed: this Idempotency-Key already made the job"},
     **error_responses(*AUTHED, 400, 409, 413)})
-def submit_job(
-    spec: JobSpec, secret: ApiSecret, factory: Factory,
+async def submit_job(
+    request: Request, spec: JobSpec, secret: ApiSecret, factory: Factory,
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
 ) -> Response:
     if refusals := JobSizeLimits.from_env().refusals(spec):
         raise ApiError(422, "; ".join(f"{d['field']}: {d['reason']}" for d in refusals), "invalid_spec", refusals)
+    return await in_db_thread(request, _submit, spec, secret, factory, idempotency_key)
+
+
+def _submit(spec: JobSpec, secret: str, factory: SessionFactory, idempotency_key: str | None) -> Response:
     body = spec.model_dump(mode="json")
-    request_hash = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).digest()  # as stored: keep it
+    # What a replay is compared by, as stored: keep its form. Only a keyed submit can be replayed.
+    request_hash = b"" if idempotency_key is None else \
+        hashlib.sha256(json.dumps(body, sort_keys=True).encode()).digest()
     accelerators = quotas.job_accelerators(spec)
     try:
         with project_transaction(factory, secret) as (project, session):
@@ -58,7 +58,11 @@ def submit_job(
                 raise ApiError(422, refusal["reason"], "over_quota", [refusal])
             job, created = data.create_job(session, project, body, idempotency_key=idempotency_key,
                                            request_hash=request_hash, accelerators=accelerators)
-            out = job_public(job, quotas.wait_reasons(session, project, [job], usage).get(job.id))
+            if created:  # the insert counted the queued jobs ahead of it
+                reason = usage.wait_reason(accelerators, quotas.Ahead(job.ahead_jobs, job.ahead_accelerators))
+            else:
+                reason = quotas.wait_reasons(session, project, [job], usage).get(job.id)
+            out = job_public(job, reason)
     except data.IdempotencyConflict as exc:
         raise ApiError(409, str(exc), "idempotency_conflict") from exc
     headers = {"Location": f"/v1/jobs/{job.id}"}
@@ -68,7 +72,11 @@ def submit_job(
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=error_responses(*AUTHED, 404))
-def get_job(job_id: uuid.UUID, secret: ApiSecret, factory: Factory) -> Response:
+async def get_job(request: Request, job_id: uuid.UUID, secret: ApiSecret, factory: Factory) -> Response:
+    return await in_db_thread(request, _get, job_id, secret, factory)
+
+
+def _get(job_id: uuid.UUID, secret: str, factory: SessionFactory) -> Response:
     with project_transaction(factory, secret) as (project, session):
         job = data.get_job_row(session, project, job_id)
         if job is None:
@@ -78,8 +86,8 @@ def get_job(job_id: uuid.UUID, secret: ApiSecret, factory: Factory) -> Response:
 
 
 @router.get("", response_model=JobList, responses=error_responses(*AUTHED))
-def list_jobs(
-    secret: ApiSecret, factory: Factory,
+async def list_jobs(
+    request: Request, secret: ApiSecret, factory: Factory,
     status: Annotated[list[JobStatus] | None, Query()] = None,
     label: Annotated[list[str] | None, Query(description="key=value; repeat to require several")] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
@@ -95,9 +103,14 @@ def list_jobs(
         if problem := label_problem(key, value):
             raise ApiError(422, f"label filter: {problem}", "invalid_request", [{"field": "label", "reason": problem}])
         labels[key] = value
+    return await in_db_thread(request, _list, secret, factory, status or [], labels, limit, cursor)
+
+
+def _list(secret: str, factory: SessionFactory, statuses: list[JobStatus], labels: dict[str, str], limit: int,
+          cursor: str | None) -> Response:
     try:
         with project_transaction(factory, secret) as (project, session):
-            jobs, next_cursor = data.list_jobs(session, project, statuses=status or [], labels=labels, limit=limit,
+            jobs, next_cursor = data.list_jobs(session, project, statuses=statuses, labels=labels, limit=limit,
                                                cursor=cursor)
             reasons = quotas.wait_reasons(session, project, jobs)
     except data.BadCursor as exc:
@@ -107,7 +120,11 @@ def list_jobs(
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobPublic,
              responses=error_responses(*AUTHED, 404, 409))
-def cancel_job(job_id: uuid.UUID, secret: ApiSecret, factory: Factory) -> JobPublic:
+async def cancel_job(request: Request, job_id: uuid.UUID, secret: ApiSecret, factory: Factory) -> JobPublic:
+    return await in_db_thread(request, _cancel, job_id, secret, factory)
+
+
+def _cancel(job_id: uuid.UUID, secret: str, factory: SessionFactory) -> JobPublic:
     try:
         with project_transaction(factory, secret) as (project, session):
             job = data.request_cancel(session, project, job_id)
@@ -119,7 +136,11 @@ def cancel_job(job_id: uuid.UUID, secret: ApiSecret, factory: Factory) -> JobPub
 
 
 @router.get("/{job_id}/events", response_model=EventList, responses=error_responses(*AUTHED, 404))
-def job_events(job_id: uuid.UUID, secret: ApiSecret, factory: Factory) -> EventList:
+async def job_events(request: Request, job_id: uuid.UUID, secret: ApiSecret, factory: Factory) -> EventList:
+    return await in_db_thread(request, _events, job_id, secret, factory)
+
+
+def _events(job_id: uuid.UUID, secret: str, factory: SessionFactory) -> EventList:
     with project_transaction(factory, secret) as (project, session):
         if data.get_job(session, project, job_id) is None:
             raise _not_found(job_id)
