@@ -6,7 +6,9 @@ machine load that drifts over the minutes hits both sides alike:
   GET  /v1/jobs/{id}        a RUNNING job (what a dashboard polls) vs the bare app's GET /jobs/{id}
   POST /v1/jobs             a small spec (sklearn:digits, cnn), into a project emptied before each run
   GET  /v1/jobs?limit=50    the newest page of a project holding --jobs jobs
-with `trainjobs api --workers 1` and then `--workers 2`.
+with `trainjobs api --workers 1` and then `--workers 2`. Then the list and POST again at the goals' rates
+(150/s and 250/s, offered by 32 clients that pause between requests: wrk's delay()), for their p99 at
+that load rather than at saturation.
 
 --explain: also seeds --explain-jobs jobs into one project and prints EXPLAIN (ANALYZE, BUFFERS) of
 the list query with no filter, a status filter, a label filter and both (bench/README.md).
@@ -52,6 +54,7 @@ METRICS = {"epoch": 2, "loss": 0.21, "accuracy": 0.94, "val_loss": 0.25, "val_ac
            "examples_per_sec": 14000.0, "step_time_ms": 2.1, "input_wait_fraction": 0.02}
 RUNTIME = {"strategy": "mirrored", "replicas": 2, "precision": "float32", "global_batch_size": 64,
            "learning_rate": 0.001, "steps_per_execution": 4, "notes": ["steps_per_execution auto: 4 (CPU)"]}
+POST_RATE, LIST_RATE = 250, 150  # issue 12's throughput goals, offered paced for the p99 at that load
 STATUSES = ["SUCCEEDED"] * 16 + ["FAILED", "CANCELLED", "RUNNING", "QUEUED"]
 
 
@@ -165,11 +168,27 @@ def profile(pid: int, seconds: int, run_load) -> list[str]:  # type: ignore[no-u
     return out
 
 
-def post_script(tmp: Path) -> str:
-    path = tmp / "post.lua"
+def post_script(tmp: Path, paced_rps: float | None = None) -> str:
+    path = tmp / ("post.lua" if paced_rps is None else f"post-{paced_rps:g}.lua")
     body = json.dumps(SPEC).replace("\\", "\\\\").replace("'", "\\'")
-    path.write_text(f"wrk.method = 'POST'\nwrk.body = '{body}'\nwrk.headers['Content-Type'] = 'application/json'\n")
+    path.write_text(f"wrk.method = 'POST'\nwrk.body = '{body}'\nwrk.headers['Content-Type'] = 'application/json'\n"
+                    + _pace(paced_rps))
     return str(path)
+
+
+def paced_script(tmp: Path, paced_rps: float) -> str:
+    path = tmp / f"get-{paced_rps:g}.lua"
+    path.write_text(_pace(paced_rps))
+    return str(path)
+
+
+def _pace(rps: float | None) -> str:
+    """32 clients that each wait between requests so that together they send about `rps` a second
+    (wrk's delay(); a little under 32/rps each, as the answer's own time adds to it): latency at a
+    given load rather than at saturation."""
+    if rps is None:
+        return ""
+    return f"function delay() return {int(32000 / rps * 0.8)} end\n"
 
 
 LIST_FILTERS: dict[str, tuple[list[str], dict[str, str]]] = {
@@ -327,6 +346,11 @@ def main() -> None:
                         conn.execute(text("DELETE FROM jobs WHERE project_id = "
                                           "(SELECT id FROM projects WHERE name = 'bench-post')"))
                     record(f"w{workers} POST /v1/jobs", wrk(f"{base}/v1/jobs", post_key, args.duration, post))
+                    # The goals' rates (issue 12: POST 250/s, list 150/s), offered by 32 clients.
+                    record(f"w{workers} list @{LIST_RATE}/s", wrk(f"{base}/v1/jobs?limit=50", key, args.duration,
+                                                              paced_script(tmp, LIST_RATE)))
+                    record(f"w{workers} POST @{POST_RATE}/s", wrk(f"{base}/v1/jobs", post_key, args.duration,
+                                                              post_script(tmp, POST_RATE)))
             finally:
                 stop(ours)
     finally:

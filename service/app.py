@@ -47,6 +47,7 @@ def create_app(database_url: str, *, check_schema: bool = True) -> FastAPI:
     app = FastAPI(title="trainjobs", version="0.1.0", lifespan=_lifespan,
                   description="Run TensorFlow training jobs on Cloud TPUs and GPU VMs.")
     app.state.session_factory = session_factory(engine)
+    app.state.read_factory = session_factory(engine.execution_options(isolation_level="AUTOCOMMIT"))  # same pool
     app.state.db_threads = db_threads()  # a bad TRAINJOBS_API_DB_THREADS stops the start, naming it
     errors.install(app)
     outages.install(app)  # 503s, within seconds, while PostgreSQL or storage is down

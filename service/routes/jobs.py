@@ -12,7 +12,9 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from service.db import jobs as data
 from service.db import quotas
 from service.db.jobstate import JobStatus
-from service.deps import ApiSecret, Factory, KeyCheckedFirst, SessionFactory, in_db_thread, project_transaction
+from service.deps import (
+    ApiSecret, Factory, KeyCheckedFirst, ReadFactory, SessionFactory, in_db_thread, project_transaction,
+)
 from service.errors import ApiError
 from service.limits import JobSizeLimits, beyond_project_quota
 from service.schemas import (
@@ -72,7 +74,7 @@ def _submit(spec: JobSpec, secret: str, factory: SessionFactory, idempotency_key
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=error_responses(*AUTHED, 404))
-async def get_job(request: Request, job_id: uuid.UUID, secret: ApiSecret, factory: Factory) -> Response:
+async def get_job(request: Request, job_id: uuid.UUID, secret: ApiSecret, factory: ReadFactory) -> Response:
     return await in_db_thread(request, _get, job_id, secret, factory)
 
 
@@ -87,7 +89,7 @@ def _get(job_id: uuid.UUID, secret: str, factory: SessionFactory) -> Response:
 
 @router.get("", response_model=JobList, responses=error_responses(*AUTHED))
 async def list_jobs(
-    request: Request, secret: ApiSecret, factory: Factory,
+    request: Request, secret: ApiSecret, factory: ReadFactory,
     status: Annotated[list[JobStatus] | None, Query()] = None,
     label: Annotated[list[str] | None, Query(description="key=value; repeat to require several")] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
@@ -136,7 +138,7 @@ def _cancel(job_id: uuid.UUID, secret: str, factory: SessionFactory) -> JobPubli
 
 
 @router.get("/{job_id}/events", response_model=EventList, responses=error_responses(*AUTHED, 404))
-async def job_events(request: Request, job_id: uuid.UUID, secret: ApiSecret, factory: Factory) -> EventList:
+async def job_events(request: Request, job_id: uuid.UUID, secret: ApiSecret, factory: ReadFactory) -> EventList:
     return await in_db_thread(request, _events, job_id, secret, factory)
 
 
