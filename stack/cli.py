@@ -186,7 +186,21 @@ def projects_set_quota(name: str, max_running_jobs: int | str | None, max_accele
                f"{usage.accelerators_in_use} of {usage.max_accelerators} accelerators in use")
 
 
-def _serve_api(url: str, host: str, port: int) -> uvicorn.Server:
+class _ApiThread:
+    """uvicorn serving the API from a thread of this process (`api` with one process, and `up`)."""
+
+    def __init__(self, server: uvicorn.Server, thread: threading.Thread) -> None:
+        self.server, self.thread = server, thread
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop serving and wait for the server's thread: a daemon thread still running its event loop
+        (uvloop) while the interpreter finalizes can crash the process on its way out (seen: `up`
+        exiting with SIGSEGV after it had stopped everything)."""
+        self.server.should_exit = True
+        self.thread.join(timeout)
+
+
+def _serve_api(url: str, host: str, port: int) -> _ApiThread:
     import uvicorn
 
     from service.app import create_app
@@ -202,7 +216,7 @@ def _serve_api(url: str, host: str, port: int) -> uvicorn.Server:
         time.sleep(0.02)
     if not thread.is_alive():
         raise click.ClickException(f"API failed to start on {host}:{port}")
-    return server
+    return _ApiThread(server, thread)
 
 
 def _make_worker(url: str, data_dir: Path, provisioner: str, concurrency: int, devices: int,
@@ -262,7 +276,7 @@ def api(host: str, port: int, workers: int, data_dir: Path, migrate: bool) -> No
     click.echo(f"API on http://{host}:{port} (docs at /docs)" + (f", {workers} processes" if workers > 1 else ""))
     if workers == 1:
         _wait_for_signal()
-        server.should_exit = True
+        server.stop()
         return
     import os
 
@@ -368,7 +382,7 @@ def up(host: str, port: int, data_dir: Path, provisioner: str, concurrency: int,
         _wait_for_signal()
         _say("stopping: worker, API, local machines, storage, database")
         w.shutdown()
-        server.should_exit = True
+        server.stop()
         if provisioner == "local":
             _delete_local_machines(data_dir)
     finally:

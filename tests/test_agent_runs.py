@@ -52,7 +52,7 @@ def test_resumes_from_the_last_checkpoint_after_being_killed(bucket: str, slow_d
                                                              schedule: dict[str, Any], mid_epoch: bool) -> None:
     """Killed once a checkpoint of the awaited kind is in GCS, a second attempt goes on from it and
     trains exactly the steps an uninterrupted run would have."""
-    job_id, s = _slow_job(bucket, slow_dataset, epochs=3, **schedule)
+    job_id, s = _slow_job(bucket, slow_dataset, epochs=2, **schedule)
     job_dir = storage.JobPaths.for_job(job_id, bucket).root
 
     def awaited_checkpoint_is_in() -> bool:
@@ -79,14 +79,14 @@ def test_resumes_from_the_last_checkpoint_after_being_killed(bucket: str, slow_d
     steps_per_epoch = runtime["steps_per_epoch"]
     assert taken["global_step"] == taken["epoch"] * steps_per_epoch + taken["step"]
     history = read(job_dir, "artifacts/history.json")
-    assert [e["epoch"] for e in history] == [1, 2, 3]
+    assert [e["epoch"] for e in history] == [1, 2]
     assert {e["attempt"] for e in history if e["epoch"] <= taken["epoch"]} <= {1}
     assert {e["attempt"] for e in history if e["epoch"] > taken["epoch"]} == {2}
     resumed = history[taken["epoch"]]  # the epoch the checkpoint was taken in, or the one after it
     assert resumed.get("resumed_at_step", 0) == taken["step"]
     assert resumed["steps"] == steps_per_epoch - taken["step"]
     final = read(job_dir, "artifacts/metrics.json")
-    assert final["optimizer_iterations"] == 3 * steps_per_epoch
+    assert final["optimizer_iterations"] == 2 * steps_per_epoch
     assert read(job_dir, "artifacts/manifest.json")
 
 
