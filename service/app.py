@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from service import errors, metrics, outages
-from service.db.session import check_migrated, get_engine, session_factory
+from service.db.session import POOL_TIMEOUT_S, check_migrated, get_engine, session_factory
 from service.deps import db_threads
 from service.middleware import AnswerUnexpectedErrors, BodyLimit, BodyLimits
 from service.routes import artifacts, dashboard, datasets, health, jobs, modules
@@ -49,6 +49,7 @@ def create_app(database_url: str, *, check_schema: bool = True) -> FastAPI:
     app.state.session_factory = session_factory(engine)
     app.state.read_factory = session_factory(engine.execution_options(isolation_level="AUTOCOMMIT"))  # same pool
     app.state.db_threads = db_threads()  # a bad TRAINJOBS_API_DB_THREADS stops the start, naming it
+    app.state.db_wait_s = POOL_TIMEOUT_S  # longest wait for a database turn before a 503 (deps.in_db_thread)
     errors.install(app)
     outages.install(app)  # 503s, within seconds, while PostgreSQL or storage is down
     # The last added runs first: unexpected errors are answered around everything else.

@@ -27,7 +27,7 @@ from fastapi.routing import APIRoute
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.db.projects import project_for_key
-from service.db.session import retry_if_dropped
+from service.db.session import PoolTimeout, retry_if_dropped
 from service.errors import ApiError
 
 
@@ -68,13 +68,24 @@ def db_threads() -> int:
 
 
 async def in_db_thread(request: Request, fn: Callable[..., T], *args: Any) -> T:
-    """fn(*args) on one of the app's database threads; requests wait their turn in arrival order
-    (anyio's CapacityLimiter queues its waiters first in, first out)."""
+    """fn(*args) once one of the app's database turns is free; requests wait for theirs in arrival
+    order (anyio's CapacityLimiter queues its waiters first in, first out). A request that waits
+    longer than the pool would (POOL_TIMEOUT_S) is answered 503, as when the pool is exhausted: with
+    the database hanging, each turn can take the connect timeout, and the queue must not hold
+    requests for minutes (issue 8: a 503 within seconds)."""
     state = request.app.state
-    limiter = getattr(state, "db_limiter", None)
-    if limiter is None:  # made here, in the server's event loop
-        limiter = state.db_limiter = anyio.CapacityLimiter(state.db_threads)
-    return await anyio.to_thread.run_sync(fn, *args, limiter=limiter)
+    turns = getattr(state, "db_turns", None)
+    if turns is None:  # made here, in the server's event loop
+        turns = state.db_turns = anyio.CapacityLimiter(state.db_threads)
+    with anyio.move_on_after(state.db_wait_s) as waited:
+        await turns.acquire()
+    if waited.cancelled_caught:
+        raise PoolTimeout(f"no database turn free in {state.db_wait_s:g} s")
+    try:
+        # The shared threadpool's threads: the turns already bound how many run database work.
+        return await anyio.to_thread.run_sync(fn, *args)
+    finally:
+        turns.release()
 
 
 def _secret(request: Request) -> str:

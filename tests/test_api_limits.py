@@ -319,3 +319,42 @@ def test_a_bad_db_threads_setting_stops_the_start_naming_it(database_url, monkey
     monkeypatch.setenv("TRAINJOBS_API_DB_THREADS", "0")
     with pytest.raises(ValueError, match="TRAINJOBS_API_DB_THREADS"):
         create_app(database_url)
+
+
+def test_a_request_that_waits_too_long_for_a_database_turn_is_a_503(db, database_url, monkeypatch):
+    """With the database hanging, each turn can last the connect timeout; a request queued behind
+    them gets a 503 after the pool's wait, not minutes later."""
+    from service.app import create_app
+    from service.db import jobs as jobdata
+    from tests.conftest import make_key
+
+    monkeypatch.setenv("TRAINJOBS_API_DB_THREADS", "1")
+    app = create_app(database_url)
+    app.state.db_wait_s = 0.5
+    real = jobdata.list_jobs
+    hang = threading.Event()
+
+    def slow(session, project_id, **kw):  # type: ignore[no-untyped-def]
+        if hang.is_set():
+            time.sleep(scaled(3))
+        return real(session, project_id, **kw)
+
+    monkeypatch.setattr(jobdata, "list_jobs", slow)
+    key = make_key(db, "turns")
+    headers = {"Authorization": f"Bearer {key}"}
+    with _serve(app) as url:
+        assert httpx.get(f"{url}/v1/jobs", headers=headers).status_code == 200
+        hang.set()
+        first: list[int] = []
+        holder = threading.Thread(target=lambda: first.append(
+            httpx.get(f"{url}/v1/jobs", headers=headers, timeout=scaled(30)).status_code))
+        holder.start()
+        time.sleep(scaled(0.5))  # the first request holds the only turn
+        started = time.monotonic()
+        queued = httpx.get(f"{url}/v1/jobs", headers=headers, timeout=scaled(30))
+        waited = time.monotonic() - started
+        holder.join()
+    assert first == [200]
+    assert queued.status_code == 503 and "database" in queued.json()["error"]["message"]
+    assert queued.headers["Retry-After"]
+    assert waited < scaled(3)
