@@ -77,13 +77,15 @@ async def in_db_thread(request: Request, fn: Callable[..., T], *args: Any) -> T:
     turns = getattr(state, "db_turns", None)
     if turns is None:  # made here, in the server's event loop
         turns = state.db_turns = anyio.CapacityLimiter(state.db_threads)
+        # A thread budget of its own, as large as the turns (so never waited for): storage calls
+        # holding the shared threadpool's 40 cannot hold up database work.
+        state.db_thread_pool = anyio.CapacityLimiter(state.db_threads)
     with anyio.move_on_after(state.db_wait_s) as waited:
         await turns.acquire()
     if waited.cancelled_caught:
         raise PoolTimeout(f"no database turn free in {state.db_wait_s:g} s")
     try:
-        # The shared threadpool's threads: the turns already bound how many run database work.
-        return await anyio.to_thread.run_sync(fn, *args)
+        return await anyio.to_thread.run_sync(fn, *args, limiter=state.db_thread_pool)
     finally:
         turns.release()
 
