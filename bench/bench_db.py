@@ -22,7 +22,7 @@ def fresh_database(name: str, revision: str = "head") -> str:
 
         data_dir = Path(tempfile.mkdtemp(prefix="bench-pg-")) / "pg"
         base = start_embedded_postgres(data_dir, database="postgres")
-        atexit.register(stop_embedded_postgres, data_dir)  # it outlived every run before
+        atexit.register(stop_embedded_postgres, data_dir)  # before, every run left its server running
     base = base.replace("postgresql://", "postgresql+psycopg://", 1)
     admin = make_url(base).set(drivername="postgresql").render_as_string(hide_password=False)
     with psycopg.connect(admin, autocommit=True) as conn:
