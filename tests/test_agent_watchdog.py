@@ -15,7 +15,6 @@ import pytest
 
 from stack.embedded import GcsEmulator, start_gcs_emulator
 from tests.conftest import digits_spec, scaled
-from trainjobs import storage
 from trainjobs.messages import AgentAssignment
 from trainjobs.spec import JobSpec
 from trainjobs.watchdog import request_stop
@@ -114,3 +113,21 @@ def test_sigterm_ends_an_agent_even_when_its_cleanup_cannot_reach_storage(own_em
     time.sleep(1.0)  # the agent's next storage call now retries against nothing
     proc.send_signal(signal.SIGTERM)
     assert _exit_code(proc, scaled(60), tmp_path) == 143
+
+
+def test_a_sigterm_during_the_last_status_write_does_not_cut_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker deletes a machine as soon as its chief reports; a SIGTERM that lands while an agent
+    writes its own last status lets that write finish (bounded by the grace), where one before it
+    stops the work."""
+    from worker.agent import __main__ as agent
+
+    monkeypatch.setenv("TRAINJOBS_TERM_GRACE_S", "1e9")  # the grace timer must not end this process
+    saved = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(agent, "_last_words", type(agent._last_words)())
+    try:
+        with pytest.raises(agent.Terminated):
+            agent._on_sigterm(signal.SIGTERM, None)
+        agent._last_words.set()
+        agent._on_sigterm(signal.SIGTERM, None)  # returns: the write it interrupted goes on
+    finally:
+        signal.signal(signal.SIGTERM, saved)

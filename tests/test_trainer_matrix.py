@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from tests.conftest import TABLES, make_key
+from tests.conftest import TABLES, make_key, scaled
 from trainjobs import storage
 from trainjobs.spec import JobSpec, describe_errors
 
@@ -43,7 +43,7 @@ RESOLVED_PRECISION = {"auto": "float32"}  # precision `auto` on a CPU
 
 EXAMPLES, FEATURES, CLASSES = 400, 16, 4  # 320 train / 80 validation
 EPOCHS, PER_REPLICA_BATCH = 2, 16
-JOB_TIMEOUT_S = 420
+JOB_TIMEOUT_S = scaled(420)
 PARALLEL_MACHINES = 4
 
 

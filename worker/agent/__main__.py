@@ -37,13 +37,24 @@ class Terminated(BaseException):
     """SIGTERM arrived (preemption, a delete). BaseException, so no `except Exception` swallows it."""
 
 
+# Set once the agent is writing its last status: a SIGTERM then (the worker deleting the machine as
+# soon as the chief has said it is done) must not cut that write off halfway.
+_last_words = threading.Event()
+
+
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough; let the cleanup finish
     # ... but not forever: the cleanup writes to storage, which may be what is gone.
     grace = threading.Timer(_env_float("TRAINJOBS_TERM_GRACE_S", 30.0), _exit_now)
     grace.daemon = True
     grace.start()
-    raise Terminated()
+    if not _last_words.is_set():
+        raise Terminated()
+
+
+def _finish(reporter: StatusReporter, state: AgentState, error: BaseException | None = None) -> None:
+    _last_words.set()
+    reporter.finish(state, error)
 
 
 def _exit_now() -> None:
@@ -108,14 +119,14 @@ def _run(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> int:
         log.warning("SIGTERM: uploading what there is and stopping")
         if job.is_chief and work.tensorboard.exists():
             storage.upload_dir(work.tensorboard, job.paths.tensorboard)
-        reporter.finish(AgentState.TERMINATED)
+        _finish(reporter, AgentState.TERMINATED)
         return EXIT_TERMINATED
     except Exception as exc:
         log.exception("job failed")
-        reporter.finish(AgentState.FAILED, exc)
+        _finish(reporter, AgentState.FAILED, exc)
         return EXIT_FAILED
     log.info("job %s attempt %d succeeded", job.job_id, job.attempt)
-    reporter.finish(AgentState.SUCCEEDED)
+    _finish(reporter, AgentState.SUCCEEDED)
     return 0
 
 

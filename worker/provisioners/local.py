@@ -47,6 +47,18 @@ INHERITED_PREFIXES = ("LC_", "TF_")
 NOT_INHERITED = frozenset({"TF_CONFIG"})  # the provisioner writes the cluster a machine is part of
 
 
+DELETE_MARGIN_S = 5.0
+
+
+def term_grace_s(env: Mapping[str, str] = os.environ) -> float:
+    """How long an agent's cleanup after SIGTERM may take (TRAINJOBS_TERM_GRACE_S, which agents
+    inherit; worker/agent/__main__.py)."""
+    try:
+        return max(0.0, float(env.get("TRAINJOBS_TERM_GRACE_S") or 30.0))
+    except ValueError:
+        return 30.0
+
+
 def agent_environment(worker_env: Mapping[str, str], **settings: str) -> dict[str, str]:
     """An agent's environment: the allow-listed part of the worker's, the repository on PYTHONPATH,
     and `settings` (the machine's devices, its storage endpoint or token file, TF_CONFIG)."""
@@ -153,7 +165,9 @@ class LocalProvisioner:
             return
         for pid in record["pids"]:
             _signal_group(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10  # the agent's grace period to flush its status
+        # As long as an agent gives its own cleanup (it exits by then whatever storage does), and a
+        # little more: a fixed 10 s here used to cut a loaded agent off before its last status write.
+        deadline = time.monotonic() + term_grace_s() + DELETE_MARGIN_S
         while any(_pid_alive(p) for p in record["pids"]) and time.monotonic() < deadline:
             time.sleep(0.1)
         for pid in record["pids"]:
