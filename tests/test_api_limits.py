@@ -332,11 +332,12 @@ def test_a_request_that_waits_too_long_for_a_database_turn_is_a_503(db, database
     app = create_app(database_url)
     app.state.db_wait_s = 0.5
     real = jobdata.list_jobs
-    hang = threading.Event()
+    hang, holding, release = threading.Event(), threading.Event(), threading.Event()
 
     def slow(session, project_id, **kw):  # type: ignore[no-untyped-def]
         if hang.is_set():
-            time.sleep(scaled(3))
+            holding.set()
+            release.wait(scaled(60))  # the hanging database: until the queued request has its answer
         return real(session, project_id, **kw)
 
     monkeypatch.setattr(jobdata, "list_jobs", slow)
@@ -349,12 +350,16 @@ def test_a_request_that_waits_too_long_for_a_database_turn_is_a_503(db, database
         holder = threading.Thread(target=lambda: first.append(
             httpx.get(f"{url}/v1/jobs", headers=headers, timeout=scaled(30)).status_code))
         holder.start()
-        time.sleep(scaled(0.5))  # the first request holds the only turn
+        assert holding.wait(scaled(30))  # the first request holds the only turn
         started = time.monotonic()
-        queued = httpx.get(f"{url}/v1/jobs", headers=headers, timeout=scaled(30))
-        waited = time.monotonic() - started
+        try:
+            # The turn is held until this returns: only the wait bound can answer it.
+            queued = httpx.get(f"{url}/v1/jobs", headers=headers, timeout=scaled(30))
+        finally:
+            waited = time.monotonic() - started
+            release.set()
         holder.join()
     assert first == [200]
     assert queued.status_code == 503 and "database" in queued.json()["error"]["message"]
     assert queued.headers["Retry-After"]
-    assert waited < scaled(3)
+    assert waited >= 0.5  # it did wait its bound out first
