@@ -195,10 +195,18 @@ class StandInMachines:
             storage.write_json(paths.status, AgentReport(state=state, attempt=request.attempt, progress=progress,
                                                          heartbeat_at=datetime.now(UTC)).model_dump(mode="json"))
 
+        def deleted() -> bool:  # a deleted machine's agent is gone with it, and writes nothing more
+            with self._lock:
+                return request.name not in self._machines
+
         started = time.monotonic()
         while (elapsed := time.monotonic() - started) < self.train_s:
+            if deleted():
+                return
             report(AgentState.RUNNING, elapsed / self.train_s)
             time.sleep(0.5)
+        if deleted():
+            return
         storage.write_json(paths.key("artifacts/metrics.json"), {"val_accuracy": 0.9})
         report(AgentState.SUCCEEDED, 1.0)
 
