@@ -332,6 +332,7 @@ def test_client_refuses_a_downloaded_file_that_differs_from_the_listing(tmp_path
 ATTACKER = b'''
 import json
 import os
+import stat
 
 import keras
 
@@ -356,6 +357,11 @@ def build_model(input_shape, num_classes, params):
     _attempt(report, "read another project's dataset", lambda: storage.blob(params["dataset"]).download_as_bytes())
     _attempt(report, "overwrite another job's artifact",
              lambda: storage.blob(params["artifact"]).upload_from_string(b'{"val_accuracy": 0.0}'))
+    # The local agent zygote forked this process: its request pipe would start any process, with
+    # any environment (the emulator's own address, say).
+    report["stdio pipes"] = [stat.S_ISFIFO(os.fstat(fd).st_mode) for fd in (0, 1, 2)]
+    report["root"] = os.geteuid() == 0
+    _attempt(report, "write to the zygote's request pipe", lambda: open(f"/proc/{os.getppid()}/fd/0", "w").close())
     with open(params["report"], "w") as f:
         json.dump(report, f)
     return keras.Sequential([keras.Input(input_shape), keras.layers.Flatten(),
@@ -392,6 +398,12 @@ def test_another_projects_code_reaches_nothing_of_the_worker_or_of_other_project
 
         attempts = json.loads(report.read_text())
         assert attempts.pop("environment") == []
+        assert attempts.pop("stdio pipes") == [False, False, False]  # /dev/null and the machine's log
+        assert local_stack.forked_agents == 1
+        # Not dumpable, so no process of its user can open it through /proc; root can (README, Security).
+        to_zygote = attempts.pop("write to the zygote's request pipe")
+        assert to_zygote.startswith("PermissionError") or attempts.pop("root"), to_zygote
+        attempts.pop("root", None)
         assert {what: "Forbidden" in outcome and "403" in outcome for what, outcome in attempts.items()} == {
             "list the uploads": True, "list the bucket": True, "read another project's module": True,
             "read another project's dataset": True, "overwrite another job's artifact": True}

@@ -35,6 +35,7 @@ def local_stack(db, database_url, bucket, tmp_path):
     worker.shutdown(timeout=10)
     for m in provisioner.list({}):
         provisioner.delete(m.name)
+    provisioner.close()
 
 
 def wait(api, job_id: str, statuses: set[str], timeout: float = 300) -> dict:
@@ -56,6 +57,7 @@ def test_digits_job_trains_and_its_saved_model_predicts_as_reported(api, local_s
                        export={"tflite": {"quantization": "int8", "calibration_examples": 64}})
     job = api.post("/v1/jobs", json=spec).json()
     job = wait(api, job["id"], {"SUCCEEDED"})
+    assert local_stack.forked_agents == 1  # from the zygote, which had imported TensorFlow already
     assert job["metrics"]["val_accuracy"] >= 0.9
     assert job["runtime"]["strategy"] == "mirrored" and job["runtime"]["replicas"] == 2
     events = [e["to_status"] for e in api.get(f"/v1/jobs/{job['id']}/events").json()["events"]]

@@ -4,6 +4,8 @@ cleanup may take (TRAINJOBS_TERM_GRACE_S) and a margin, then SIGKILL."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -73,3 +75,15 @@ def test_delete_kills_a_host_whose_cleanup_outlasts_the_grace(tmp_path: Path, mo
 @pytest.mark.parametrize(("value", "grace"), [("12.5", 12.5), ("", 30.0), ("soon", 30.0), ("-3", 0.0)])
 def test_term_grace_reads_the_agents_setting(value: str, grace: float) -> None:
     assert local.term_grace_s({"TRAINJOBS_TERM_GRACE_S": value}) == grace
+
+
+def test_an_agent_starts_as_a_process_of_its_own_when_the_zygote_is_gone(tmp_path: Path) -> None:
+    from worker.provisioners.zygote import Zygote, ZygoteUnavailable
+
+    zygote = Zygote({"PATH": "/usr/bin:/bin"}, tmp_path / "zygote.log")
+    os.kill(zygote.pid, signal.SIGKILL)
+    with pytest.raises(ZygoteUnavailable, match="exited"):
+        zygote.spawn(["--job-dir", "gs://b/jobs/x"], {}, tmp_path / "task-0.log")
+    with pytest.raises(ZygoteUnavailable):  # and it is not asked again
+        zygote.spawn(["--job-dir", "gs://b/jobs/x"], {}, tmp_path / "task-0.log")
+    assert zygote.forked == 0

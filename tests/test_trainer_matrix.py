@@ -160,6 +160,7 @@ def matrix_jobs(database_url: str, api_url: str, gcs_emulator: Any,
         worker.shutdown(timeout=10)
         for machine in provisioner.list({}):
             provisioner.delete(machine.name)
+        provisioner.close()
         client.close()
         monkey.undo()
 

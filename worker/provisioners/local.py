@@ -9,6 +9,10 @@ with TF_CONFIG on loopback ports: real MultiWorkerMirroredStrategy.
 The inventory is a JSON file per machine under `root`, carrying labels like a cloud's: any worker
 process on this host can list, adopt or delete what another (even a dead one) created.
 
+Agents are forked from a zygote that has imported TensorFlow, Keras and the agent once
+(`worker/agent/zygote.py`), or started as processes of their own if it cannot serve
+(TRAINJOBS_LOCAL_ZYGOTE=0 turns it off).
+
 What a job's code reaches: an environment built from an allow-list (`agent_environment`), and
 storage only inside the job's boundary (`worker/access_boundary.py`): through a storage guard
 process per machine in front of the emulator, or with a downscoped token the worker keeps fresh
@@ -36,6 +40,7 @@ from worker import storage_guard
 from worker.access_boundary import JobBoundary, read_boundary
 from worker.credentials import TokenFileRefresher, downscoped_minter
 from worker.provisioner import MachineInfo, MachineRequest, MachineState, NoCapacity
+from worker.provisioners.zygote import Zygote, ZygoteUnavailable
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,6 +81,7 @@ class LocalProvisioner:
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._tokens: dict[str, TokenFileRefresher] = {}  # machine name -> its token file's refresher
+        self._zygote: Zygote | None = None  # started with the first machine
 
     def create(self, request: MachineRequest) -> MachineInfo:
         with self._lock:
@@ -115,15 +121,42 @@ class LocalProvisioner:
             if ports:
                 env["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
                                                "task": {"type": "worker", "index": task}})
-            with (logs / f"task-{task}.log").open("ab") as out:
+            args = ["--job-dir", request.job_dir, "--task-index", str(task), "--work-dir", str(logs / f"disk-{task}")]
+            log_path = logs / f"task-{task}.log"
+            if (pid := self._fork_agent(args, env, log_path)) is not None:
+                pids.append(pid)
+                continue
+            with log_path.open("ab") as out:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "worker.agent", "--job-dir", request.job_dir, "--task-index", str(task),
-                     "--work-dir", str(logs / f"disk-{task}")],
+                    [sys.executable, "-m", "worker.agent", *args],
                     env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                     start_new_session=True,  # its own process group: delete kills the whole machine
                 )
             pids.append(proc.pid)
             threading.Thread(target=proc.wait, daemon=True).start()  # reap, so an exited agent is not a zombie
+
+    def _fork_agent(self, args: list[str], env: dict[str, str], log_path: Path) -> int | None:
+        """An agent forked by the zygote (zygote.py), which has imported TensorFlow already; None when
+        there is none (TRAINJOBS_LOCAL_ZYGOTE=0, or it failed), and the agent starts on its own."""
+        if self._zygote is None:
+            if os.environ.get("TRAINJOBS_LOCAL_ZYGOTE", "1") == "0":
+                return None
+            self._zygote = Zygote(agent_environment(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2",
+                                                    TRAINJOBS_METADATA_URL="off"), self.root / "zygote.log")
+        try:
+            return self._zygote.spawn(args, env, log_path)
+        except ZygoteUnavailable:
+            return None
+
+    @property
+    def forked_agents(self) -> int:
+        """How many agents the zygote started (the rest started as processes of their own)."""
+        return self._zygote.forked if self._zygote is not None else 0
+
+    def close(self) -> None:
+        """Ends the zygote, if one was started; machines and their agents are left as they are."""
+        if self._zygote is not None:
+            self._zygote.close()
 
     def _storage_access(self, name: str, boundary: JobBoundary, machine_dir: Path, record: dict) -> dict[str, str]:
         """Start what lets this machine reach its job's storage and nothing more; return the agent's
