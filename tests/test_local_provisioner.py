@@ -74,7 +74,9 @@ def test_delete_kills_a_host_whose_cleanup_outlasts_the_grace(tmp_path: Path, mo
 
 @pytest.mark.parametrize(("value", "grace"), [("12.5", 12.5), ("", 30.0), ("soon", 30.0), ("-3", 0.0)])
 def test_term_grace_reads_the_agents_setting(value: str, grace: float) -> None:
-    assert local.term_grace_s({"TRAINJOBS_TERM_GRACE_S": value}) == grace
+    from trainjobs.watchdog import term_grace_s
+
+    assert term_grace_s({"TRAINJOBS_TERM_GRACE_S": value}) == grace
 
 
 def test_an_agent_starts_as_a_process_of_its_own_when_the_zygote_is_gone(tmp_path: Path) -> None:

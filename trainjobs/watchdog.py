@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from trainjobs import storage
@@ -27,6 +27,16 @@ log = logging.getLogger("trainjobs.agent")
 # {"stop": true, "reason": "...", "attempt": N}: written by the worker, read by the agent. Attempts up to N
 # stop; a later attempt (the driver's retry after a lost machine) shares the job directory and runs on.
 CONTROL = "control.json"
+DEFAULT_TERM_GRACE_S = 30.0
+
+
+def term_grace_s(env: Mapping[str, str] = os.environ) -> float:
+    """How long an agent's cleanup after SIGTERM may take before it exits anyway
+    (TRAINJOBS_TERM_GRACE_S): the agent's own bound, and what the local provisioner's delete waits."""
+    try:
+        return max(0.0, float(env.get("TRAINJOBS_TERM_GRACE_S") or DEFAULT_TERM_GRACE_S))
+    except ValueError:
+        return DEFAULT_TERM_GRACE_S
 METADATA_URL = "http://metadata.google.internal/computeMetadata/v1"
 NODE_NAME_KEY, API_ENDPOINT_KEY = "trainjobs-node", "trainjobs-tpu-api"  # node metadata set by the provisioner
 INSTANCE_KEY, COMPUTE_API_KEY = "trainjobs-instance", "trainjobs-compute-api"  # the same on Compute Engine VMs

@@ -23,7 +23,7 @@ from types import FrameType
 
 from trainjobs import storage
 from trainjobs.messages import AgentError, AgentReport, AgentState
-from trainjobs.watchdog import Watchdog, stop_this_machine
+from trainjobs.watchdog import Watchdog, stop_this_machine, term_grace_s
 from worker.agent.job import AgentJob, WorkDir, load_job, task_index_from_env
 from worker.agent.status import StatusReporter, setup_logging, utc_now
 from worker.agent.token_refresh import start_token_refresh
@@ -45,7 +45,7 @@ _last_words = threading.Event()
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough; let the cleanup finish
     # ... but not forever: the cleanup writes to storage, which may be what is gone.
-    grace = threading.Timer(_env_float("TRAINJOBS_TERM_GRACE_S", 30.0), _exit_now)
+    grace = threading.Timer(term_grace_s(), _exit_now)
     grace.daemon = True
     grace.start()
     if not _last_words.is_set():

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from trainjobs import storage
 from trainjobs.ports import free_port
+from trainjobs.watchdog import term_grace_s
 from worker import storage_guard
 from worker.access_boundary import JobBoundary, read_boundary
 from worker.credentials import TokenFileRefresher, downscoped_minter
@@ -52,16 +53,7 @@ INHERITED_PREFIXES = ("LC_", "TF_")
 NOT_INHERITED = frozenset({"TF_CONFIG"})  # the provisioner writes the cluster a machine is part of
 
 
-DELETE_MARGIN_S = 5.0
-
-
-def term_grace_s(env: Mapping[str, str] = os.environ) -> float:
-    """How long an agent's cleanup after SIGTERM may take (TRAINJOBS_TERM_GRACE_S, which agents
-    inherit; worker/agent/__main__.py)."""
-    try:
-        return max(0.0, float(env.get("TRAINJOBS_TERM_GRACE_S") or 30.0))
-    except ValueError:
-        return 30.0
+DELETE_MARGIN_S = 5.0  # after the agents' own grace (trainjobs.watchdog.term_grace_s, which they inherit)
 
 
 def agent_environment(worker_env: Mapping[str, str], **settings: str) -> dict[str, str]:
