@@ -197,7 +197,7 @@ class StandInMachines:
     def _agent(self, request: MachineRequest) -> None:
         try:
             self._train(request)
-        except Exception as exc:  # storage gone for good (its test is over): the job's test judges the job
+        except Exception as exc:  # noqa: BLE001 - storage gone for good (its test is over): the job's test judges the job
             logging.getLogger(__name__).warning("stand-in agent %s stopped: %s", request.name, exc)
 
     def _train(self, request: MachineRequest) -> None:
