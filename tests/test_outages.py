@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import gc
 import logging
+import random
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -69,11 +71,28 @@ def assert_unavailable(response: httpx.Response, what: str) -> None:
 
 # --- storage ---------------------------------------------------------------------------------------
 
+def _port_no_connection_takes() -> int:
+    """A free loopback port below the kernel's ephemeral range. The emulator restarts on its port
+    after an outage; in one from that range, any process's outgoing connection may have been given
+    the port in the meantime (a CI run saw the restart fail so)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    return free_port()
+
+
 class OwnStorage:
     """An emulator on a port of its own, with its objects on disk so they outlive a stop."""
 
     def __init__(self, data_dir: Path):
-        self.data_dir, self.port = data_dir, free_port()
+        self.data_dir, self.port = data_dir, _port_no_connection_takes()
         self.emulator: GcsEmulator = self.start()
 
     def start(self) -> GcsEmulator:
