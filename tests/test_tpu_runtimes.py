@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.conftest import digits_spec
 from trainjobs.tpu_runtimes import DEFAULT_TPU_RUNTIME, tpu_runtime_problem
 
 
@@ -27,3 +28,16 @@ def test_images_the_agent_cannot_use_are_refused_with_the_reason(runtime: str, h
 
 def test_the_default_runtime_is_one_the_agent_accepts() -> None:
     assert tpu_runtime_problem(DEFAULT_TPU_RUNTIME, 1) is None
+
+
+@pytest.mark.parametrize("runtime", ["tpu-vm-tf-2.18.0-pjrt\n", "tpu-vm-tf-2.18.0-pjrt\nx", " tpu-vm-tf-2.18.0-pjrt"])
+def test_an_image_name_with_anything_around_it_is_refused(runtime: str) -> None:
+    assert "is not a TensorFlow TPU VM image" in (tpu_runtime_problem(runtime, 1) or "")
+
+
+def test_submit_refuses_a_runtime_version_with_a_trailing_newline(api) -> None:  # type: ignore[no-untyped-def]
+    accelerator = {"type": "tpu", "tpu_type": "v4-8", "runtime_version": "tpu-vm-tf-2.18.0-pjrt\n"}
+    r = api.post("/v1/jobs", json=digits_spec(accelerator=accelerator, strategy="auto"))
+    assert r.status_code == 422, r.text
+    fields = {d["field"]: d["reason"] for d in r.json()["error"]["details"]}
+    assert "not a TensorFlow TPU VM image" in fields["accelerator.runtime_version"]

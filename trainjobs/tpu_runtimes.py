@@ -14,7 +14,8 @@ import re
 DEFAULT_TPU_RUNTIME = "tpu-vm-tf-2.18.0-pjrt"  # one host
 DEFAULT_TPU_POD_RUNTIME = "tpu-vm-tf-2.18.0-pod-pjrt"  # a slice of several hosts
 MIN_TENSORFLOW = (2, 16)  # the first TPU images with Keras 3
-_TF_IMAGE = re.compile(r"^tpu-vm-tf-(\d+)\.(\d+)\.(\d+)(-pod)?-pjrt$")
+# Matched with fullmatch: `$` would also match before a trailing newline, and the version goes into a cloud call.
+_TF_IMAGE = re.compile(r"tpu-vm-tf-(\d+)\.(\d+)\.(\d+)(-pod)?-pjrt")
 
 
 def default_tpu_runtime(hosts: int) -> str:
@@ -25,7 +26,7 @@ def default_tpu_runtime(hosts: int) -> str:
 def tpu_runtime_problem(runtime_version: str, hosts: int) -> str | None:
     """Why the agent cannot run on this image with this many hosts, or None if it can."""
     pod = default_tpu_runtime(hosts)
-    m = _TF_IMAGE.match(runtime_version)
+    m = _TF_IMAGE.fullmatch(runtime_version)
     if m is None:
         return (f"{runtime_version!r} is not a TensorFlow TPU VM image the agent can use (the agent trains with the "
                 f"image's TensorFlow on the PJRT runtime); use {pod!r}")
