@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import io
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
 
 import numpy as np
 
+from tests.conftest import scaled
 from trainjobs import storage
 
 
@@ -52,3 +56,47 @@ def test_uploads_refuse_bad_names_and_empty_files(api, bucket):
     assert api.post("/v1/datasets", files={"file": ("../../etc.csv", b"x")}).status_code == 422
     assert api.post("/v1/datasets", files={"file": ("empty.csv", b"")}).status_code == 422
     assert api.post("/v1/modules", files={"file": ("m.py", b"")}).status_code == 422
+
+
+def _leave_a_temporary(bucket: str) -> str:
+    """What a killed API leaves: an upload temporary whose rewrite and delete never ran."""
+    from trainjobs.uploads import INCOMING
+
+    name = f"{INCOMING}{uuid.uuid4().hex}"
+    storage.client().bucket(bucket).blob(name).upload_from_string(b"half of someone's upload")
+    return name
+
+
+def _names(bucket: str) -> set[str]:
+    return {b.name for b in storage.client().list_blobs(bucket)}
+
+
+def test_upload_temporaries_are_swept_once_older_than_the_safe_age(api, bucket, db):
+    from trainjobs.uploads import DEFAULT_INCOMING_MAX_AGE_S, sweep_incoming
+
+    stored = api.post("/v1/datasets", files={"file": ("a.csv", b"label,a\n0,1\n")}).json()
+    orphan = _leave_a_temporary(bucket)
+    assert sweep_incoming() == 0 and orphan in _names(bucket)  # young: it may be a live upload's
+    later = datetime.now(timezone.utc) + timedelta(seconds=DEFAULT_INCOMING_MAX_AGE_S + 1)
+    assert sweep_incoming(now=later) == 1
+    assert _names(bucket) == {f"uploads/{project_id(db)}/{stored['sha256']}/a.csv"}  # uploads themselves stay
+
+
+def test_a_running_worker_sweeps_upload_temporaries(bucket, db, database_url, monkeypatch):
+    from service.db.session import get_engine
+    from worker.loop import Worker, WorkerConfig
+    from worker.provisioners.memory import MemoryCloud, memory_stager
+
+    orphan = _leave_a_temporary(bucket)
+    monkeypatch.setenv("TRAINJOBS_INCOMING_MAX_AGE_S", "0")  # every temporary counts as old
+    cloud = MemoryCloud()
+    worker = Worker(get_engine(database_url), cloud, cloud, memory_stager,
+                    WorkerConfig(concurrency=1, name=f"sweeper-{uuid.uuid4().hex[:6]}", sweep_uploads_every_s=0.05))
+    worker.start()
+    try:
+        deadline = time.monotonic() + scaled(10)
+        while orphan in _names(bucket) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        worker.shutdown(timeout=scaled(10))
+    assert orphan not in _names(bucket)

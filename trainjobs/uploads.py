@@ -18,6 +18,7 @@ import hashlib
 import os
 import re
 import uuid
+from datetime import datetime, timedelta, timezone
 from pathlib import PurePosixPath
 from typing import Any, BinaryIO, Literal
 
@@ -37,6 +38,9 @@ MAX_MODULE_BYTES = 50 << 20  # code, not weights
 DEFAULT_MAX_DATASET_BYTES = 20 << 30  # TRAINJOBS_MAX_UPLOAD_BYTES overrides it
 UPLOADS = "uploads/"
 INCOMING = "uploads/.incoming/"  # never a project id (those are UUIDs), so never anyone's upload
+# A temporary appears when its last byte is committed and is rewritten and deleted seconds later; one
+# this old is an API's that was killed in between. TRAINJOBS_INCOMING_MAX_AGE_S overrides it.
+DEFAULT_INCOMING_MAX_AGE_S = 3600.0
 
 
 class UploadError(ValueError):
@@ -124,6 +128,29 @@ def find_upload(project_id: str, sha256: str, *, bucket: str | None = None) -> A
     name = bucket or storage.bucket_name()
     prefix = upload_prefix(project_id, sha256)
     return next(iter(storage.client().list_blobs(name, prefix=prefix, max_results=1)), None)
+
+
+def incoming_max_age_s() -> float:
+    """How old an upload temporary must be before sweep_incoming removes it."""
+    return float(os.environ.get("TRAINJOBS_INCOMING_MAX_AGE_S") or DEFAULT_INCOMING_MAX_AGE_S)
+
+
+def sweep_incoming(*, max_age_s: float | None = None, bucket: str | None = None,
+                   now: datetime | None = None) -> int:
+    """Delete the upload temporaries (uploads/.incoming/) older than max_age_s; return how many.
+
+    store_upload deletes its own temporary in every outcome but one: the API process dies between
+    the temporary's last byte and its delete. Nobody else ever names that key, so it would stay (and
+    bill) forever. Age, not ownership, decides: an upload still in flight has no object yet, and one
+    being rewritten is seconds old, so any API replica's live upload is safe from any sweeper.
+    """
+    limit = incoming_max_age_s() if max_age_s is None else max_age_s
+    cutoff = (now or datetime.now(timezone.utc)) - timedelta(seconds=limit)
+    stale = [blob for blob in storage.client().list_blobs(bucket or storage.bucket_name(), prefix=INCOMING)
+             if blob.time_created is not None and blob.time_created <= cutoff]
+    for blob in stale:
+        _delete_quietly(blob)  # another sweeper may have taken it first
+    return len(stale)
 
 
 def _rewrite(source: Any, dest: Any) -> None:

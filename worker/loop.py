@@ -28,6 +28,7 @@ from service.db import queue
 from service.db.jobstate import NOTIFY_CHANGED, NOTIFY_QUEUED, JobStatus
 from service.db.session import session_factory, transaction
 from trainjobs.storage_limits import WORKER_LIMITS, limited_calls
+from trainjobs.uploads import sweep_incoming
 from worker import metrics
 from worker.driver import DriverConfig, JobDriver
 from worker.provisioner import JobChannel, Provisioner, Stager
@@ -48,6 +49,9 @@ class WorkerConfig:
     # whose job has ended or is unknown (worker/cloud/reaper.py). None: no reaper (local machines die
     # with their processes).
     reap_every_s: float | None = None
+    # Every this many seconds, delete upload temporaries an API left when it was killed mid-upload
+    # (trainjobs.uploads.sweep_incoming; their age, not this, decides). None: no sweep.
+    sweep_uploads_every_s: float | None = 600.0
     # Serve only jobs of these accelerator types ("tpu", "gpu", "cpu"), so one fleet can split TPU and
     # GPU work between workers. None: every type.
     accelerator_types: tuple[str, ...] | None = None
@@ -90,6 +94,10 @@ class Worker:
 
             t = threading.Thread(target=run_reaper, name="worker-reaper", daemon=True,
                                  args=(self.provisioner, self.factory, self.stopping, self.config.reap_every_s))
+            t.start()
+            self._threads.append(t)
+        if self.config.sweep_uploads_every_s is not None:
+            t = threading.Thread(target=self._sweep_loop, name="worker-sweep-uploads", daemon=True)
             t.start()
             self._threads.append(t)
 
@@ -211,6 +219,17 @@ class Worker:
             driver.cancel_requested.set()
         if status is None or status == JobStatus.CANCELLING or status.terminal:
             driver.wake.set()
+
+    def _sweep_loop(self) -> None:
+        every = self.config.sweep_uploads_every_s
+        assert every is not None
+        while not self.stopping.wait(every):
+            try:
+                with limited_calls(WORKER_LIMITS):  # storage that does not answer must not hold a shutdown
+                    if swept := sweep_incoming():
+                        log.info("removed %d upload temporar%s left by a stopped API", swept, "y" if swept == 1 else "ies")
+            except Exception as exc:
+                log.warning("sweeping upload temporaries failed; retrying in %.0fs: %s", every, exc)
 
     def _listen_loop(self) -> None:
         dsn = self.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
