@@ -1,6 +1,7 @@
 """Submit-time checks of what a job names as its data and code (the rules: trainjobs/source_rules.py).
-Another project's uploads or jobs, host paths the operator does not allow and URLs the worker would
-not fetch are refused before anything is stored: a 422 naming the field."""
+Another project's uploads or jobs, other folders of our bucket, buckets the operator does not list,
+host paths the operator does not allow and URLs the worker would not fetch are refused before
+anything is stored: a 422 naming the field. The worker applies the same rules again at staging."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import io
 import threading
+import uuid
 import zipfile
 from collections.abc import Callable, Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -15,20 +16,29 @@ import numpy as np
 import pytest
 
 from trainjobs import storage
-from trainjobs.source_rules import FETCH_ALLOW_HOSTS_ENV, HOST_DATA_DIRS_ENV
+from trainjobs.source_rules import FETCH_ALLOW_HOSTS_ENV, HOST_DATA_DIRS_ENV, SOURCE_BUCKETS_ENV
 from trainjobs.spec import DatasetSpec
 from trainjobs.uploads import store_upload
 from worker.staging import DatasetError, StagedDataset, stage_dataset
 from worker.staging.tfrecord import frame, iter_examples, write_examples
 
 PROJECT = "6d1f4a52-5d0e-4c3a-9a53-2a4f4f0f1b11"
+OPERATORS_BUCKET = "operators-raw-data"  # a bucket of the operator's, not trainjobs' own
 
 
 @pytest.fixture(autouse=True)
 def operator_allows_test_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """These tests stage host files and a local HTTP server, as an operator who allows both would."""
+    """These tests stage host files, a local HTTP server and a bucket of the operator's, as an
+    operator who allows all three would."""
     monkeypatch.setenv(HOST_DATA_DIRS_ENV, str(tmp_path))
     monkeypatch.setenv(FETCH_ALLOW_HOSTS_ENV, "127.0.0.1")
+    monkeypatch.setenv(SOURCE_BUCKETS_ENV, OPERATORS_BUCKET)
+
+
+def operators_folder() -> str:
+    """A fresh folder in the operator's bucket: gs://operators-raw-data/<random>."""
+    storage.ensure_bucket(OPERATORS_BUCKET)
+    return f"gs://{OPERATORS_BUCKET}/{uuid.uuid4().hex[:12]}"
 
 
 def stage(source: str, bucket: str, work_dir: Path, **spec: Any) -> StagedDataset:
@@ -187,27 +197,29 @@ def test_image_folder_pixels_are_rgb_scaled_to_unit_range(bucket: str, tmp_path:
 
 def test_gcs_tfrecord_prefix_is_used_in_place_without_copying(bucket: str, tmp_path: Path) -> None:
     x = np.arange(30 * 5, dtype=np.float32).reshape(30, 5)
+    raw = operators_folder()
     for name, rows in (("train-0.tfrecord", slice(0, 20)), ("validation-0.tfrecord", slice(20, 30))):
         write_examples(tmp_path / name, x[rows], np.arange(30)[rows] % 3)
-        storage.blob(f"gs://{bucket}/raw/{name}").upload_from_filename(str(tmp_path / name))
+        storage.blob(f"{raw}/{name}").upload_from_filename(str(tmp_path / name))
     before = objects(bucket)
 
-    staged = stage(f"gs://{bucket}/raw/", bucket, tmp_path / "work")
+    staged = stage(f"{raw}/", bucket, tmp_path / "work")
 
     m = staged.manifest
     assert m["in_place"] is True and m["feature"]["shape"] == [5] and m["num_classes"] == 3
-    assert m["splits"]["train"] == {"examples": 20, "shards": [f"gs://{bucket}/raw/train-0.tfrecord"],
+    assert m["splits"]["train"] == {"examples": 20, "shards": [f"{raw}/train-0.tfrecord"],
                                     "class_counts": [7, 7, 6]}
-    assert m["splits"]["validation"] == {"examples": 10, "shards": [f"gs://{bucket}/raw/validation-0.tfrecord"],
+    assert m["splits"]["validation"] == {"examples": 10, "shards": [f"{raw}/validation-0.tfrecord"],
                                          "class_counts": [3, 3, 4]}
     assert objects(bucket) == sorted(before + [f"{staged.uri}/manifest.json"])
     assert staged.uploaded_objects == 1
 
 
 def test_gcs_object_that_is_not_tfrecord_is_downloaded_and_converted(bucket: str, tmp_path: Path) -> None:
-    storage.blob(f"gs://{bucket}/raw/pets.csv").upload_from_filename(_csv_with_string_labels(tmp_path).removeprefix("file://"))
+    raw = operators_folder()
+    storage.blob(f"{raw}/pets.csv").upload_from_filename(_csv_with_string_labels(tmp_path).removeprefix("file://"))
 
-    staged = stage(f"gs://{bucket}/raw/pets.csv", bucket, tmp_path / "work", options={"label_column": "kind"})
+    staged = stage(f"{raw}/pets.csv", bucket, tmp_path / "work", options={"label_column": "kind"})
 
     assert staged.manifest["in_place"] is False and staged.manifest["source_format"] == "csv"
     assert staged.manifest["splits"]["train"]["shards"] == ["shards/train-00000-of-00001.tfrecord"]
@@ -333,7 +345,7 @@ BAD_DATA = [
     ("unknown-extension", _write("data.bin", b"123"), {}, "cannot tell the format of 'data.bin'"),
     ("missing-path", lambda tmp: str(tmp / "nope.csv"), {}, "no file or folder at"),
     ("unknown-upload", lambda tmp: "dataset:" + "0" * 64, {}, "no dataset 0000"),
-    ("empty-gcs-prefix", lambda tmp: f"gs://{storage.bucket_name()}/nothing/", {}, "no objects at gs://"),
+    ("empty-gcs-prefix", lambda tmp: f"{operators_folder()}/nothing/", {}, "no objects at gs://"),
 ]
 
 

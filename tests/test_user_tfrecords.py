@@ -73,9 +73,13 @@ def test_tfrecords_in_gcs_in_another_layout_are_converted_not_used_in_place(buck
 
     examples = [{"image/encoded": [_png(6, 10 * i)], "image/class/label": [i % 2]} for i in range(10)]
     path = write_records(tmp_path / "train.tfrecord", examples)
-    storage.blob(f"gs://{bucket}/raw/images/train.tfrecord").upload_from_filename(str(path))
-    staged = stage_dataset(DatasetSpec(source=f"gs://{bucket}/raw/images/"), project_id=PROJECT, bucket=bucket,
-                           work_dir=tmp_path / "work")
+    from tests.test_staging import OPERATORS_BUCKET, operators_folder
+    from trainjobs.source_rules import DataAccessRules
+
+    raw = operators_folder()  # a bucket the operator allows data from (TRAINJOBS_SOURCE_BUCKETS)
+    storage.blob(f"{raw}/images/train.tfrecord").upload_from_filename(str(path))
+    staged = stage_dataset(DatasetSpec(source=f"{raw}/images/"), project_id=PROJECT, bucket=bucket,
+                           work_dir=tmp_path / "work", rules=DataAccessRules(source_buckets=frozenset({OPERATORS_BUCKET})))
     assert staged.manifest["in_place"] is False and staged.manifest["feature"]["shape"] == [8, 6, 3]
 
 

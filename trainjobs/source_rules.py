@@ -8,8 +8,11 @@ staging (a job queued before a rule changed is held to the rule of the day it ru
 - In trainjobs' own bucket, uploads/<project>/ is that project's and jobs/<id>/ is the job's
   project's; datasets/ holds every project's staged data and the bucket root lists all of it. A job
   may name there only its own project's uploads and jobs, and one staged dataset by its content
-  address (datasets/<sha256>/). Keys outside those folders, and other buckets, are the operator's
-  business (the worker's credentials decide).
+  address (datasets/<sha256>/). Any other key of that bucket is refused: the worker stages with its
+  own credentials and hands the data to the job, so naming an operator's object would read it as a
+  confused deputy (issue 18, finding 4).
+- Other buckets only when the operator lists them in TRAINJOBS_SOURCE_BUCKETS (comma-separated
+  bucket names), for the same reason: the worker's credentials reach more than any one project should.
 - URLs: https://; http:// only for hosts in TRAINJOBS_FETCH_ALLOW_HOSTS (comma-separated), which
   also exempts those hosts from the public-address rule. Submit can only judge literal addresses;
   the fetch (worker/staging/fetch.py) resolves every hop and checks what it connects to.
@@ -31,9 +34,8 @@ from trainjobs import uploads
 
 HOST_DATA_DIRS_ENV = "TRAINJOBS_HOST_DATA_DIRS"
 FETCH_ALLOW_HOSTS_ENV = "TRAINJOBS_FETCH_ALLOW_HOSTS"
+SOURCE_BUCKETS_ENV = "TRAINJOBS_SOURCE_BUCKETS"
 _SCHEMES = ("gs://", "https://", "http://", "dataset:", "sklearn:")
-# Top-level folders of trainjobs' own bucket; a key outside them is not ours to guard.
-_OWN_FOLDERS = ("uploads", "jobs", "datasets")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -82,12 +84,14 @@ def literal_address(host: str) -> IpAddress | None:
 class DataAccessRules:
     host_dirs: tuple[Path, ...] = ()  # resolved
     fetch_allow_hosts: frozenset[str] = field(default_factory=frozenset)  # lower-case host names
+    source_buckets: frozenset[str] = field(default_factory=frozenset)  # buckets other than ours data may come from
 
     @classmethod
     def from_env(cls) -> DataAccessRules:
         dirs = [d for d in os.environ.get(HOST_DATA_DIRS_ENV, "").split(os.pathsep) if d.strip()]
         hosts = [h.strip().lower() for h in os.environ.get(FETCH_ALLOW_HOSTS_ENV, "").split(",") if h.strip()]
-        return cls(tuple(Path(d.strip()).expanduser().resolve() for d in dirs), frozenset(hosts))
+        buckets = [b.strip() for b in os.environ.get(SOURCE_BUCKETS_ENV, "").split(",") if b.strip()]
+        return cls(tuple(Path(d.strip()).expanduser().resolve() for d in dirs), frozenset(hosts), frozenset(buckets))
 
     def host_path(self, source: str) -> Path:
         """The resolved path a host-path source names, or SourceRefused."""
@@ -126,12 +130,16 @@ class DataAccessRules:
         return host
 
 
-def check_bucket_uri(uri: str, *, bucket: str, project_id: str, own_job: OwnJob | None) -> None:
-    """Refuse a gs:// URI into trainjobs' own bucket that is not the project's own upload or job, or
-    one staged dataset by its content address. `own_job` None: the caller cannot tell whose a job is
-    (the worker); submit has checked."""
+def check_bucket_uri(uri: str, *, bucket: str, project_id: str, own_job: OwnJob | None,
+                     source_buckets: frozenset[str] = frozenset()) -> None:
+    """Refuse a gs:// URI that is not the project's own upload or job, or one staged dataset by its
+    content address, in trainjobs' own bucket, or anything in a bucket the operator did not list.
+    `own_job` None: the caller cannot tell whose a job is (the worker); submit has checked."""
     name, _, key = uri.removeprefix("gs://").partition("/")
     if name != bucket:
+        if name not in source_buckets:
+            raise SourceRefused(f"{_short(uri)}: data is read from gs://{name} only if the operator allows that bucket "
+                                f"({SOURCE_BUCKETS_ENV}); upload the data instead (POST /v1/datasets)")
         return
     top, _, rest = key.partition("/")
     first = rest.partition("/")[0]
@@ -140,8 +148,7 @@ def check_bucket_uri(uri: str, *, bucket: str, project_id: str, own_job: OwnJob 
     # turn our own prefix into another project's.
     dotted = any(part in (".", "..") for part in key.split("/"))
     allowed = not dotted and (
-        (top not in _OWN_FOLDERS and top != "")
-        or (top == "uploads" and (key.startswith(own_uploads) or key == own_uploads.rstrip("/")))
+        (top == "uploads" and (key.startswith(own_uploads) or key == own_uploads.rstrip("/")))
         or (top == "jobs" and _is_uuid(first) and (own_job is None or own_job(first)))
         # A staged dataset's address is the sha256 of its content: naming one means knowing the data.
         or (top == "datasets" and _SHA256.fullmatch(first) is not None)
@@ -162,7 +169,8 @@ def _is_uuid(text: str) -> bool:
 def check_source(value: str, *, rules: DataAccessRules, bucket: str, project_id: str, own_job: OwnJob | None) -> None:
     """SourceRefused if a job of `project_id` may not name `value` as its dataset source or module."""
     if value.startswith("gs://"):
-        check_bucket_uri(value, bucket=bucket, project_id=project_id, own_job=own_job)
+        check_bucket_uri(value, bucket=bucket, project_id=project_id, own_job=own_job,
+                         source_buckets=rules.source_buckets)
     elif value.startswith(("https://", "http://")):
         rules.check_url(value)
     elif is_host_path(value):

@@ -7,6 +7,8 @@
                                private hosts only when the operator allow-lists them
     dataset:<sha256>           a file the job's own project stored with trainjobs.uploads.store_upload
     gs://bucket/key-or-prefix  see gcs_source.py; in our own bucket only the project's uploads and jobs
+                               (and a staged dataset by its sha256), other buckets only when the
+                               operator lists them (TRAINJOBS_SOURCE_BUCKETS)
     sklearn:<name>             scikit-learn's bundled data, loaded locally
 
 The rules are trainjobs/source_rules.py, the same the API applied at submit.
