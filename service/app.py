@@ -9,9 +9,10 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from service import errors, metrics, outages
+from service.auth_throttle import AuthThrottle, AuthThrottleConfig
 from service.db.session import POOL_TIMEOUT_S, check_migrated, get_engine, session_factory
 from service.deps import db_threads
-from service.middleware import AnswerUnexpectedErrors, BodyLimit, BodyLimits
+from service.middleware import AnswerUnexpectedErrors, BodyLimit, BodyLimits, ThrottleFailedAuth
 from service.routes import artifacts, dashboard, datasets, health, jobs, modules
 from trainjobs.uploads import UploadKind, max_upload_bytes, too_large_message
 
@@ -54,6 +55,8 @@ def create_app(database_url: str, *, check_schema: bool = True) -> FastAPI:
     outages.install(app)  # 503s, within seconds, while PostgreSQL or storage is down
     # The last added runs first: unexpected errors are answered around everything else.
     app.add_middleware(BodyLimits, limit_for=body_limit)
+    # Before a body is read: a blocked address costs no upload. A bad TRAINJOBS_AUTH_* stops the start.
+    app.add_middleware(ThrottleFailedAuth, throttle=AuthThrottle(AuthThrottleConfig.from_env()))
     app.add_middleware(AnswerUnexpectedErrors)
     app.include_router(health.router)
     app.include_router(jobs.router)

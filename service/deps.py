@@ -90,17 +90,26 @@ async def in_db_thread(request: Request, fn: Callable[..., T], *args: Any) -> T:
         turns.release()
 
 
+UNKNOWN_KEY = "unknown or revoked API key"
+
+
+def bearer_secret(authorization: str) -> str | None:
+    """The key in an `Authorization: Bearer <key>` header's value, or None when there is none."""
+    scheme, _, secret = authorization.partition(" ")
+    return secret.strip() if scheme.lower() == "bearer" and secret.strip() else None
+
+
 def _secret(request: Request) -> str:
-    scheme, _, secret = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not secret.strip():
+    secret = bearer_secret(request.headers.get("authorization", ""))
+    if secret is None:
         raise ApiError(401, "missing API key: send 'Authorization: Bearer <key>'")
-    return secret.strip()
+    return secret
 
 
 def _project(session: Session, secret: str) -> uuid.UUID:
     project_id = retry_if_dropped(session, lambda s: project_for_key(s, secret))
     if project_id is None:
-        raise ApiError(401, "unknown or revoked API key")
+        raise ApiError(401, UNKNOWN_KEY)  # middleware.ThrottleFailedAuth counts it and caches the hash
     return project_id
 
 

@@ -1,8 +1,9 @@
-"""ASGI middleware around the API: request bodies capped while they arrive, and unexpected errors
-answered without costing the client its keep-alive connection."""
+"""ASGI middleware around the API: request bodies capped while they arrive, failed key checks
+throttled, unexpected errors answered without costing the client its keep-alive connection."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -10,6 +11,9 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.auth_throttle import AuthThrottle, address_key
+from service.db.projects import hash_key
+from service.deps import UNKNOWN_KEY, bearer_secret
 from service.errors import error_response
 
 
@@ -83,3 +87,45 @@ class AnswerUnexpectedErrors:
                 raise
             response = await handler(Request(scope, receive), exc)
             await response(scope, receive, send)
+
+
+class ThrottleFailedAuth:
+    """Answers a request that presents a key (service.auth_throttle):
+    - 429 with Retry-After while its address has spent its failures for the window;
+    - 401 from memory when its key was refused moments ago, without a database turn;
+    - otherwise as the app does, counting a 401 against the address and caching the key's hash.
+
+    The address is the connection's peer as the server saw it: behind a proxy that is the proxy,
+    unless the server is told to believe the proxy's X-Forwarded-For (TRAINJOBS_TRUSTED_PROXIES)."""
+
+    def __init__(self, app: ASGIApp, throttle: AuthThrottle) -> None:
+        self.app, self.throttle = app, throttle
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        secret = bearer_secret(Request(scope).headers.get("authorization", "")) if scope["type"] == "http" else None
+        if secret is None:  # nothing to look up: a missing key costs the database nothing
+            await self.app(scope, receive, send)
+            return
+        client = scope.get("client")
+        address = address_key(client[0] if client else None)
+        if (wait := self.throttle.retry_after(address)) is not None:
+            seconds = math.ceil(wait)
+            await error_response(429, "too_many_requests", f"too many unknown API keys from this address: "
+                                 f"try again in {seconds} s", headers={"Retry-After": str(seconds)})(scope, receive, send)
+            return
+        key_hash = hash_key(secret)
+        if self.throttle.known_bad(key_hash):
+            self.throttle.failed(address, key_hash)
+            await error_response(401, "unauthorized", UNKNOWN_KEY)(scope, receive, send)
+            return
+        status = 0
+
+        async def watched(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        await self.app(scope, receive, watched)
+        if status == 401:
+            self.throttle.failed(address, key_hash)

@@ -204,12 +204,13 @@ def _serve_api(url: str, host: str, port: int) -> _ApiThread:
     import uvicorn
 
     from service.app import create_app
+    from service.auth_throttle import trusted_proxies
 
     # We own SIGTERM and SIGINT (_wait_for_signal); uvicorn installs its handlers only when it runs in
     # the main thread (Server.capture_signals), and here it runs in its own.
     # log_config=None: uvicorn's lines go through our root handler, so --log-format json covers them.
     server = uvicorn.Server(uvicorn.Config(create_app(url), host=host, port=port, log_level="warning",
-                                           log_config=None))
+                                           log_config=None, forwarded_allow_ips=trusted_proxies()))
     thread = threading.Thread(target=server.run, name="api", daemon=True)
     thread.start()
     while not server.started and thread.is_alive():
@@ -282,11 +283,13 @@ def api(host: str, port: int, workers: int, data_dir: Path, migrate: bool) -> No
 
     import uvicorn
 
+    from service.auth_throttle import trusted_proxies
+
     # uvicorn's supervisor restarts a process that dies and stops them all on SIGINT/SIGTERM. Each
     # process has its own connection pool (service/db/session.py), so PostgreSQL sees N pools.
     os.environ["TRAINJOBS_DATABASE_URL"] = url
     uvicorn.run("stack.cli:api_app_from_environment", factory=True, host=host, port=port, workers=workers,
-                log_level="warning")
+                log_level="warning", forwarded_allow_ips=trusted_proxies())
 
 
 @main.command()
