@@ -98,3 +98,49 @@ def test_a_vm_deletes_its_own_instance_with_what_the_metadata_server_tells_it(fa
     while fake.instance_names():
         assert time.monotonic() < deadline
         time.sleep(0.05)
+
+
+# --- guest attributes and metadata updates: how a VM's first storage token reaches it (tests/test_sealed_tokens.py)
+
+def test_a_vm_writes_a_guest_attribute_that_the_compute_api_reads(fake: FakeComputeApi) -> None:
+    from google.api_core import exceptions as gexc
+
+    from worker.provisioners.gcp_gpu import compute_clients
+
+    body = vm(metadata={"items": [{"key": "enable-guest-attributes", "value": "TRUE"}]})
+    assert httpx.post(f"{fake.url}{ZONE_PATH}/instances", json=body).status_code == 200
+    clients = compute_clients(GcpConfig(project="proj", zone="us-central1-a", compute_api_endpoint=fake.url))
+    with pytest.raises(gexc.NotFound):  # nothing written yet
+        clients.instances.get_guest_attributes(request={"project": "proj", "zone": "us-central1-a", "instance": "vm-1",
+                                                        "variable_key": "trainjobs/public-key"})
+    put = httpx.put(f"{fake.metadata_url('vm-1', 0)}/instance/guest-attributes/trainjobs/public-key", content="k1",
+                    headers={"Metadata-Flavor": "Google"})
+    assert put.status_code == 200
+    found = clients.instances.get_guest_attributes(request={
+        "project": "proj", "zone": "us-central1-a", "instance": "vm-1", "variable_key": "trainjobs/public-key"})
+    assert found.variable_value == "k1"
+    listed = clients.instances.get_guest_attributes(request={
+        "project": "proj", "zone": "us-central1-a", "instance": "vm-1", "query_path": "trainjobs/"})
+    assert [(i.namespace, i.key, i.value) for i in listed.query_value.items] == [("trainjobs", "public-key", "k1")]
+
+
+def test_set_metadata_needs_the_fingerprint_of_the_metadata_it_replaces(fake: FakeComputeApi) -> None:
+    from google.api_core import exceptions as gexc
+    from google.cloud import compute_v1
+
+    from worker.provisioners.gcp_gpu import compute_clients
+
+    assert httpx.post(f"{fake.url}{ZONE_PATH}/instances", json=vm(metadata={"items": [
+        {"key": "a", "value": "1"}]})).status_code == 200
+    clients = compute_clients(GcpConfig(project="proj", zone="us-central1-a", compute_api_endpoint=fake.url))
+    seen = clients.instances.get(project="proj", zone="us-central1-a", instance="vm-1").metadata
+    assert seen.fingerprint
+    items = [*seen.items, compute_v1.Items(key="b", value="2")]
+    clients.instances.set_metadata_unary(project="proj", zone="us-central1-a", instance="vm-1",
+                                         metadata_resource=compute_v1.Metadata(fingerprint=seen.fingerprint, items=items))
+    served = httpx.get(f"{fake.metadata_url('vm-1', 0)}/instance/attributes/b", headers={"Metadata-Flavor": "Google"})
+    assert served.text == "2"
+    with pytest.raises(gexc.PreconditionFailed):  # a writer that read before that change would undo it
+        clients.instances.set_metadata_unary(project="proj", zone="us-central1-a", instance="vm-1",
+                                             metadata_resource=compute_v1.Metadata(fingerprint=seen.fingerprint,
+                                                                                   items=list(seen.items)))

@@ -90,3 +90,69 @@ def test_a_vm_deletes_its_own_node_with_what_the_metadata_server_tells_it(fake: 
 
 def test_off_a_cloud_vm_there_is_no_node_to_delete() -> None:
     assert delete_own_tpu_node("http://127.0.0.1:9/computeMetadata/v1") is None
+
+
+# --- guest attributes and metadata updates: how a VM's first storage token reaches it (tests/test_sealed_tokens.py)
+
+def _node_with_hosts(fake: FakeTpuApi, node_id: str, tpu_type: str, guest_attributes: bool = True) -> str:
+    metadata = {"enable-guest-attributes": "TRUE"} if guest_attributes else {}
+    node = {"acceleratorType": tpu_type, "runtimeVersion": "tpu-vm-tf-2.18.0-pjrt", "metadata": metadata}
+    assert httpx.post(f"{fake.url}{PARENT}/nodes?nodeId={node_id}", json=node).status_code == 200
+    return f"projects/proj/locations/us-central1-a/nodes/{node_id}"
+
+
+def _put(fake: FakeTpuApi, node_id: str, host: int, value: str) -> httpx.Response:
+    return httpx.put(f"{fake.metadata_url(node_id, host)}/instance/guest-attributes/trainjobs/public-key",
+                     content=value, headers={"Metadata-Flavor": "Google"})
+
+
+def test_each_host_writes_its_own_guest_attributes_and_the_tpu_api_reads_them_per_worker(fake: FakeTpuApi) -> None:
+    from worker.provisioners.gcp_tpu import tpu_client
+
+    name = _node_with_hosts(fake, "n1", "v4-16")  # two hosts
+    assert _put(fake, "n1", 0, "key-of-host-0").status_code == 200
+    assert _put(fake, "n1", 1, "key-of-host-1").status_code == 200
+    client = tpu_client(GcpConfig(project="proj", zone="us-central1-a", tpu_api_endpoint=fake.url))
+    every = client.get_guest_attributes(request={"name": name, "query_path": "trainjobs/public-key"})
+    assert [[(i.namespace, i.key, i.value) for i in g.query_value.items] for g in every.guest_attributes] == [
+        [("trainjobs", "public-key", "key-of-host-0")], [("trainjobs", "public-key", "key-of-host-1")]]
+    second = client.get_guest_attributes(request={"name": name, "query_path": "trainjobs/", "worker_ids": ["1"]})
+    assert [i.value for g in second.guest_attributes for i in g.query_value.items] == ["key-of-host-1"]
+
+
+def test_guest_attributes_are_refused_unless_the_node_enables_them(fake: FakeTpuApi) -> None:
+    _node_with_hosts(fake, "n1", "v5litepod-8", guest_attributes=False)
+    refused = _put(fake, "n1", 0, "key")
+    assert refused.status_code == 403 and b"disabled" in refused.content
+
+
+def test_a_metadata_update_through_the_client_wakes_a_host_waiting_for_change(fake: FakeTpuApi) -> None:
+    import threading
+
+    from google.api_core import exceptions as gexc
+    from google.cloud import tpu_v2
+    from google.protobuf import field_mask_pb2
+
+    from worker.provisioners.gcp_tpu import tpu_client
+
+    name = _node_with_hosts(fake, "n1", "v5litepod-8")
+    meta, flavor = fake.metadata_url("n1", 0), {"Metadata-Flavor": "Google"}
+    first = httpx.get(f"{meta}/instance/attributes/", params={"recursive": "true"}, headers=flavor)
+    assert first.json()["enable-guest-attributes"] == "TRUE" and first.headers["ETag"]
+    seen: list[dict[str, str]] = []
+    waiter = threading.Thread(target=lambda: seen.append(httpx.get(
+        f"{meta}/instance/attributes/", headers=flavor, timeout=scaled(30), params={
+            "recursive": "true", "wait_for_change": "true", "last_etag": first.headers["ETag"],
+            "timeout_sec": str(int(scaled(20)))}).json()))
+    waiter.start()
+    time.sleep(0.2)
+    assert not seen  # nothing changed yet: the request is held
+    client = tpu_client(GcpConfig(project="proj", zone="us-central1-a", tpu_api_endpoint=fake.url))
+    node = client.get_node(name=name)
+    client.update_node(node=tpu_v2.Node(name=name, metadata={**node.metadata, "new-key": "new value"}),
+                       update_mask=field_mask_pb2.FieldMask(paths=["metadata"])).result(timeout=scaled(10))
+    waiter.join(scaled(10))
+    assert seen and seen[0]["new-key"] == "new value" and seen[0]["enable-guest-attributes"] == "TRUE"
+    with pytest.raises(gexc.BadRequest):  # only description, tags, labels, metadata, external IPs may change
+        client.update_node(node=tpu_v2.Node(name=name, runtime_version="other"),
+                           update_mask=field_mask_pb2.FieldMask(paths=["runtime_version"]))

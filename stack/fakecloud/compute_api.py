@@ -18,6 +18,7 @@ from typing import Any
 
 from stack.fakecloud.compute_inventory import ComputeInventory, ComputeTiming, Vm
 from stack.fakecloud.hosts import FakeHosts
+from stack.fakecloud.metadata_server import HostView
 from stack.fakecloud.server import ApiError, FakeGoogleApi, Route
 from trainjobs.catalogue import bundled_gpus
 
@@ -27,6 +28,8 @@ ROUTES: list[Route] = [
     ("GET", re.compile(rf"^/compute/v1/({_ZONE})/instances$"), "list"),
     ("GET", re.compile(rf"^/compute/v1/({_ZONE}/instances/[^/]+)$"), "get"),
     ("DELETE", re.compile(rf"^/compute/v1/({_ZONE}/instances/[^/]+)$"), "delete"),
+    ("POST", re.compile(rf"^/compute/v1/({_ZONE}/instances/[^/]+)/setMetadata$"), "set_metadata"),
+    ("GET", re.compile(rf"^/compute/v1/({_ZONE}/instances/[^/]+)/getGuestAttributes$"), "get_guest_attributes"),
     ("GET", re.compile(rf"^/compute/v1/({_ZONE})/operations$"), "list_operations"),
     ("GET", re.compile(rf"^/compute/v1/({_ZONE}/operations/[^/]+)$"), "get_operation"),
     # `wait` may answer before the operation is DONE (the API's own documentation): this one always does.
@@ -75,6 +78,11 @@ class FakeComputeApi(FakeGoogleApi):
             vm = next((v for p, v in self.world.vms.items() if p.rsplit("/", 1)[-1] == name), None)
             return json.loads(json.dumps(vm.instance)) if vm else None
 
+    def guest_attributes(self, name: str) -> dict[str, str]:
+        """What the VM has written as guest attributes ("namespace/key" -> value)."""
+        with self.world.lock:
+            return dict(self.world.vms[self._path(name)].guest)
+
     def instance_names(self, status: str | None = None) -> list[str]:
         with self.world.lock:
             return sorted(p.rsplit("/", 1)[-1] for p, v in self.world.vms.items()
@@ -102,13 +110,13 @@ class FakeComputeApi(FakeGoogleApi):
                                                                                      self.world.local_devices),
                          env=self.world.env, metadata_url=lambda host: self.metadata_url(name, host))
 
-    def host_metadata(self, machine: str, host: int) -> tuple[dict[str, str], str] | None:
-        """A VM sees its own metadata items as instance attributes."""
+    def host_metadata(self, machine: str, host: int) -> HostView | None:
+        """A VM sees its own metadata items as instance attributes, and its own guest attributes."""
         vm = next((v for p, v in self.world.vms.items() if p.rsplit("/", 1)[-1] == machine), None)
         if vm is None or host != 0:
             return None
         items = {i["key"]: i.get("value", "") for i in (vm.instance.get("metadata") or {}).get("items") or []}
-        return items, vm.instance["zone"].split("/projects/", 1)[-1].split("/", 1)[0]
+        return HostView(items, vm.instance["zone"].split("/projects/", 1)[-1].split("/", 1)[0], vm.guest)
 
     def dispatch(self, action: str, name: str, query: dict[str, str], body: dict[str, Any]) -> dict[str, Any]:
         w = self.world
@@ -121,6 +129,10 @@ class FakeComputeApi(FakeGoogleApi):
                 return w.get(name)
             case "delete":
                 return w.delete(name)
+            case "set_metadata":
+                return w.set_metadata(name, body)
+            case "get_guest_attributes":
+                return w.guest_attributes(name, query.get("variableKey", ""), query.get("queryPath", ""))
             case "list_operations":
                 return w.list_operations(name, query.get("filter", ""))
             case "get_operation":

@@ -8,7 +8,10 @@ the provisioner gets wrong fails here as it would there.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import itertools
+import json
 import re
 import threading
 import time
@@ -43,6 +46,7 @@ class Vm:
     hosts: FakeHosts | None = None
     waiting_ops: list[str] = field(default_factory=list)  # done when RUNNING (insert) or gone (delete)
     remove_when_gone: bool = True  # a preempted VM whose termination action is STOP stays TERMINATED
+    guest: dict[str, str] = field(default_factory=dict)  # guest attributes the VM wrote: "namespace/key" -> value
 
 
 @dataclass
@@ -121,6 +125,7 @@ class ComputeInventory:
         instance = {
             **body, "kind": "compute#instance", "id": vm_id, "name": name, "zone": self.link(zone_path),
             "machineType": self.link(f"{zone_path}/machineTypes/{body['machineType'].rsplit('/', 1)[-1]}"),
+            "metadata": _metadata((body.get("metadata") or {}).get("items") or []),
             "status": "PROVISIONING", "creationTimestamp": _now(), "selfLink": self.link(path),
             "cpuPlatform": "Unknown CPU Platform", "labelFingerprint": "42WmSpB8rSM=",
             "networkInterfaces": [{**nic, "name": f"nic{i}", "networkIP": "127.0.0.1",  # loopback: the VMs run here
@@ -187,6 +192,38 @@ class ComputeInventory:
         if (vm := self.vms.get(path)) is None:
             raise ApiError(404, "NOT_FOUND", f"The resource '{path}' was not found")
         return vm.instance
+
+    def set_metadata(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """instances.setMetadata: the whole item list replaced, if the caller saw the current one (the
+        fingerprint it read with the instance); 412 otherwise, so two writers cannot undo each other."""
+        vm = self.vms.get(path)
+        if vm is None:
+            raise ApiError(404, "NOT_FOUND", f"The resource '{path}' was not found")
+        current = vm.instance["metadata"]["fingerprint"]
+        if not body.get("fingerprint"):
+            raise ApiError(400, "INVALID_ARGUMENT", "Required field 'resource.fingerprint' not specified")
+        if body["fingerprint"] != current:
+            raise ApiError(412, "FAILED_PRECONDITION", "Supplied fingerprint does not match current metadata "
+                           "fingerprint.", reason="conditionNotMet")
+        vm.instance["metadata"] = _metadata(body.get("items") or [])
+        return self.operation(path.rsplit("/instances/", 1)[0], "setMetadata", path, done=True)
+
+    def guest_attributes(self, path: str, variable_key: str, query_path: str) -> dict[str, Any]:
+        """instances.getGuestAttributes: one key's value (variableKey), or the entries under a query path."""
+        vm = self.vms.get(path)
+        if vm is None:
+            raise ApiError(404, "NOT_FOUND", f"The resource '{path}' was not found")
+        out: dict[str, Any] = {"kind": "compute#guestAttributes", "selfLink": self.link(path) + "/getGuestAttributes"}
+        if variable_key:
+            if variable_key not in vm.guest:
+                raise ApiError(404, "NOT_FOUND", f"The resource '{path}/guestAttributes/{variable_key}' was not found")
+            return {**out, "variableKey": variable_key, "variableValue": vm.guest[variable_key]}
+        prefix = query_path.strip("/")
+        items = [{"namespace": k.split("/", 1)[0], "key": k.split("/", 1)[1], "value": v}
+                 for k, v in sorted(vm.guest.items()) if not prefix or prefix in (k.split("/", 1)[0], k)]
+        if not items:
+            raise ApiError(404, "NOT_FOUND", f"The resource '{path}/guestAttributes/{prefix}' was not found")
+        return {**out, "queryPath": query_path, "queryValue": {"items": items}}
 
     def list(self, zone_path: str, filter_: str) -> dict[str, Any]:
         items = [vm.instance for p, vm in self.vms.items() if p.startswith(zone_path + "/") and matches(vm.instance, filter_)]
@@ -277,3 +314,9 @@ def matches(resource: dict[str, Any], filter_: str) -> bool:
         if str(value) != m.group(2):
             return False
     return True
+
+
+def _metadata(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """An instance's metadata as the API returns it: the items and a fingerprint of them."""
+    digest = hashlib.sha256(json.dumps(items, sort_keys=True).encode()).digest()[:8]
+    return {"kind": "compute#metadata", "fingerprint": base64.b64encode(digest).decode(), "items": items}

@@ -1,6 +1,6 @@
 """What every fake Google API here shares (the TPU API now, Compute Engine next): HTTP serving, a log of
 the requests the real client sent, injected errors, google.rpc error bodies, a clock that moves the
-world along, and a metadata server per fake host.
+world along, and a metadata server per fake host (metadata_server.py).
 
 A subclass names its REST routes and answers them (`dispatch`), moves its world on (`tick`), and says
 what a host's metadata server knows (`host_metadata`). Everything runs under one lock, so a response
@@ -18,6 +18,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, Self
 from urllib.parse import parse_qs, urlsplit
+
+from stack.fakecloud import metadata_server
+from stack.fakecloud.metadata_server import Answer, HostView
 
 # Each fake host's metadata server: /metadata/<machine>/<host number>/computeMetadata/v1/<path>.
 METADATA_PATH = re.compile(r"^/metadata/([^/]+)/(\d+)/computeMetadata/v1/(.+)$")
@@ -77,8 +80,9 @@ class FakeGoogleApi(ABC):
     def tick(self) -> None:
         """Move the world on; called every tick_s under the lock."""
 
-    def host_metadata(self, machine: str, host: int) -> tuple[dict[str, str], str] | None:
-        """(instance attributes, project) for that host's metadata server, or None if there is no such machine."""
+    def host_metadata(self, machine: str, host: int) -> HostView | None:
+        """What that host's metadata server knows (stack/fakecloud/metadata_server.py), or None if there is
+        no such machine; called under the lock."""
         return None
 
     def on_stop(self) -> None:
@@ -147,23 +151,11 @@ class FakeGoogleApi(ABC):
                 return self.dispatch(action, m.group(1), query, body)
         raise ApiError(404, "NOT_FOUND", f"no route for {method} {path}")
 
-    def metadata(self, machine: str, host: int, path: str, flavor: str | None) -> tuple[int, bytes]:
+    def metadata(self, machine: str, host: int, method: str, path: str, query: dict[str, str], body: bytes,
+                 flavor: str | None) -> Answer:
         """What a host's metadata server answers (computeMetadata/v1/...)."""
-        if flavor != "Google":  # as on GCE: refused without the header, so SSRF through a proxy fails
-            return 403, b"Missing Metadata-Flavor:Google header."
-        with self.lock:
-            known = self.host_metadata(machine, host)
-        if known is None:
-            return 404, b"not found"
-        attributes, project = known
-        if path.startswith("instance/attributes/") and (key := path.removeprefix("instance/attributes/")) in attributes:
-            return 200, attributes[key].encode()
-        if path == "instance/service-accounts/default/token":
-            return 200, json.dumps({"access_token": f"fake-token-{machine}", "expires_in": 3599,
-                                    "token_type": "Bearer"}).encode()
-        if path == "project/project-id":
-            return 200, project.encode()
-        return 404, b"not found"
+        return metadata_server.answer(self.lock, lambda: self.host_metadata(machine, host), method, path, query,
+                                      body, flavor)
 
     def metadata_url(self, machine: str, host: int) -> str:
         return f"{self.url}/metadata/{machine}/{host}/computeMetadata/v1"
@@ -176,8 +168,11 @@ def _handler(api: FakeGoogleApi) -> type[BaseHTTPRequestHandler]:
         def _serve(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
+            headers: dict[str, str] = {}
             if m := METADATA_PATH.match(urlsplit(self.path).path):
-                status, data = api.metadata(m.group(1), int(m.group(2)), m.group(3), self.headers.get("Metadata-Flavor"))
+                query = {k: v[0] for k, v in parse_qs(urlsplit(self.path).query).items()}
+                status, data, headers = api.metadata(m.group(1), int(m.group(2)), self.command, m.group(3), query, raw,
+                                                     self.headers.get("Metadata-Flavor"))
                 content_type = "application/json" if data.startswith(b"{") else "application/text"
             else:
                 try:
@@ -189,10 +184,12 @@ def _handler(api: FakeGoogleApi) -> type[BaseHTTPRequestHandler]:
             self.send_response(status)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
+            for name, value in headers.items():
+                self.send_header(name, value)
             self.end_headers()
             self.wfile.write(data)
 
-        do_GET = do_POST = do_DELETE = do_PATCH = _serve
+        do_GET = do_POST = do_DELETE = do_PATCH = do_PUT = _serve
 
         def log_message(self, format: str, *args: Any) -> None:
             pass

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from stack.fakecloud.hosts import FakeHosts
+from stack.fakecloud.metadata_server import HostView
 from stack.fakecloud.server import ApiError, FakeGoogleApi, Route
 from stack.fakecloud.tpu_inventory import Machine, Timing, TpuInventory, devices_per_host
 
@@ -25,6 +26,8 @@ ROUTES: list[Route] = [
     ("GET", re.compile(rf"^/v2/({_LOC})/nodes$"), "list_nodes"),
     ("GET", re.compile(rf"^/v2/({_LOC}/nodes/[^/:]+)$"), "get_node"),
     ("DELETE", re.compile(rf"^/v2/({_LOC}/nodes/[^/:]+)$"), "delete_node"),
+    ("PATCH", re.compile(rf"^/v2/({_LOC}/nodes/[^/:]+)$"), "update_node"),
+    ("POST", re.compile(rf"^/v2/({_LOC}/nodes/[^/:]+):getGuestAttributes$"), "get_guest_attributes"),
     ("POST", re.compile(rf"^/v2/({_LOC})/queuedResources$"), "create_queued"),
     ("GET", re.compile(rf"^/v2/({_LOC})/queuedResources$"), "list_queued"),
     ("GET", re.compile(rf"^/v2/({_LOC}/queuedResources/[^/:]+)$"), "get_queued"),
@@ -66,6 +69,11 @@ class FakeTpuApi(FakeGoogleApi):
         with self.world.lock:
             self.world.preempt(self._node_name(node_id))
 
+    def guest_attributes(self, node_id: str, host: int = 0) -> dict[str, str]:
+        """What a host of the node has written as guest attributes ("namespace/key" -> value)."""
+        with self.world.lock:
+            return dict(self.world.machines[self._node_name(node_id)].guest.get(host, {}))
+
     def node(self, node_id: str) -> dict[str, Any] | None:
         with self.world.lock:
             m = self.world.machines.get(self._node_name(node_id))
@@ -100,13 +108,14 @@ class FakeTpuApi(FakeGoogleApi):
                          devices_per_host=min(self.world.local_devices, devices_per_host(node["acceleratorType"])),
                          env=self.world.env, metadata_url=lambda host: self.metadata_url(node_id, host))
 
-    def host_metadata(self, machine: str, host: int) -> tuple[dict[str, str], str] | None:
-        """A TPU VM host sees its node's metadata as instance attributes, and its own worker number."""
+    def host_metadata(self, machine: str, host: int) -> HostView | None:
+        """A TPU VM host sees its node's metadata as instance attributes, its own worker number, and its own
+        guest attributes (each host of a slice has its own)."""
         found = next((m for n, m in self.world.machines.items() if n.rsplit("/", 1)[-1] == machine), None)
-        if found is None:
+        if found is None or not 0 <= host < len(found.node["networkEndpoints"]):
             return None
         attributes = {**(found.node.get("metadata") or {}), "agent-worker-number": str(host)}
-        return attributes, found.node["name"].split("/")[1]
+        return HostView(attributes, found.node["name"].split("/")[1], found.guest.setdefault(host, {}))
 
     def dispatch(self, action: str, name: str, query: dict[str, str], body: dict[str, Any]) -> dict[str, Any]:
         w = self.world
@@ -121,6 +130,11 @@ class FakeTpuApi(FakeGoogleApi):
                 return w.get_node(name)
             case "delete_node":
                 return w.delete_node(name)
+            case "update_node":
+                return w.update_node(name, query.get("updateMask", ""), body)
+            case "get_guest_attributes":
+                return w.guest_attributes(name, str(body.get("queryPath") or ""),
+                                          [str(i) for i in body.get("workerIds") or []])
             case "create_queued":
                 if not query.get("queuedResourceId"):
                     raise ApiError(400, "INVALID_ARGUMENT", "queuedResourceId is required")

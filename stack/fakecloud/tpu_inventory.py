@@ -39,6 +39,7 @@ class Machine:
     gone_at: float | None = None
     hosts: FakeHosts | None = None
     waiting_ops: list[str] = field(default_factory=list)  # done when the node is READY (create) or gone (delete)
+    guest: dict[int, dict[str, str]] = field(default_factory=dict)  # host -> "namespace/key" -> value
 
 
 class TpuInventory:
@@ -128,6 +129,42 @@ class TpuInventory:
         if (machine := self.machines.get(name)) is None:
             raise ApiError(404, "NOT_FOUND", f"Resource '{name}' was not found")
         return machine.node
+
+    # Node fields nodes.patch may change (UpdateNodeRequest.update_mask, google/cloud/tpu/v2/cloud_tpu.proto).
+    UPDATABLE = ("description", "tags", "labels", "metadata", "networkConfig.enableExternalIps")
+
+    def update_node(self, name: str, mask: str, body: dict[str, Any]) -> dict[str, Any]:
+        machine = self.machines.get(name)
+        if machine is None:
+            raise ApiError(404, "NOT_FOUND", f"Resource '{name}' was not found")
+        paths = [p.strip() for p in mask.split(",") if p.strip()]
+        if not paths:
+            raise ApiError(400, "INVALID_ARGUMENT", "update_mask is required")
+        for path in paths:
+            if path not in self.UPDATABLE:
+                raise ApiError(400, "INVALID_ARGUMENT", f"Field '{path}' cannot be updated; updatable fields: "
+                               f"{', '.join(self.UPDATABLE)}")
+            if path == "networkConfig.enableExternalIps":
+                machine.node.setdefault("networkConfig", {})["enableExternalIps"] = bool(
+                    (body.get("networkConfig") or {}).get("enableExternalIps"))
+            elif path in body:
+                machine.node[path] = body[path]  # a map or list field is replaced whole, as the API does
+            else:
+                machine.node.pop(path, None)
+        return self.operation(name.rsplit("/nodes/", 1)[0], "update", name, done=True,
+                              response={"@type": NODE_TYPE, **machine.node})
+
+    def guest_attributes(self, name: str, query_path: str, worker_ids: list[str]) -> dict[str, Any]:
+        """nodes.getGuestAttributes: one GuestAttributes per worker asked for (all when none is)."""
+        machine = self.machines.get(name)
+        if machine is None:
+            raise ApiError(404, "NOT_FOUND", f"Resource '{name}' was not found")
+        hosts = len(machine.node["networkEndpoints"])
+        if any(not w.isdigit() or int(w) >= hosts for w in worker_ids):
+            raise ApiError(400, "INVALID_ARGUMENT", f"worker ids {worker_ids} are not all in 0..{hosts - 1}")
+        workers = [int(w) for w in worker_ids] or list(range(hosts))
+        return {"guestAttributes": [{"queryPath": query_path, "queryValue": {"items": guest_items(
+            machine.guest.get(w, {}), query_path)}} for w in workers]}
 
     def delete_node(self, name: str) -> dict[str, Any]:
         machine = self.machines.get(name)
@@ -244,3 +281,14 @@ def devices_per_host(tpu_type: str) -> int:
     generation, n = tpu_type.rsplit("-", 1)
     g = TPU_GENERATIONS[generation]
     return max(1, min(g.replicas_per_host, int(n) // g.units_per_replica))
+
+
+def guest_items(guest: dict[str, str], query_path: str) -> list[dict[str, str]]:
+    """Guest attribute entries under a query path: '' or '/' (all), 'ns/' (a namespace), 'ns/key'."""
+    path = query_path.strip("/")
+    items = []
+    for full, value in sorted(guest.items()):
+        namespace, key = full.split("/", 1)
+        if not path or path in (namespace, full):
+            items.append({"namespace": namespace, "key": key, "value": value})
+    return items
