@@ -156,3 +156,12 @@ def test_a_metadata_update_through_the_client_wakes_a_host_waiting_for_change(fa
     with pytest.raises(gexc.BadRequest):  # only description, tags, labels, metadata, external IPs may change
         client.update_node(node=tpu_v2.Node(name=name, runtime_version="other"),
                            update_mask=field_mask_pb2.FieldMask(paths=["runtime_version"]))
+
+
+def test_a_vm_whose_identity_may_not_delete_nodes_says_so_and_leaves_the_node_to_the_reaper(fake: FakeTpuApi) -> None:
+    name = create(fake, "v5litepod-8", "#!/bin/bash\n")
+    fake.fail_next("DELETE", f"/nodes/{name}", 403, "PERMISSION_DENIED",
+                   f"Permission 'tpu.nodes.delete' denied on 'projects/proj/locations/us-central1-a/nodes/{name}'")
+    with pytest.raises(PermissionError, match="the worker's reaper deletes it"):
+        delete_own_tpu_node(f"{fake.url}/metadata/{name}/0/computeMetadata/v1")
+    assert fake.node_names() == [name]

@@ -5,7 +5,9 @@ control plane has written a stop request into the job directory (the job ended o
 when the job directory has been unreachable for `unreachable_s` (the control plane, its storage or the
 network is gone). On a Cloud TPU VM it then deletes its own node through the TPU API, on a Compute
 Engine VM its own instance through the Compute API, with the VM's own credentials from the metadata
-server, so a dead control plane never leaves a machine billing.
+server, so a dead control plane never leaves a machine billing. That needs a delete permission on the
+VM's identity, which every tenant's code on every VM then shares: the README's minimal roles leave it
+out, and then the agent only stops, and the worker's reaper deletes the machine.
 
 Reads run on their own thread and the verdict on another: a read that hangs (a storage client retrying
 a dead endpoint for minutes) counts as unreachable rather than stalling the watchdog with it.
@@ -133,6 +135,10 @@ def _delete_own(metadata_url: str | None, timeout_s: float, name_key: str, api_k
     endpoint = api.text if api.status_code == 200 else default_api
     response = httpx.delete(f"{endpoint.rstrip('/')}/{version}/{node.text}", headers={"Authorization": f"Bearer {token}"},
                             timeout=timeout_s)
+    if response.status_code == 403:
+        # The VM's identity may not delete machines: the README's minimal roles give it none, since a
+        # shared identity that may delete its own node may delete every other tenant's too.
+        raise PermissionError(f"this VM's identity may not delete {node.text}; the worker's reaper deletes it")
     if response.status_code not in (200, 404):
         raise RuntimeError(f"deleting {node.text} failed: {response.status_code} {response.text[:500]}")
     return node.text
@@ -146,6 +152,9 @@ def stop_this_machine(reason: str, exit_code: int = 143) -> None:
             if (machine := delete_own()) is not None:
                 log.error("watchdog: deleting %s (%s)", machine, reason)
                 break
+        except PermissionError as exc:
+            log.warning("watchdog: %s (%s)", exc, reason)
+            break
         except Exception:
             log.exception("watchdog: could not delete this machine")
     logging.shutdown()
