@@ -12,7 +12,7 @@ from service import errors, metrics, outages
 from service.auth_throttle import AuthThrottle, AuthThrottleConfig
 from service.db.session import POOL_TIMEOUT_S, check_migrated, get_engine, session_factory
 from service.deps import db_threads
-from service.middleware import AnswerUnexpectedErrors, BodyLimit, BodyLimits, ThrottleFailedAuth
+from service.middleware import AnswerUnexpectedErrors, BodyLimit, BodyLimits, SecurityHeaders, ThrottleFailedAuth
 from service.routes import artifacts, dashboard, datasets, health, jobs, modules
 from trainjobs.uploads import UploadKind, max_upload_bytes, too_large_message
 
@@ -45,7 +45,9 @@ def create_app(database_url: str, *, check_schema: bool = True) -> FastAPI:
     engine = get_engine(database_url, pre_ping=False)  # deps.py retries a request's first statement instead
     if check_schema:
         check_migrated(engine)
-    app = FastAPI(title="trainjobs", version="0.1.0", lifespan=_lifespan,
+    # docs_url/redoc_url None: FastAPI's pages load Swagger UI and ReDoc from a CDN onto the origin
+    # that holds the dashboard's API key; /docs is our own page instead (routes/dashboard.py).
+    app = FastAPI(title="trainjobs", version="0.1.0", lifespan=_lifespan, docs_url=None, redoc_url=None,
                   description="Run TensorFlow training jobs on Cloud TPUs and GPU VMs.")
     app.state.session_factory = session_factory(engine)
     app.state.read_factory = session_factory(engine.execution_options(isolation_level="AUTOCOMMIT"))  # same pool
@@ -58,6 +60,7 @@ def create_app(database_url: str, *, check_schema: bool = True) -> FastAPI:
     # Before a body is read: a blocked address costs no upload. A bad TRAINJOBS_AUTH_* stops the start.
     app.add_middleware(ThrottleFailedAuth, throttle=AuthThrottle(AuthThrottleConfig.from_env()))
     app.add_middleware(AnswerUnexpectedErrors)
+    app.add_middleware(SecurityHeaders)  # around the error answers too
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(artifacts.router)

@@ -1,5 +1,6 @@
 """ASGI middleware around the API: request bodies capped while they arrive, failed key checks
-throttled, unexpected errors answered without costing the client its keep-alive connection."""
+throttled, unexpected errors answered without costing the client its keep-alive connection, and the
+browser told what the pages may load."""
 
 from __future__ import annotations
 
@@ -129,3 +130,37 @@ class ThrottleFailedAuth:
         await self.app(scope, receive, watched)
         if status == 401:
             self.throttle.failed(address, key_hash)
+
+
+# The dashboard keeps an API key in sessionStorage: no script but its own may run on this origin, and
+# no other site may frame it (clickjacking the Cancel button). Its pages use no inline script or style.
+SECURITY_HEADERS = (
+    (b"content-security-policy",
+     b"default-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'; object-src 'none'"),
+    (b"x-content-type-options", b"nosniff"),  # an artifact served as text/plain is never run as script
+    (b"referrer-policy", b"no-referrer"),  # job ids in /ui/#/jobs/<id> stay on this origin
+    (b"x-frame-options", b"DENY"),  # frame-ancestors, for browsers that predate it
+)
+
+
+class SecurityHeaders:
+    """Adds SECURITY_HEADERS to every response, the API's JSON and errors included (a JSON body opened
+    in a browser tab is a page of this origin too); a header a route set itself is kept."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                present = {name.lower() for name, _ in headers}
+                headers += [(name, value) for name, value in SECURITY_HEADERS if name not in present]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
