@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from tests.conftest import scaled
 from tests.test_layers import SOURCES, _imports
 from trainjobs import storage
 from trainjobs.spec import JobSpec
+from worker.access_boundary import JobBoundary, Scope
 from worker.cloud.config import GcpConfig
 from worker.cloud.errors import MachineRefused
 from worker.provisioner import LABEL_JOB, MachineRequest, MachineState
@@ -147,7 +149,7 @@ def test_a_created_vm_becomes_ready_and_delete_leaves_nothing(fake: FakeComputeA
     p, r = provisioner(fake), request()
     assert p.create(r).state == MachineState.READY
     p.delete(r.name)
-    assert p.get(r.name) is None and fake.instance_names() == []
+    assert p.get(r) is None and fake.instance_names() == []
 
 
 def test_a_stockout_in_the_first_zone_creates_the_vm_in_the_fallback_zone(fake: FakeComputeApi) -> None:
@@ -168,7 +170,7 @@ def test_when_every_zone_is_out_the_job_waits_then_fails_after_the_capacity_wait
     r = request()
     waiting = p.create(r)  # the driver starts no boot clock for it, and asks again at its next step
     assert waiting.waiting_for_capacity and "no zone has capacity for a VM with 1 x nvidia-tesla-t4" in (waiting.detail or "")
-    assert p.get(r.name) is None
+    assert p.get(r) is None
     asked = len(inserts(fake))
     now[0] = 10.0
     assert p.create(r).waiting_for_capacity and len(inserts(fake)) == asked  # asked moments ago: not again yet
@@ -199,12 +201,12 @@ def test_a_preempted_spot_vm_reports_preempted_even_after_google_deletes_it(fake
     p, r = provisioner(fake), request(spot=True)
     p.create(r)
     fake.preempt(f"{r.name}-0")
-    assert p.get(r.name).state == MachineState.PREEMPTED  # type: ignore[union-attr]
+    assert p.get(r).state == MachineState.PREEMPTED  # type: ignore[union-attr]
     deadline = time.monotonic() + scaled(10)
     while fake.instance_names():  # instanceTerminationAction DELETE: Google deletes it
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    assert p.get(r.name).state == MachineState.PREEMPTED  # type: ignore[union-attr]
+    assert p.get(r).state == MachineState.PREEMPTED  # type: ignore[union-attr]
 
 
 def test_every_instance_status_maps_to_a_machine_state() -> None:
@@ -222,7 +224,7 @@ def test_a_multi_host_set_is_ready_once_every_vm_runs_and_the_cluster_is_written
     assert [metadata(q.body)["agent-worker-number"] for q in inserts(fake)] == ["0", "1"]
     assert storage.read_json(cluster_uri(job_dir, 1)) == {"worker": ["127.0.0.1:5000", "127.0.0.1:5001"]}
     fake.preempt(f"{r.name}-1")  # losing any host loses the set
-    assert p.get(r.name).state == MachineState.PREEMPTED  # type: ignore[union-attr]
+    assert p.get(r).state == MachineState.PREEMPTED  # type: ignore[union-attr]
     p.delete(r.name)
     assert fake.instance_names() == []
 
@@ -254,7 +256,7 @@ def test_the_gcp_provisioner_sends_tpu_jobs_to_cloud_tpu_and_the_rest_to_compute
         # A worker that did not create them (adoption, the reaper) finds each where it is.
         fresh = GcpProvisioner(tpu, GceVmProvisioner(config, poll_s=0.02, backoff_s=0.01))
         assert {m.name for m in fresh.list({})} == {on_tpu.name, request().name}
-        assert fresh.get(on_tpu.name) is not None and fresh.get(request().name) is not None
+        assert fresh.get(on_tpu) is not None and fresh.get(request()) is not None
         for name in (on_tpu.name, request().name):
             fresh.delete(name)
         assert tpu_fake.node_names() == [] and fake.instance_names() == []
@@ -277,7 +279,7 @@ def test_every_vm_of_a_set_carries_its_jobs_token_and_an_adopting_worker_keeps_t
         return lambda boundary: lambda: (f"token-{boundary.job_id}-1", datetime.now(UTC) + timedelta(hours=1))
 
     r = request(job_dir=GcsJobChannel(bucket).job_dir(JOB), workers=2)
-    GcsJobChannel(bucket).prepare(JOB, 1, r.spec, f"gs://{bucket}/datasets/{'a' * 64}")  # the token's boundary
+    r = replace(r, boundary=JobBoundary(JOB, read=(), write=(Scope.from_uri(r.job_dir, directory=True),)))
     p = GceVmProvisioner(GcpConfig(project="proj", zone=ZONE, compute_api_endpoint=fake.url), startup=lambda r: SCRIPT,
                          create_wait_s=scaled(30), backoff_s=0.01, poll_s=0.02, tokens=JobTokens(Minter()))
     p.create(r)
@@ -285,7 +287,7 @@ def test_every_vm_of_a_set_carries_its_jobs_token_and_an_adopting_worker_keeps_t
     assert tokens == {f"token-{JOB}-1"}
     successor = GceVmProvisioner(GcpConfig(project="proj", zone=ZONE, compute_api_endpoint=fake.url),
                                  backoff_s=0.01, poll_s=0.02, tokens=JobTokens(Minter()))
-    successor.get(r.name)
+    successor.get(r)
     assert successor.tokens is not None and successor.tokens.running() == [r.name]
     successor.delete(r.name)
     assert successor.tokens.running() == [] and fake.instance_names() == []

@@ -51,10 +51,10 @@ def sent(fake: FakeTpuApi, method: str, collection: str) -> list[dict]:
     return [r.body or {} for r in fake.requests if r.method == method and r.path.endswith(f"/{collection}")]
 
 
-def wait_state(p: TpuVmProvisioner, name: str, state: MachineState | None, timeout: float = 10.0) -> None:
+def wait_state(p: TpuVmProvisioner, request: MachineRequest, state: MachineState | None, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + scaled(timeout)
-    while (info := p.get(name)) is not None and info.state != state or info is None and state is not None:
-        assert time.monotonic() < deadline, f"{name} is {info}, expected {state}"
+    while (info := p.get(request)) is not None and info.state != state or info is None and state is not None:
+        assert time.monotonic() < deadline, f"{request.name} is {info}, expected {state}"
         time.sleep(0.05)
 
 
@@ -102,7 +102,7 @@ def test_a_created_node_becomes_ready_and_delete_leaves_nothing(fake: FakeTpuApi
     p, request = provisioner(fake), tpu_request()
     assert p.create(request).state == MachineState.READY
     p.delete(request.name)
-    assert p.get(request.name) is None
+    assert p.get(request) is None
     assert fake.node_names() == []
 
 
@@ -113,7 +113,7 @@ def test_a_node_deleted_while_creating_is_gone_and_never_boots(tmp_path: Path) -
         request = tpu_request()
         assert p.create(request).state == MachineState.CREATING
         p.delete(request.name)
-        assert p.get(request.name) is None and fake.node_names() == []
+        assert p.get(request) is None and fake.node_names() == []
         assert not (tmp_path / request.name).exists()  # the startup script never ran
 
 
@@ -121,7 +121,7 @@ def test_a_preempted_node_reports_preempted_until_deleted(fake: FakeTpuApi) -> N
     p, request = provisioner(fake), tpu_request(spot=True)
     p.create(request)
     fake.preempt(request.name)
-    assert p.get(request.name).state == MachineState.PREEMPTED  # type: ignore[union-attr]
+    assert p.get(request).state == MachineState.PREEMPTED  # type: ignore[union-attr]
     p.delete(request.name)
     assert fake.node_names() == []
 
@@ -188,7 +188,7 @@ def test_with_every_zone_stocked_out_the_node_is_queued_until_capacity_returns(f
     assert spec["nodeId"] == request.name and spec["parent"] == f"projects/proj/locations/{ZONE}"
     assert spec["node"]["acceleratorType"] == "v5litepod-8" and "schedulingConfig" not in spec["node"]
     fake.stock_out(ZONE, False)
-    wait_state(p, request.name, MachineState.READY)
+    wait_state(p, request, MachineState.READY)
     p.delete(request.name)
     assert fake.node_names() == [] and fake.queued_names() == []
 
@@ -197,8 +197,8 @@ def test_a_queued_node_whose_wait_runs_out_says_there_was_no_capacity(fake: Fake
     fake.stock_out(ZONE)
     p, request = provisioner(fake, capacity_wait_s=1.0), tpu_request()
     p.create(request)
-    wait_state(p, request.name, MachineState.STOPPED)
-    assert p.get(request.name).detail == f"no capacity in {ZONE} for v5litepod-8 after 1 seconds"  # type: ignore[union-attr]
+    wait_state(p, request, MachineState.STOPPED)
+    assert p.get(request).detail == f"no capacity in {ZONE} for v5litepod-8 after 1 seconds"  # type: ignore[union-attr]
 
 
 def test_a_gpu_job_is_refused_by_the_tpu_provisioner(fake: FakeTpuApi) -> None:

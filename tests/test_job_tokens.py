@@ -18,7 +18,7 @@ from stack.fakecloud.tpu_inventory import Timing
 from tests.conftest import digits_spec, scaled
 from trainjobs import storage
 from trainjobs.spec import JobSpec
-from worker.access_boundary import JobBoundary
+from worker.access_boundary import JobBoundary, Scope
 from worker.agent.token_refresh import refresh_once
 from worker.cloud.bootstrap import startup_script
 from worker.cloud.config import GcpConfig
@@ -49,8 +49,11 @@ class Minter:
 def _job(bucket: str, job_id: str = "8d0c7f0e-5a34-4d59-8d7b-0a8e61c0b7d1") -> MachineRequest:
     spec = JobSpec.model_validate(digits_spec(accelerator={"type": "tpu", "tpu_type": "v5litepod-8"}, strategy="tpu"))
     channel = GcsJobChannel(bucket)
-    channel.prepare(job_id, 1, spec, f"gs://{bucket}/datasets/{'a' * 64}")  # spec.json: the boundary's source
-    return MachineRequest(job_id, 1, spec, channel.job_dir(job_id))
+    dataset = f"gs://{bucket}/datasets/{'a' * 64}"
+    channel.prepare(job_id, 1, spec, dataset)
+    boundary = JobBoundary(job_id, read=(Scope.from_uri(dataset, directory=True),),
+                           write=(Scope.from_uri(channel.job_dir(job_id), directory=True),))
+    return MachineRequest(job_id, 1, spec, channel.job_dir(job_id), boundary)
 
 
 @pytest.fixture
@@ -62,14 +65,14 @@ def fake(tmp_path: Path) -> Iterator[FakeTpuApi]:
 def test_the_worker_publishes_each_new_token_in_the_job_directory_until_the_machine_goes(bucket: str) -> None:
     request, minter = _job(bucket), Minter(life_s=0.4)
     tokens = JobTokens(minter, min_wait_s=0.05)
-    first = json.loads(tokens.start("vm-1", request.job_dir))
+    first = json.loads(tokens.start(request))
     assert first["access_token"] == f"token-{request.job_id}-1"
-    assert minter.boundaries[0].job_id == request.job_id  # minted for this job's boundary, read from spec.json
+    assert minter.boundaries == [request.boundary]  # minted for the boundary the request carries
     deadline = time.monotonic() + scaled(10)
     while (storage.read_json(token_uri(request.job_dir)) or {}).get("access_token") == first["access_token"]:
         assert time.monotonic() < deadline, "no newer token was published"
         time.sleep(0.05)
-    tokens.stop("vm-1")
+    tokens.stop(request.name)
     assert tokens.running() == []
     settled = minter.count
     time.sleep(0.5)
@@ -119,7 +122,7 @@ def test_a_tpu_node_carries_its_jobs_first_token_and_its_startup_script_hands_it
     # A new worker (the first died) keeps the adopted node's tokens coming; deleting the node stops them.
     successor = TpuVmProvisioner(GcpConfig(project="proj", zone=ZONE, tpu_api_endpoint=fake.url),
                                  startup=lambda r: script, backoff_s=0.01, tokens=JobTokens(Minter()))
-    successor.get(request.name)
+    successor.get(request)
     assert successor.tokens is not None and successor.tokens.running() == [request.name]
     successor.delete(request.name)
     assert successor.tokens.running() == []

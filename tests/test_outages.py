@@ -199,10 +199,10 @@ class StandInMachines:
                 threading.Thread(target=self._agent, args=(request,), daemon=True).start()
         return MachineInfo(request.name, MachineState.READY, request.labels)
 
-    def get(self, name: str) -> MachineInfo | None:
+    def get(self, request: MachineRequest) -> MachineInfo | None:
         with self._lock:
-            request = self._machines.get(name)
-        return MachineInfo(name, MachineState.READY, request.labels) if request else None
+            found = request.name in self._machines
+        return MachineInfo(request.name, MachineState.READY, request.labels) if found else None
 
     def delete(self, name: str) -> None:
         with self._lock:

@@ -268,6 +268,6 @@ def test_a_worker_with_a_reaper_deletes_machines_whose_job_is_unknown(db, databa
     running_workers.append(w)
     w.start()
     deadline = time.monotonic() + scaled(10)
-    while cloud.get(stray.name) is not None and time.monotonic() < deadline:
+    while cloud.get(stray) is not None and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert cloud.get(stray.name) is None
+    assert cloud.get(stray) is None

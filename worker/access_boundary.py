@@ -4,18 +4,23 @@ directory (read and write), nothing else.
 One boundary, two enforcers: on Google Cloud it becomes a Credential Access Boundary on the
 downscoped token the worker mints for the job (`worker/credentials.py`); against the local emulator,
 which checks nothing, the job's storage guard (`worker/storage_guard.py`) answers 403 outside it.
+The driver computes it (`job_boundary`) from what the job cannot write and hands it to the
+provisioner in the MachineRequest, at create and on adoption alike.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from trainjobs import storage
 from trainjobs.messages import AgentAssignment
+from trainjobs.spec import JobSpec
 
 _MODULE_FILES = (".py", ".zip", ".tar.gz", ".tgz")
+_STAGED = re.compile(r"datasets/[0-9a-f]{64}/?")  # storage.dataset_uri: only staging writes under datasets/
 MAX_RULES = 10  # a Credential Access Boundary holds at most 10 rules
 MAX_EXPRESSION = 2048  # characters in one rule's condition
 
@@ -82,19 +87,33 @@ def boundary_for(assignment: AgentAssignment, job_dir: str, dataset_manifest: di
     if module and module.startswith("gs://"):
         # A .py file or an archive is one object; anything else was uploaded as a package directory.
         read.append(Scope.from_uri(module, directory=not module.endswith(_MODULE_FILES)))
-    write = (Scope.from_uri(job_dir, directory=True),)
+    # A mem:// job directory (the in-memory cloud of tests) is no storage a token or guard governs.
+    write = (Scope.from_uri(job_dir, directory=True),) if job_dir.startswith("gs://") else ()
     return JobBoundary(assignment.job_id, tuple(dict.fromkeys(read)), write)
 
 
-def read_boundary(job_dir: str) -> JobBoundary:
-    """The boundary for the attempt whose spec.json the worker has just written under job_dir."""
-    raw = storage.read_json(storage.JobPaths(job_dir.rstrip("/")).spec)
-    if raw is None:
-        raise LookupError(f"no spec.json under {job_dir}")
-    assignment = AgentAssignment.model_validate(raw)
-    manifest = storage.read_json(f"{assignment.dataset_uri.rstrip('/')}/manifest.json") \
-        if assignment.dataset_uri.startswith("gs://") else None
+def job_boundary(job_id: str, spec: JobSpec, dataset_uri: str | None, job_dir: str) -> JobBoundary:
+    """A job's boundary from what its code cannot touch: the job's row (its spec, and the dataset URI
+    staging recorded there) and that dataset's manifest, which only the worker writes (datasets/ is in
+    no job's write scope, and the API writes only uploads/). The same at create and on adoption: a
+    spec.json or a manifest the job wrote in its own directory, or a machine's metadata, never
+    widens it (issue 18, finding 1)."""
+    manifest = None
+    if dataset_uri is not None and dataset_uri.startswith("gs://"):
+        _check_staged(job_id, dataset_uri, job_dir)
+        manifest = storage.read_json(f"{dataset_uri.rstrip('/')}/manifest.json")
+        if manifest is None:
+            raise LookupError(f"job {job_id}: the staged dataset {dataset_uri} has no manifest")
+    assignment = AgentAssignment(job_id=job_id, attempt=1, spec=spec, dataset_uri=dataset_uri or "")
     return boundary_for(assignment, job_dir, manifest)
+
+
+def _check_staged(job_id: str, dataset_uri: str, job_dir: str) -> None:
+    """Only the worker writes there: a staged dataset in the bucket of the job directories (stage.py)."""
+    bucket, key = storage.split_uri(dataset_uri)
+    if (job_dir.startswith("gs://") and bucket != storage.split_uri(job_dir)[0]) \
+            or not _STAGED.fullmatch(key):
+        raise ValueError(f"job {job_id}: {dataset_uri} is not a staged dataset (gs://BUCKET/datasets/<sha256>)")
 
 
 # --- as a Credential Access Boundary (https://cloud.google.com/iam/docs/downscoping-short-lived-credentials) ---

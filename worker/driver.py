@@ -32,6 +32,7 @@ from service.db.session import transaction
 from trainjobs.messages import AgentError, AgentReport, AgentState
 from trainjobs.spec import JobSpec
 from worker import metrics
+from worker.access_boundary import JobBoundary, job_boundary
 from worker.outages import is_outage
 from trainjobs.machine_plan import hourly_price_usd
 from worker.provisioner import (
@@ -65,6 +66,7 @@ class JobDriver:
         self._failed_in_a_row = 0  # this driver's own count, outages included: sets the backoff
         self._noted: set[tuple[str, int, str]] = set()  # machine timings already on the row
         self._waiting_seen: float | None = None  # when the machine was last seen queued for capacity
+        self._boundary: tuple[str | None, JobBoundary] | None = None  # (dataset_uri, the job's boundary)
 
     def run(self) -> None:
         """Step until the job is terminal, no longer ours, or the worker is stopping."""
@@ -119,7 +121,7 @@ class JobDriver:
 
     def _provision(self, job: Job, spec: JobSpec) -> bool:
         request = self._request(job, spec)
-        machine = self.provisioner.get(request.name)
+        machine = self.provisioner.get(request)
         if machine is None:
             self.channel.prepare(str(job.id), job.attempt, spec, job.dataset_uri or "")
             self._note(job, request, "requested_at")
@@ -175,7 +177,7 @@ class JobDriver:
             self._record(**progress)
             if status.state == AgentState.FAILED:
                 return self._finish_failed(job, status.error)
-        machine = self.provisioner.get(request.name)
+        machine = self.provisioner.get(request)
         if machine is None or machine.state in (MachineState.PREEMPTED, MachineState.STOPPED):
             what = "gone" if machine is None else machine.state.value.lower()
             return self._move(job, S.RECOVERING, f"machine {request.name} {what} before the agent finished")
@@ -193,7 +195,7 @@ class JobDriver:
         if status is not None and status.state == AgentState.FAILED:
             return self._finish_failed(job, status.error)
         request = self._request(job, spec)
-        machine = self.provisioner.get(request.name) if job.attempt else None
+        machine = self.provisioner.get(request) if job.attempt else None
         if (machine and machine.state == MachineState.READY and status and status.state == AgentState.RUNNING
                 and _age(status.heartbeat_at) < self.config.agent_stale_s):
             return self._move(job, S.RUNNING, f"adopted running machine {machine.name}")
@@ -284,7 +286,13 @@ class JobDriver:
         return None
 
     def _request(self, job: Job, spec: JobSpec) -> MachineRequest:
-        return MachineRequest(str(job.id), max(job.attempt, 1), spec, self.channel.job_dir(str(job.id)))
+        job_id = str(job.id)
+        job_dir = self.channel.job_dir(job_id)
+        # From the row and the worker-written manifest only, once per driver (the manifest of a staged
+        # dataset never changes): the same boundary at create and when a new worker adopts the machine.
+        if self._boundary is None or self._boundary[0] != job.dataset_uri:
+            self._boundary = (job.dataset_uri, job_boundary(job_id, spec, job.dataset_uri, job_dir))
+        return MachineRequest(job_id, max(job.attempt, 1), spec, job_dir, self._boundary[1])
 
     def _delete_machines(self, job: Job, reason: str) -> None:
         # The stop request first: an agent the delete does not reach (a machine the cloud keeps, a

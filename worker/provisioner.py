@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from trainjobs.messages import AgentReport
 from trainjobs.spec import JobSpec
+from worker.access_boundary import JobBoundary
 
 # Labels every machine carries, so inventory can be searched like a cloud's (orphan checks, adoption).
 LABEL_MANAGED = "trainjobs-managed"
@@ -39,6 +40,9 @@ class MachineRequest:
     attempt: int
     spec: JobSpec
     job_dir: str  # where the agent finds spec.json and writes status (gs://... or mem://...)
+    # What the machine's code may reach in storage. The driver computes it from the job's row
+    # (worker/access_boundary.job_boundary), never from anything the machine or the job wrote.
+    boundary: JobBoundary | None = None
 
     @property
     def name(self) -> str:
@@ -48,6 +52,13 @@ class MachineRequest:
     @property
     def labels(self) -> dict[str, str]:
         return {**self.spec.labels, LABEL_MANAGED: "true", LABEL_JOB: self.job_id, LABEL_ATTEMPT: str(self.attempt)}
+
+    def storage_boundary(self) -> JobBoundary:
+        """The boundary, for a provisioner that gives the machine storage access: a request without one
+        gets none (no provisioner falls back to reading it from storage)."""
+        if self.boundary is None:
+            raise ValueError(f"the request for {self.name} carries no storage boundary")
+        return self.boundary
 
 
 @dataclass(frozen=True)
@@ -69,8 +80,10 @@ class Provisioner(Protocol):
         """Create the machine and start the agent on it. Idempotent for the same request.name."""
         ...
 
-    def get(self, name: str) -> MachineInfo | None:
-        """The machine's liveness, or None if it does not exist."""
+    def get(self, request: MachineRequest) -> MachineInfo | None:
+        """The liveness of the request's machine, or None if it does not exist. A machine this process
+        did not create (a dead worker's, adopted) gets what it needs from the request (its storage
+        boundary), never from what the machine holds."""
         ...
 
     def delete(self, name: str) -> None:

@@ -17,8 +17,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from trainjobs import storage
-from worker.access_boundary import JobBoundary, read_boundary
+from worker.access_boundary import JobBoundary
 from worker.credentials import Minter, TokenFileRefresher, downscoped_minter
+from worker.provisioner import MachineRequest
 
 log = logging.getLogger("trainjobs.worker")
 
@@ -44,30 +45,33 @@ class JobTokens:
         self._refreshers: dict[str, TokenFileRefresher] = {}
         self._lock = threading.Lock()
 
-    def start(self, name: str, job_dir: str) -> str:
-        """Start keeping machine `name`'s token fresh; return the first token (JSON text) for its metadata."""
+    def start(self, request: MachineRequest) -> str:
+        """Start keeping the request's machine's token fresh; return the first token (JSON text) for its
+        metadata. The token's boundary is the request's, which the driver computed from the job's row."""
         import json
 
+        name, boundary = request.name, request.storage_boundary()
         with self._lock:
             if (running := self._refreshers.get(name)) is not None and running.token and running.expiry:
                 return json.dumps(token_json(running.token, running.expiry))
-            uri = token_uri(job_dir)
+            uri = token_uri(request.job_dir)
             refresher = TokenFileRefresher(
-                None, self.minter_for(read_boundary(job_dir)), label=name, min_wait_s=self.min_wait_s,
+                None, self.minter_for(boundary), label=name, min_wait_s=self.min_wait_s,
                 sink=lambda token, expiry: storage.write_json(uri, token_json(token, expiry)))
             refresher.start()
             self._refreshers[name] = refresher
             assert refresher.token is not None and refresher.expiry is not None
             return json.dumps(token_json(refresher.token, refresher.expiry))
 
-    def keep(self, name: str, job_dir: str) -> None:
-        """A machine this worker did not create (a dead worker's, adopted): keep its tokens coming."""
-        if name in self._refreshers:
+    def keep(self, request: MachineRequest) -> None:
+        """A machine this worker did not create (a dead worker's, adopted): keep its tokens coming, for
+        the boundary the request carries (nothing the machine holds or its job wrote widens it)."""
+        if request.name in self._refreshers:
             return
         try:
-            self.start(name, job_dir)
+            self.start(request)
         except Exception as exc:  # the next look tries again; the VM's token lasts up to an hour
-            log.warning("could not resume storage tokens for %s: %s", name, exc)
+            log.warning("could not resume storage tokens for %s: %s", request.name, exc)
 
     def stop(self, name: str) -> None:
         with self._lock:

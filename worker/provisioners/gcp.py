@@ -3,17 +3,25 @@ TPU jobs go to Cloud TPU (gcp_tpu.py); GPU jobs, and CPU jobs, to Compute Engine
 job gets an n2-standard VM with two vCPUs per replica, rather than being refused, so one gcp worker fleet
 runs every spec the API accepts).
 
-Only create() sees the spec; get() and delete() see a name. The name is routed to whichever provisioner
-created it in this process, else (a machine made by another worker, being adopted or reaped) asked of
-both: a machine lives in exactly one of them.
+create() and get() see the request, so they ask only the product of its accelerator: a project that
+runs only TPU jobs needs no Compute Engine API, and the reverse. delete() and list() see names and
+labels: a name is routed to the product it was last seen in by this process, else (a machine made by
+another worker, being reaped) asked of both; there a product whose API is off, forbidden to us or not
+served at all has no machines of ours, and is skipped with a warning instead of failing the other's jobs.
 """
 
 from __future__ import annotations
 
 import builtins
+import logging
+from collections.abc import Callable
+from typing import TypeVar
 
 from trainjobs.spec import TpuAccelerator
 from worker.provisioner import MachineInfo, MachineRequest, Provisioner
+
+log = logging.getLogger("trainjobs.worker")
+T = TypeVar("T")
 
 
 class GcpProvisioner:
@@ -21,7 +29,8 @@ class GcpProvisioner:
 
     def __init__(self, tpu: Provisioner, vm: Provisioner):
         self.tpu, self.vm = tpu, vm
-        self._owner: dict[str, Provisioner] = {}  # machine name -> the provisioner that has it
+        self._owner: dict[str, Provisioner] = {}  # machine name -> the product it was last seen in
+        self._unavailable: set[str] = set()  # products already warned about
 
     def _for(self, request: MachineRequest) -> Provisioner:
         return self.tpu if isinstance(request.spec.accelerator, TpuAccelerator) else self.vm
@@ -31,19 +40,39 @@ class GcpProvisioner:
         self._owner[request.name] = provisioner
         return provisioner.create(request)
 
-    def get(self, name: str) -> MachineInfo | None:
-        if (owner := self._owner.get(name)) is not None:
-            return owner.get(name)
-        for provisioner in (self.vm, self.tpu):
-            if (found := provisioner.get(name)) is not None:
-                self._owner[name] = provisioner
-                return found
-        return None
+    def get(self, request: MachineRequest) -> MachineInfo | None:
+        provisioner = self._for(request)
+        if (found := provisioner.get(request)) is not None:
+            self._owner[request.name] = provisioner
+        return found
 
     def delete(self, name: str) -> None:
-        owner = self._owner.pop(name, None)
-        for provisioner in (owner,) if owner is not None else (self.vm, self.tpu):
-            provisioner.delete(name)
+        if (owner := self._owner.pop(name, None)) is not None:
+            owner.delete(name)
+            return
+        for provisioner in (self.tpu, self.vm):
+            self._ask(provisioner, lambda p: p.delete(name), None)
 
     def list(self, labels: dict[str, str]) -> builtins.list[MachineInfo]:
-        return self.vm.list(labels) + self.tpu.list(labels)
+        found: builtins.list[MachineInfo] = []
+        for provisioner in (self.tpu, self.vm):
+            none: builtins.list[MachineInfo] = []
+            machines = self._ask(provisioner, lambda p: p.list(labels), none)
+            self._owner.update((m.name, provisioner) for m in machines)
+            found += machines
+        return found
+
+    def _ask(self, provisioner: Provisioner, call: Callable[[Provisioner], T], instead: T) -> T:
+        """call(provisioner), or `instead` when that product's API is disabled in the project (403
+        SERVICE_DISABLED), forbidden to the worker (403) or not served at this endpoint (404): none of
+        our machines can be there, and the other product's jobs must not fail for it."""
+        from google.api_core import exceptions as gexc
+
+        try:
+            return call(provisioner)
+        except (gexc.Forbidden, gexc.NotFound) as exc:
+            if provisioner.kind not in self._unavailable:
+                self._unavailable.add(provisioner.kind)
+                log.warning("%s is unavailable to this worker, skipped when looking for machines: %s",
+                            provisioner.kind, exc)
+            return instead

@@ -34,7 +34,7 @@ from worker.cloud.config import GcpConfig
 from worker.cloud.errors import MachineRefused, cloud_message, is_transient, with_backoff
 from worker.cloud.job_tokens import METADATA_KEY as TOKEN_KEY
 from worker.cloud.job_tokens import JobTokens, default_job_tokens
-from worker.provisioner import LABEL_ATTEMPT, LABEL_MANAGED, MachineInfo, MachineRequest, MachineState
+from worker.provisioner import LABEL_MANAGED, MachineInfo, MachineRequest, MachineState
 
 log = logging.getLogger("trainjobs.worker")
 
@@ -60,7 +60,9 @@ TIMED_OUT = ("TIMEOUT", "")  # operations still running when the wait ended
 STOCKOUT_CODES = ("ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "STOCKOUT")
 LABEL_MACHINE, LABEL_HOSTS = "trainjobs-machine", "trainjobs-hosts"
 # Instance metadata the hosts read back from the metadata server: their number, and what the agent's
-# watchdog needs to delete its own VM (trainjobs/watchdog.py) when the control plane is gone.
+# watchdog needs to delete its own VM (trainjobs/watchdog.py) when the control plane is gone. The job
+# directory is there for a person reading the VM: the worker never reads it back (the job's code could
+# change what the VM reports).
 HOST_KEY, JOB_DIR_KEY = "agent-worker-number", "trainjobs-job-dir"
 SCOPES = ["https://www.googleapis.com/auth/devstorage.read_write",  # the job directory and datasets
           "https://www.googleapis.com/auth/compute"]  # the watchdog deletes its own VM
@@ -131,7 +133,7 @@ class GceVmProvisioner:
     def create(self, request: MachineRequest) -> MachineInfo:
         if isinstance(request.spec.accelerator, TpuAccelerator):
             raise MachineRefused("the Compute Engine provisioner runs GPU and CPU jobs; TPU jobs go to Cloud TPU")
-        if (existing := self.get(request.name)) is not None:
+        if (existing := self.get(request)) is not None:
             return existing
         if self.clock() - self._last_capacity_try.get(request.name, -math.inf) < self.capacity_retry_s:
             return self._no_capacity(request, asked=False)  # every zone said no moments ago
@@ -152,18 +154,17 @@ class GceVmProvisioner:
             log.info("%s: no capacity in %s (%s): %s", request.name, zone, code, message)
         else:
             return self._no_capacity(request)
-        return self.get(request.name) or MachineInfo(request.name, MachineState.CREATING, request.labels)
+        return self.get(request) or MachineInfo(request.name, MachineState.CREATING, request.labels)
 
-    def get(self, name: str) -> MachineInfo | None:
-        seen = self._zone_of.get(name)
+    def get(self, request: MachineRequest) -> MachineInfo | None:
+        name, seen = request.name, self._zone_of.get(request.name)
         for zone in sorted(self.config.zones, key=lambda z: z != seen):
             members = self._list(zone, f'labels.{LABEL_MACHINE} = "{name}"')
             if members:
                 self._zone_of[name] = zone
-                info = self._set_info(zone, name, members)
+                info = self._set_info(zone, name, members, request)
                 if self.tokens is not None and info.state in (MachineState.CREATING, MachineState.READY):
-                    job_dir = {i.key: i.value for i in members[0].metadata.items}.get(JOB_DIR_KEY, "")
-                    self.tokens.keep(name, job_dir)  # adopted from a dead worker: its tokens go on
+                    self.tokens.keep(request)  # adopted from a dead worker: tokens go on, for the request's boundary
                 return info
         if seen is not None and self._preempted(seen, f"{name}-"):
             # A spot VM preempted with instanceTerminationAction DELETE leaves nothing to find.
@@ -190,7 +191,7 @@ class GceVmProvisioner:
                 if labels.items() <= dict(vm.labels).items() and (name := vm.labels.get(LABEL_MACHINE)):
                     sets.setdefault(name, []).append(vm)
             for name, members in sets.items():
-                found.setdefault(name, self._set_info(zone, name, members, write_cluster=False))
+                found.setdefault(name, self._set_info(zone, name, members))
         return builtins.list(found.values())
 
     # --- requests ---
@@ -210,7 +211,7 @@ class GceVmProvisioner:
             COMPUTE_API_KEY: c.compute_api_endpoint or "https://compute.googleapis.com",
         }
         if self.tokens is not None:  # the VMs' only way into storage: a token for this job's own objects
-            metadata[TOKEN_KEY] = self.tokens.start(request.name, request.job_dir)
+            metadata[TOKEN_KEY] = self.tokens.start(request)
         if isinstance(acc, GpuAccelerator):
             metadata["install-nvidia-driver"] = "True"  # Deep Learning VM images install the driver at first boot
         network = compute_v1.NetworkInterface(
@@ -291,7 +292,9 @@ class GceVmProvisioner:
 
     # --- responses ---
 
-    def _set_info(self, zone: str, name: str, members: builtins.list[Any], write_cluster: bool = True) -> MachineInfo:
+    def _set_info(self, zone: str, name: str, members: builtins.list[Any],
+                  request: MachineRequest | None = None) -> MachineInfo:
+        """The set's state; with the request (get, not list), a multi-host set's cluster is written."""
         labels = dict(members[0].labels)
         hosts = int(labels.get(LABEL_HOSTS, "1") or 1)
         by_host = {m.name.rsplit("-", 1)[-1]: m for m in members}
@@ -304,8 +307,8 @@ class GceVmProvisioner:
         if missing:
             return MachineInfo(name, MachineState.STOPPED, labels, f"host(s) {', '.join(missing)} of {name} are gone")
         if all(s == MachineState.READY for s, _ in states):
-            if hosts > 1 and write_cluster and name not in self._clustered:
-                self._write_cluster(members)
+            if hosts > 1 and request is not None and name not in self._clustered:
+                self._write_cluster(request, members)
                 self._clustered.add(name)
             if hosts == 1 or name in self._clustered:
                 return MachineInfo(name, MachineState.READY, labels, f"{hosts} VM(s) RUNNING in {zone}")
@@ -318,13 +321,12 @@ class GceVmProvisioner:
             return MachineState.PREEMPTED
         return state
 
-    def _write_cluster(self, members: builtins.list[Any]) -> None:
-        """The cluster every host waits for: worker i at VM i's internal IP, port tf_port + i."""
+    def _write_cluster(self, request: MachineRequest, members: builtins.list[Any]) -> None:
+        """The cluster every host waits for: worker i at VM i's internal IP, port tf_port + i. Written
+        to the request's job directory, never to one named by the VMs' metadata."""
         ordered = sorted(members, key=lambda m: int(m.name.rsplit("-", 1)[-1]))
-        metadata = {item.key: item.value for item in ordered[0].metadata.items}
-        job_dir, attempt = metadata[JOB_DIR_KEY], int(ordered[0].labels.get(LABEL_ATTEMPT, "1"))
         workers = [f"{m.network_interfaces[0].network_i_p}:{self.config.tf_port + i}" for i, m in enumerate(ordered)]
-        storage.write_json(cluster_uri(job_dir, attempt), {"worker": workers})
+        storage.write_json(cluster_uri(request.job_dir, request.attempt), {"worker": workers})
         log.info("cluster of %s: %s", ordered[0].name.rsplit("-", 1)[0], ", ".join(workers))
 
     def _preempted(self, zone: str, name_prefix: str) -> bool:

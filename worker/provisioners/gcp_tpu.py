@@ -113,7 +113,7 @@ class TpuVmProvisioner:
 
         if not isinstance(request.spec.accelerator, TpuAccelerator):
             raise MachineRefused(f"the Cloud TPU provisioner runs TPU jobs, not {request.spec.accelerator.type}")
-        if (existing := self.get(request.name)) is not None:
+        if (existing := self.get(request)) is not None:
             return existing
         node = self._node(request)
         for zone in self.config.zones:
@@ -137,16 +137,16 @@ class TpuVmProvisioner:
             break
         else:
             return self._queue(request, node)
-        return self.get(request.name) or MachineInfo(request.name, MachineState.CREATING, request.labels)
+        return self.get(request) or MachineInfo(request.name, MachineState.CREATING, request.labels)
 
-    def get(self, name: str) -> MachineInfo | None:
-        seen = self._zone_of.get(name)
+    def get(self, request: MachineRequest) -> MachineInfo | None:
+        name, seen = request.name, self._zone_of.get(request.name)
         for zone in sorted(self.config.zones, key=lambda z: z != seen):
             if (node := self._find(lambda: self.client.get_node(name=self._path(zone, "nodes", name)))) is not None:
                 self._zone_of[name] = zone
                 info = self._node_info(node)
                 if self.tokens is not None and info.state in (MachineState.CREATING, MachineState.READY):
-                    self.tokens.keep(name, node.metadata.get("trainjobs-job-dir", ""))  # adopted: tokens go on
+                    self.tokens.keep(request)  # adopted: tokens go on, for the request's boundary
                 return info
             queued = self._find(lambda: self.client.get_queued_resource(name=self._path(zone, "queuedResources", name)))
             if queued is not None:
@@ -197,7 +197,7 @@ class TpuVmProvisioner:
             metadata={"startup-script": self.startup(request), "trainjobs-job-dir": request.job_dir,
                       API_ENDPOINT_KEY: c.tpu_api_endpoint or "https://tpu.googleapis.com",
                       # The VM's only way into storage: a token for this job's own objects.
-                      **({TOKEN_KEY: self.tokens.start(request.name, request.job_dir)} if self.tokens else {})},
+                      **({TOKEN_KEY: self.tokens.start(request)} if self.tokens else {})},
             tags=builtins.list(c.tags),
             network_config=tpu_v2.NetworkConfig(network=c.network or "", subnetwork=c.subnetwork or "",
                                                 enable_external_ips=True),
@@ -242,7 +242,7 @@ class TpuVmProvisioner:
                 raise
             raise MachineRefused(cloud_message(exc)) from exc
         log.info("%s: no zone has %s capacity now; queued in %s", request.name, node.accelerator_type, zone)
-        return self.get(request.name) or MachineInfo(request.name, MachineState.CREATING, request.labels)
+        return self.get(request) or MachineInfo(request.name, MachineState.CREATING, request.labels)
 
     # --- responses ---
 

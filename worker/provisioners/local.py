@@ -38,7 +38,7 @@ from trainjobs import storage
 from trainjobs.ports import free_port
 from trainjobs.watchdog import term_grace_s
 from worker import storage_guard
-from worker.access_boundary import JobBoundary, read_boundary
+from worker.access_boundary import JobBoundary
 from worker.credentials import TokenFileRefresher, downscoped_minter
 from worker.provisioner import MachineInfo, MachineRequest, MachineState, NoCapacity
 from worker.provisioners.zygote import Zygote, ZygoteUnavailable
@@ -95,7 +95,7 @@ class LocalProvisioner:
         logs.mkdir(exist_ok=True)
         record: dict = {"name": request.name, "labels": request.labels, "devices": devices, "created": time.time(),
                         "logs": str(logs)}
-        storage_env = self._storage_access(request.name, read_boundary(request.job_dir), logs, record)
+        storage_env = self._storage_access(request.name, request.storage_boundary(), logs, record)
         pids: list[int] = []
         try:
             self._start_agents(request, devices, ports, logs, storage_env, pids)
@@ -175,13 +175,15 @@ class LocalProvisioner:
         refresher.start()
         self._tokens[name] = refresher
 
-    def get(self, name: str) -> MachineInfo | None:
+    def get(self, request: MachineRequest) -> MachineInfo | None:
+        name = request.name
         record = self._read(name)
-        if record and "boundary" in record and name not in self._tokens and self._alive(record):
-            # Adopted from a worker that died: its token file has no one keeping it fresh.
+        if record and "token_file" in record and name not in self._tokens and self._alive(record):
+            # Adopted from a worker that died: its token file has no one keeping it fresh. The boundary
+            # is the request's (from the job's row), not one read back from the machine's record.
             with self._lock:
                 if name not in self._tokens:
-                    self._refresh_token(name, Path(record["token_file"]), JobBoundary.from_json(record["boundary"]))
+                    self._refresh_token(name, Path(record["token_file"]), request.storage_boundary())
         return self._info(record) if record else None
 
     def delete(self, name: str) -> None:

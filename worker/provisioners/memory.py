@@ -46,9 +46,9 @@ class MemoryCloud:
                 self.created.append(request.name)
             return self._info(self._machines[request.name])
 
-    def get(self, name: str) -> MachineInfo | None:
+    def get(self, request: MachineRequest) -> MachineInfo | None:
         with self._lock:
-            m = self._machines.get(name)
+            m = self._machines.get(request.name)
             return self._info(m) if m else None
 
     def delete(self, name: str) -> None:
