@@ -414,3 +414,58 @@ def test_another_projects_code_reaches_nothing_of_the_worker_or_of_other_project
         assert {"metrics.json", "history.json"} <= {a["path"] for a in own}
         storage.bucket(bucket).blob(f"jobs/{job_b['id']}/artifacts/metrics.json").upload_from_string(b"{}")
         assert beta.get(f"/v1/jobs/{job_b['id']}/artifacts/metrics.json").status_code == 409
+
+
+# --- 5. the agent zygote takes requests from the worker alone (issue 18) ---------------------------
+
+ZYGOTE_ATTACKER = b'''
+import json
+import os
+
+import keras
+
+
+def build_model(input_shape, num_classes, params):
+    """Ask the zygote for an agent (any environment: the emulator's own address, say) through the
+    worker's end of its channel, found as any process of the worker's user can find it."""
+    zygote = os.getppid()  # this agent was forked by it
+    with open(f"/proc/{zygote}/stat") as f:
+        worker = int(f.read().rsplit(")", 1)[1].split()[1])
+    try:  # what the zygote reads requests from and writes replies to (readable here as root)
+        channel = {os.readlink(f"/proc/{zygote}/fd/{fd}") for fd in (0, 1)}
+    except OSError:
+        channel = set()
+    request = json.dumps({"args": ["--help"], "env": {}, "log": params["evidence"]}).encode() + b"\\n"
+    tried = {}
+    for fd in os.listdir(f"/proc/{worker}/fd"):
+        link = os.readlink(f"/proc/{worker}/fd/{fd}")
+        if link in channel or link.startswith("socket:"):
+            try:
+                with open(f"/proc/{worker}/fd/{fd}", "wb", buffering=0) as end:
+                    end.write(request)
+                tried[fd] = "sent"
+            except OSError as exc:
+                tried[fd] = exc.strerror
+    with open(params["report"], "w") as f:
+        json.dump({"tried": tried, "worker": worker}, f)
+    return keras.Sequential([keras.Input(input_shape), keras.layers.Flatten(),
+                             keras.layers.Dense(num_classes, activation="softmax")])
+'''
+
+
+@pytest.mark.tf
+def test_a_jobs_code_cannot_ask_the_agent_zygote_for_a_process(db, api, bucket, local_stack, tmp_path):
+    """The worker's end of the zygote's channel is a socket: /proc/<worker>/fd/N cannot open it, not
+    even as root (the pipe it replaced opened, and the zygote forked what the job asked for)."""
+    report, evidence = tmp_path / "report.json", tmp_path / "forked-for-the-job.log"
+    module = api.post("/v1/modules", files={"file": ("zygote_attacker.py", ZYGOTE_ATTACKER)}).json()["module"]
+    spec = {"dataset": {"source": "sklearn:digits"}, "accelerator": {"type": "cpu"}, "strategy": "default",
+            "model": {"module": module, "params": {"report": str(report), "evidence": str(evidence)}},
+            "training": {"epochs": 1}}
+    job = api.post("/v1/jobs", json=spec).json()
+    wait(api, job["id"], {"SUCCEEDED"})
+    assert local_stack.forked_agents == 1  # the job's code ran in an agent the zygote forked
+    outcome = json.loads(report.read_text())
+    assert outcome["worker"] == os.getpid()  # the worker runs in this test's process
+    assert outcome["tried"] and set(outcome["tried"].values()) == {"No such device or address"}, outcome
+    assert not evidence.exists()  # nothing was forked for the job

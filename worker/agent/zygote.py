@@ -9,10 +9,16 @@ OPENBLAS_NUM_THREADS=1 (else OpenBLAS starts a thread pool as numpy loads), it n
 TensorFlow op (the runtime, its thread pools and gRPC start in the child, at its first op), and it
 reaps nothing itself (SIGCHLD ignored: the kernel reaps its children). Each child makes itself a
 session and process group of its own (the provisioner's delete signals the group), points stdin at
-/dev/null and stdout/stderr at its machine's log (which also closes the zygote's request and reply
-pipes, fds 0 and 1, in the child; and the zygote is not dumpable, so no process of the same user can
-open them through /proc: a job's code cannot ask the zygote for anything), replaces its
-environment with the machine's, and runs `python -m worker.agent`'s main.
+/dev/null and stdout/stderr at its machine's log (which also closes the zygote's request channel,
+fds 0 and 1, in the child), replaces its environment with the machine's, and runs
+`python -m worker.agent`'s main.
+
+Who can ask the zygote for an agent: only the worker. The channel is a unix socketpair, one end the
+zygote's fds 0 and 1, the other held by the worker (worker/provisioners/zygote.py). A socket cannot be
+opened through /proc/<pid>/fd (open(2) answers ENXIO, to root too), unlike the pipes this used to be:
+a job's code opened the worker's end of the request pipe that way and had agents started (issue 18).
+The zygote is also not dumpable, so no process of its user can read its memory or attach to it. What
+no local measure stops: root (pidfd_getfd(2), ptrace) — and the test suite's jobs run as root.
 
 What a child has that a fresh process would not: the modules the zygote imported, as they were when
 it started; environment variables that TensorFlow reads while importing (TF_CPP_MIN_LOG_LEVEL, say)
@@ -21,8 +27,9 @@ thread; and numpy's global random state of the zygote (the agent seeds what it d
 The zygote's environment is the allow-listed agent environment: it holds nothing of the worker's.
 
 Protocol: one JSON object a line on the zygote's stdin ({"args", "env", "log"}), one reply a line on
-its stdout ({"pid"} or {"error"}); "ready" is the first line, once the imports are done. EOF on stdin
-(its provisioner closed it, or the worker died) ends the zygote; the agents it forked run on.
+its stdout ({"pid"} or {"error"}), both the socket; "ready" is the first line, once the imports are
+done. EOF on stdin (its provisioner shut its end, or the worker died) ends the zygote; the agents it
+forked run on.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ PR_SET_DUMPABLE = 4
 
 def _set_dumpable(on: bool) -> None:
     """Off in the zygote: other processes of the same user (its agents, running jobs' code) can then
-    neither open its request pipe through /proc/<pid>/fd nor attach to it. Back on in each child."""
+    neither read its memory nor attach to it. Back on in each child."""
     import ctypes
 
     try:
