@@ -89,3 +89,92 @@ def test_an_agent_starts_as_a_process_of_its_own_when_the_zygote_is_gone(tmp_pat
     with pytest.raises(ZygoteUnavailable):  # and it is not asked again
         zygote.spawn(["--job-dir", "gs://b/jobs/x"], {}, tmp_path / "task-0.log")
     assert zygote.forked == 0
+
+
+# --- a machine outlives the worker that started it: the record names it from the first instant -----
+
+# A worker that starts one machine; the test kills it while the machine is half started.
+CREATOR = """
+import sys
+from pathlib import Path
+from trainjobs.spec import JobSpec
+from worker.access_boundary import JobBoundary, Scope
+from worker.provisioner import MachineRequest
+from worker.provisioners.local import LocalProvisioner
+root, job_id, bucket = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+spec = JobSpec.model_validate({"dataset": {"source": "sklearn:digits"}, "model": {"name": "mlp"}})
+boundary = JobBoundary(job_id, read=(), write=(Scope(bucket, f"jobs/{job_id}/"),))
+LocalProvisioner(root).create(MachineRequest(job_id, 1, spec, f"gs://{bucket}/jobs/{job_id}", boundary))
+"""
+
+
+def _serves(port_file: Path) -> bool:
+    import socket
+
+    try:
+        socket.create_connection(("127.0.0.1", int(port_file.read_text())), timeout=scaled(5)).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_a_machine_whose_worker_was_killed_while_starting_it_is_listed_and_deleted_by_label(
+        tmp_path: Path, bucket: str) -> None:
+    import uuid
+
+    from worker.provisioner import LABEL_JOB, MachineState
+
+    root, job_id = tmp_path / "machines", str(uuid.uuid4())
+    creator = subprocess.Popen([sys.executable, "-c", CREATOR, str(root), job_id, bucket])
+    # The machine's storage guard runs; its agent waits for the zygote's imports (seconds). Killed now,
+    # the worker never returns from create: before, it recorded the machine only then.
+    port_file = root / f"tj-{job_id.replace('-', '')[:20]}-a1" / "storage-guard.port"
+    deadline = time.monotonic() + scaled(60)
+    while not port_file.exists():
+        assert time.monotonic() < deadline and creator.poll() is None, "the machine did not start"
+        time.sleep(0.01)
+    creator.kill()
+    creator.wait()
+    assert _serves(port_file)  # left running, as a killed worker leaves it
+
+    fresh = LocalProvisioner(root)
+    [machine] = fresh.list({LABEL_JOB: job_id})
+    assert machine.state == MachineState.STOPPED  # it never ran its job
+    fresh.delete(machine.name)
+    assert fresh.list({}) == [] and not _serves(port_file)
+
+
+def test_delete_stops_a_process_of_the_machine_that_was_never_recorded(tmp_path: Path) -> None:
+    """A worker killed between starting an agent and recording its pid: the agent writes its log into
+    the machine's directory from its first instruction, and that is how delete finds it."""
+    provisioner = LocalProvisioner(tmp_path / "machines")
+    logs = provisioner.root / "m1"
+    logs.mkdir()
+    with (logs / "task-0.log").open("ab") as out:
+        agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], stdout=out,
+                                 start_new_session=True)
+    (provisioner.root / "m1.json").write_text(json.dumps({
+        "name": "m1", "labels": {}, "devices": 1, "created": time.time(), "logs": str(logs), "pids": [],
+        "started": {}, "starting": True}))
+    provisioner.delete("m1")
+    assert agent.wait(scaled(10)) == -signal.SIGTERM
+
+
+def test_delete_never_signals_a_pid_that_now_names_another_process(tmp_path: Path) -> None:
+    """The recorded agent exited and the kernel gave its pid to someone else's process: the start
+    time the record noted tells them apart."""
+    provisioner = LocalProvisioner(tmp_path / "machines")
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    try:
+        logs = provisioner.root / "m1"
+        logs.mkdir()
+        started = int(Path(f"/proc/{bystander.pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        (provisioner.root / "m1.json").write_text(json.dumps({
+            "name": "m1", "labels": {}, "devices": 1, "created": time.time(), "logs": str(logs),
+            "pids": [bystander.pid], "started": {str(bystander.pid): started - 1}}))  # the agent, long before
+        provisioner.delete("m1")
+        assert bystander.poll() is None  # untouched
+        assert provisioner.list({}) == []
+    finally:
+        bystander.kill()
+        bystander.wait()

@@ -7,7 +7,12 @@ agent trains the requested strategy as MirroredStrategy over them. `workers: K` 
 with TF_CONFIG on loopback ports: real MultiWorkerMirroredStrategy.
 
 The inventory is a JSON file per machine under `root`, carrying labels like a cloud's: any worker
-process on this host can list, adopt or delete what another (even a dead one) created.
+process on this host can list, adopt or delete what another (even a dead one) created. The file is
+written before anything of the machine starts and again as each process starts (its pid and start
+time), so a worker killed halfway leaves a record that names what it started; delete also stops any
+process still writing into the machine's directory, which covers the instant between a process's
+start and the record of it, and signals a recorded pid only while it is the same process (its start
+time), never one the kernel has since given the pid to.
 
 Agents are forked from a zygote that has imported TensorFlow, Keras and the agent once
 (`worker/agent/zygote.py`), or started as processes of their own if it cannot serve
@@ -83,7 +88,6 @@ class LocalProvisioner:
             if busy >= self.slots:
                 raise NoCapacity(f"all {self.slots} local machine slots are busy")
             record = self._launch(request)
-            self._path(request.name).write_text(json.dumps(record))
             return self._info(record)
 
     def _launch(self, request: MachineRequest) -> dict:
@@ -94,18 +98,25 @@ class LocalProvisioner:
         logs = self.root / request.name
         logs.mkdir(exist_ok=True)
         record: dict = {"name": request.name, "labels": request.labels, "devices": devices, "created": time.time(),
-                        "logs": str(logs)}
-        storage_env = self._storage_access(request.name, request.storage_boundary(), logs, record)
-        pids: list[int] = []
+                        "logs": str(logs), "pids": [], "started": {}, "starting": True}
+        self._save(record)  # before anything starts: a worker killed from here on leaves this to delete by
         try:
-            self._start_agents(request, devices, ports, logs, storage_env, pids)
+            storage_env = self._storage_access(request.name, request.storage_boundary(), logs, record)
+            if "guard_pid" in record:
+                self._note_started(record, record["guard_pid"])
+            self._start_agents(request, devices, ports, logs, storage_env, record)
         except BaseException:
+            for pid in record["pids"]:
+                _signal_group(pid, signal.SIGKILL)
             self._stop_storage_access(request.name, record)
+            self._path(request.name).unlink(missing_ok=True)
             raise
-        return {**record, "pids": pids}
+        record["starting"] = False
+        self._save(record)
+        return record
 
     def _start_agents(self, request: MachineRequest, devices: int, ports: list[int], logs: Path,
-                      storage_env: dict[str, str], pids: list[int]) -> None:
+                      storage_env: dict[str, str], record: dict) -> None:
         for task in range(request.spec.workers):
             # No metadata server here: the watchdog stops the process and has no node to delete.
             env = agent_environment(os.environ, TRAINJOBS_LOCAL_DEVICES=str(devices), PYTHONUNBUFFERED="1",
@@ -116,7 +127,7 @@ class LocalProvisioner:
             args = ["--job-dir", request.job_dir, "--task-index", str(task), "--work-dir", str(logs / f"disk-{task}")]
             log_path = logs / f"task-{task}.log"
             if (pid := self._fork_agent(args, env, log_path)) is not None:
-                pids.append(pid)
+                self._note_started(record, pid, agent=True)
                 continue
             with log_path.open("ab") as out:
                 proc = subprocess.Popen(
@@ -124,7 +135,7 @@ class LocalProvisioner:
                     env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                     start_new_session=True,  # its own process group: delete kills the whole machine
                 )
-            pids.append(proc.pid)
+            self._note_started(record, proc.pid, agent=True)
             threading.Thread(target=proc.wait, daemon=True).start()  # reap, so an exited agent is not a zombie
 
     def _fork_agent(self, args: list[str], env: dict[str, str], log_path: Path) -> int | None:
@@ -190,14 +201,21 @@ class LocalProvisioner:
         record = self._read(name)
         if record is None:
             return
-        for pid in record["pids"]:
+        guard = record.get("guard_pid")
+        if guard is not None and not _same_process(record, guard):
+            del record["guard_pid"]  # gone, and its pid may be another process's by now
+        # The recorded agents that are still themselves, and whatever else writes into the machine's
+        # directory (an agent or guard started by a worker killed before it could record the pid).
+        agents = {p for p in record["pids"] if _same_process(record, p)}
+        agents |= set(_writing_into(Path(record["logs"]))) - {record.get("guard_pid")}
+        for pid in agents:
             _signal_group(pid, signal.SIGTERM)
         # As long as an agent gives its own cleanup (it exits by then whatever storage does), and a
         # little more: a fixed 10 s here used to cut a loaded agent off before its last status write.
         deadline = time.monotonic() + term_grace_s() + DELETE_MARGIN_S
-        while any(_pid_alive(p) for p in record["pids"]) and time.monotonic() < deadline:
+        while any(_pid_alive(p) for p in agents) and time.monotonic() < deadline:
             time.sleep(0.1)
-        for pid in record["pids"]:
+        for pid in agents:
             _signal_group(pid, signal.SIGKILL)
         self._stop_storage_access(name, record)  # after the agents' last words: their final status needs it
         self._path(name).unlink(missing_ok=True)
@@ -210,6 +228,20 @@ class LocalProvisioner:
 
     def _path(self, name: str) -> Path:
         return self.root / f"{name}.json"
+
+    def _save(self, record: dict) -> None:
+        # Whole or not at all (a reader never sees half a record): written aside, then renamed over.
+        path = self._path(record["name"])
+        partial = path.with_suffix(".json.partial")
+        partial.write_text(json.dumps(record))
+        os.replace(partial, path)
+
+    def _note_started(self, record: dict, pid: int, agent: bool = False) -> None:
+        """Record a process of the machine the moment it has started, with its start time."""
+        record["started"][str(pid)] = _start_time(pid)
+        if agent:
+            record["pids"].append(pid)
+        self._save(record)
 
     def _read(self, name: str) -> dict | None:
         try:
@@ -228,7 +260,8 @@ class LocalProvisioner:
         return out
 
     def _alive(self, record: dict) -> bool:
-        return all(_pid_alive(p) for p in record["pids"])
+        # A machine whose start was cut off (its worker died) never runs its job: not alive.
+        return not record.get("starting") and all(_pid_alive(p) and _same_process(record, p) for p in record["pids"])
 
     def _info(self, record: dict) -> MachineInfo:
         # A local machine is "up" while its agent processes run; once they exit it is STOPPED, like a
@@ -251,8 +284,53 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
+def _start_time(pid: int) -> int | None:
+    """When the process started, in clock ticks since boot (/proc/<pid>/stat, field 22): with the pid,
+    it names one process for good. None once it has gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _same_process(record: dict, pid: int) -> bool:
+    """pid is still the process the record noted (a record written before start times were kept
+    trusts the pid, as before)."""
+    started = record.get("started", {})
+    if str(pid) not in started:
+        return True
+    return started[str(pid)] is not None and _start_time(pid) == started[str(pid)]
+
+
+def _writing_into(directory: Path) -> builtins.list[int]:
+    """The processes whose stdout or stderr is a file in `directory`: every agent and guard of a
+    local machine writes its log there from its first instruction."""
+    inside = f"{directory.resolve()}{os.sep}"
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        for fd in (1, 2):
+            try:
+                if os.readlink(f"/proc/{entry}/fd/{fd}").startswith(inside):
+                    found.append(int(entry))
+                    break
+            except OSError:
+                continue  # gone, or not ours to look at
+    return found
+
+
 def _signal_group(pid: int, sig: int) -> None:
+    """Signal the process group pid leads (agents and guards start sessions of their own), or the
+    process alone when it leads none (something a job's code started, found writing into the machine's
+    directory). Callers pass only pids they know to be the machine's."""
     try:
         os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
+    except ProcessLookupError:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+    except PermissionError:
         pass
