@@ -18,6 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from trainjobs import storage
+from trainjobs.sealed_token import MACHINE_KEY
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 AGENT_PACKAGES = ("trainjobs", "worker/agent")
@@ -112,11 +113,12 @@ fi
 # Each host of a TPU slice (or VM of a multi-host GPU job) learns its own number from the metadata server.
 METADATA="${{TRAINJOBS_METADATA_URL:-http://metadata.google.internal/computeMetadata/v1}}"
 TASK="$(curl -sf --retry 5 -H 'Metadata-Flavor: Google' "$METADATA/instance/attributes/agent-worker-number")"
-# The job's own storage token (worker/cloud/job_tokens.py): the VM's account has no access to job data.
-TOKEN="$(curl -sf -H 'Metadata-Flavor: Google' "$METADATA/instance/attributes/trainjobs-storage-token" || true)"
-if [ -n "$TOKEN" ]; then
+# The job's own storage token (worker/cloud/job_tokens.py): the VM's account has no access to job data. The
+# first one comes sealed to a key this host makes now and publishes as a guest attribute, so no token lies
+# in metadata other VMs can read (worker/cloud/token_delivery.py); a machine named in its metadata waits for it.
+if curl -sf --retry 5 -H 'Metadata-Flavor: Google' "$METADATA/instance/attributes/{MACHINE_KEY}" > /dev/null; then
   TOKEN_DIR="$(mktemp -d)"
-  (umask 077 && printf '%s' "$TOKEN" > "$TOKEN_DIR/storage-token.json")
+  "$PYTHON" -m worker.agent.first_token --metadata-url "$METADATA" --out "$TOKEN_DIR/storage-token.json"
   export TRAINJOBS_STORAGE_TOKEN_FILE="$TOKEN_DIR/storage-token.json"
   export TRAINJOBS_STORAGE_TOKEN_URI="$JOB_DIR/_credentials/storage-token.json"
 fi

@@ -1,8 +1,9 @@
 """Per-job storage credentials on cloud VMs: the machine holds a token for its own job, nothing more.
 
 The worker mints the job's downscoped token (worker/credentials.py, rules from worker/access_boundary.py)
-and hands the first one to the VM in its metadata (`trainjobs-storage-token`); the startup script puts it
-in a file the agent's storage client reads (TRAINJOBS_STORAGE_TOKEN_FILE). Later tokens go to an object in
+and hands the first one to the VM sealed to a key the VM made at boot (worker/cloud/token_delivery.py: no
+token in metadata, which other tenants' VMs may read); the startup script puts it in a file the agent's
+storage client reads (TRAINJOBS_STORAGE_TOKEN_FILE). Later tokens go to an object in
 the job's own directory (`_credentials/storage-token.json`), which the current token may read: the agent
 copies each into its file before the old one expires (worker/agent/token_refresh.py). So the VM's own
 service account needs no access to job data at all, and the job's code, which can read everything its
@@ -23,7 +24,6 @@ from worker.provisioner import MachineRequest
 
 log = logging.getLogger("trainjobs.worker")
 
-METADATA_KEY = "trainjobs-storage-token"
 TOKEN_OBJECT = "_credentials/storage-token.json"
 
 
@@ -46,8 +46,9 @@ class JobTokens:
         self._lock = threading.Lock()
 
     def start(self, request: MachineRequest) -> str:
-        """Start keeping the request's machine's token fresh; return the first token (JSON text) for its
-        metadata. The token's boundary is the request's, which the driver computed from the job's row."""
+        """Start keeping the request's machine's token fresh (if not yet); return its current token (JSON
+        text), which the provisioner seals to the VM's key. The token's boundary is the request's, which the
+        driver computed from the job's row."""
         import json
 
         name, boundary = request.name, request.storage_boundary()

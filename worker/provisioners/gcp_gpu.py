@@ -27,13 +27,14 @@ from typing import Any
 
 from trainjobs import storage
 from trainjobs.catalogue import bundled_gpus, default_gpu_machine_type
+from trainjobs.sealed_token import MACHINE_KEY, SEALED_KEY
 from trainjobs.spec import CpuAccelerator, GpuAccelerator, TpuAccelerator
 from trainjobs.watchdog import COMPUTE_API_KEY, INSTANCE_KEY
 from worker.cloud.bootstrap import startup_script, upload_agent_wheel
 from worker.cloud.config import GcpConfig
 from worker.cloud.errors import MachineRefused, cloud_message, is_transient, with_backoff
-from worker.cloud.job_tokens import METADATA_KEY as TOKEN_KEY
 from worker.cloud.job_tokens import JobTokens, default_job_tokens
+from worker.cloud.token_delivery import QUERY_PATH, DueChecks, create_metadata, published_keys, sealed_value
 from worker.provisioner import LABEL_MANAGED, MachineInfo, MachineRequest, MachineState
 
 log = logging.getLogger("trainjobs.worker")
@@ -124,6 +125,7 @@ class GceVmProvisioner:
         self.tokens = tokens if tokens is not None else default_job_tokens()
         self._zone_of: dict[str, str] = {}  # where each set was last seen: its zone is asked first
         self._clustered: set[str] = set()  # sets whose cluster file this process has written
+        self._token_checks = DueChecks()  # when each VM's published key is read next
         self._stocked_out_since: dict[str, float] = {}  # set -> when every zone first said no
         self._last_capacity_try: dict[str, float] = {}  # set -> when every zone last said no
         self.capacity_retry_s = capacity_retry_s
@@ -165,6 +167,8 @@ class GceVmProvisioner:
                 info = self._set_info(zone, name, members, request)
                 if self.tokens is not None and info.state in (MachineState.CREATING, MachineState.READY):
                     self.tokens.keep(request)  # adopted from a dead worker: tokens go on, for the request's boundary
+                    for vm in members:
+                        self._deliver_token(request, zone, vm)
                 return info
         if seen is not None and self._preempted(seen, f"{name}-"):
             # A spot VM preempted with instanceTerminationAction DELETE leaves nothing to find.
@@ -177,6 +181,8 @@ class GceVmProvisioner:
             self.tokens.stop(name)
         for zone in self.config.zones:
             members = self._list(zone, f'labels.{LABEL_MACHINE} = "{name}"')
+            for m in members:
+                self._token_checks.forget(m.name)
             operations = [op for m in members if (op := self._delete_instance(zone, m.name)) is not None]
             if self._wait_all(zone, operations, self.delete_wait_s, what="delete") == TIMED_OUT:
                 log.warning("delete %s not confirmed within %.0fs; the reaper finishes it", name, self.delete_wait_s)
@@ -210,8 +216,9 @@ class GceVmProvisioner:
             INSTANCE_KEY: f"projects/{c.project}/zones/{zone}/instances/{name}",
             COMPUTE_API_KEY: c.compute_api_endpoint or "https://compute.googleapis.com",
         }
-        if self.tokens is not None:  # the VMs' only way into storage: a token for this job's own objects
-            metadata[TOKEN_KEY] = self.tokens.start(request)
+        if self.tokens is not None:  # the VMs' only way into storage: a token for this job's own objects,
+            self.tokens.start(request)  # which comes sealed to each VM's own key once it asks (no token in metadata)
+            metadata.update(create_metadata(name))
         if isinstance(acc, GpuAccelerator):
             metadata["install-nvidia-driver"] = "True"  # Deep Learning VM images install the driver at first boot
         network = compute_v1.NetworkInterface(
@@ -289,6 +296,38 @@ class GceVmProvisioner:
             raise MachineRefused(f"no capacity for {what} in {zones} after {_duration(self.config.capacity_wait_s)}")
         return MachineInfo(request.name, MachineState.CREATING, request.labels,
                            f"no zone has capacity for {what} now ({zones})", waiting_for_capacity=True)
+
+    # --- the first storage token, sealed to each VM's own key (worker/cloud/token_delivery.py) ---
+
+    def _deliver_token(self, request: MachineRequest, zone: str, vm: Any) -> None:
+        """Seal the job's token to the VM's published key, into its metadata. A failure (a fingerprint
+        another writer changed: 412) is logged and tried again at the next look: the VM waits for it."""
+        from google.api_core import exceptions as gexc
+        from google.cloud import compute_v1
+
+        assert self.tokens is not None
+        items = {i.key: i.value for i in vm.metadata.items}
+        if vm.status != "RUNNING" or MACHINE_KEY not in items or not self._token_checks.due(
+                vm.name, 1, items.get(SEALED_KEY)):
+            return
+        try:
+            try:
+                found = self.clients.instances.get_guest_attributes(request={
+                    "project": self.config.project, "zone": zone, "instance": vm.name, "query_path": QUERY_PATH})
+                entries = [(e.namespace, e.key, e.value) for e in found.query_value.items]
+            except gexc.NotFound:  # the VM has not published its key yet
+                entries = []
+            value = sealed_value(vm.name, published_keys(vm.name, entries), items.get(SEALED_KEY),
+                                 self.tokens.start(request))
+            if value is not None:
+                kept = [compute_v1.Items(key=k, value=v) for k, v in items.items() if k != SEALED_KEY]
+                self.clients.instances.set_metadata_unary(
+                    project=self.config.project, zone=zone, instance=vm.name, metadata_resource=compute_v1.Metadata(
+                        fingerprint=vm.metadata.fingerprint, items=[*kept, compute_v1.Items(key=SEALED_KEY, value=value)]))
+                log.info("%s: storage token sealed to its key", vm.name)
+            self._token_checks.checked(vm.name)
+        except Exception as exc:
+            log.warning("%s: could not deliver the first storage token yet: %s", vm.name, cloud_message(exc))
 
     # --- responses ---
 

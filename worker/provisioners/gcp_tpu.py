@@ -18,12 +18,13 @@ from datetime import timedelta
 from typing import Any
 
 from trainjobs import storage
+from trainjobs.sealed_token import MACHINE_KEY, SEALED_KEY
 from trainjobs.spec import TpuAccelerator
 from worker.cloud.bootstrap import startup_script, upload_agent_wheel
 from worker.cloud.config import GcpConfig
 from worker.cloud.errors import MachineRefused, cloud_message, is_stockout, is_transient, with_backoff
-from worker.cloud.job_tokens import METADATA_KEY as TOKEN_KEY
 from worker.cloud.job_tokens import JobTokens, default_job_tokens
+from worker.cloud.token_delivery import QUERY_PATH, DueChecks, create_metadata, published_keys, sealed_value
 from worker.provisioner import MachineInfo, MachineRequest, MachineState
 
 log = logging.getLogger("trainjobs.worker")
@@ -104,6 +105,7 @@ class TpuVmProvisioner:
         self.tokens = tokens if tokens is not None else default_job_tokens()
         self.backoff_s = backoff_s
         self._zone_of: dict[str, str] = {}  # where each machine was last seen: its zone is asked first
+        self._token_checks = DueChecks()  # when each node's hosts' keys are read next
         self.client = client if client is not None else tpu_client(config)
 
     # --- Provisioner ---
@@ -147,6 +149,7 @@ class TpuVmProvisioner:
                 info = self._node_info(node)
                 if self.tokens is not None and info.state in (MachineState.CREATING, MachineState.READY):
                     self.tokens.keep(request)  # adopted: tokens go on, for the request's boundary
+                    self._deliver_token(request, node)
                 return info
             queued = self._find(lambda: self.client.get_queued_resource(name=self._path(zone, "queuedResources", name)))
             if queued is not None:
@@ -159,6 +162,7 @@ class TpuVmProvisioner:
         """Deletes the node and its queued resource in every zone, and waits until Google confirms."""
         if self.tokens is not None:
             self.tokens.stop(name)
+        self._token_checks.forget(name)
         for zone in self.config.zones:
             # A queued resource owns its node: `force` deletes both.
             self._delete(f"queued resource {name}", lambda: self.client.delete_queued_resource(
@@ -196,8 +200,9 @@ class TpuVmProvisioner:
             labels=request.labels,
             metadata={"startup-script": self.startup(request), "trainjobs-job-dir": request.job_dir,
                       API_ENDPOINT_KEY: c.tpu_api_endpoint or "https://tpu.googleapis.com",
-                      # The VM's only way into storage: a token for this job's own objects.
-                      **({TOKEN_KEY: self.tokens.start(request)} if self.tokens else {})},
+                      # The VM's only way into storage: a token for this job's own objects, which
+                      # comes sealed to each host's own key once it asks (no token in metadata).
+                      **(self._token_metadata(request) if self.tokens else {})},
             tags=builtins.list(c.tags),
             network_config=tpu_v2.NetworkConfig(network=c.network or "", subnetwork=c.subnetwork or "",
                                                 enable_external_ips=True),
@@ -243,6 +248,37 @@ class TpuVmProvisioner:
             raise MachineRefused(cloud_message(exc)) from exc
         log.info("%s: no zone has %s capacity now; queued in %s", request.name, node.accelerator_type, zone)
         return self.get(request) or MachineInfo(request.name, MachineState.CREATING, request.labels)
+
+    # --- the first storage token, sealed to each host's own key (worker/cloud/token_delivery.py) ---
+
+    def _token_metadata(self, request: MachineRequest) -> dict[str, str]:
+        assert self.tokens is not None
+        self.tokens.start(request)  # refreshed from now on; the hosts get the token sealed once they ask for it
+        return create_metadata(request.name)
+
+    def _deliver_token(self, request: MachineRequest, node: Any) -> None:
+        """Seal the job's token to each host's published key, into the node's metadata. A failure is
+        logged and tried again at the next look (the hosts wait for it at boot; the driver's boot limit
+        decides): it never fails the look itself."""
+        from google.cloud import tpu_v2
+
+        assert self.tokens is not None
+        name, metadata = request.name, dict(node.metadata)
+        if MACHINE_KEY not in metadata or not self._token_checks.due(name, max(1, len(node.network_endpoints)),
+                                                                     metadata.get(SEALED_KEY)):
+            return
+        try:
+            found = self.client.get_guest_attributes(request={"name": node.name, "query_path": QUERY_PATH})
+            keys = published_keys(name, ((e.namespace, e.key, e.value)
+                                         for g in found.guest_attributes for e in g.query_value.items))
+            value = sealed_value(name, keys, metadata.get(SEALED_KEY), self.tokens.start(request))
+            if value is not None:  # the whole map is replaced: every other key goes back as it was
+                self.client.update_node(request={"update_mask": {"paths": ["metadata"]}, "node": tpu_v2.Node(
+                    name=node.name, metadata={**metadata, SEALED_KEY: value})})
+                log.info("%s: storage token sealed to %d host key(s)", name, len(keys))
+            self._token_checks.checked(name)
+        except Exception as exc:
+            log.warning("%s: could not deliver the first storage token yet: %s", name, cloud_message(exc))
 
     # --- responses ---
 
