@@ -108,9 +108,12 @@ _ERROR_MEANINGS = {
     409: "Conflicts with the job's state or an earlier request",
     413: "The request body is over its size limit",
     422: "Invalid request; `details` names each field and why",
+    429: "Too many requests (e.g. unknown API keys from this address): retry after `Retry-After` seconds",
     503: "The database or storage is unavailable; retry later",
 }
-AUTHED = (401, 422, 503)  # every /v1 route: the key is checked in the database, parameters are validated
+# Every /v1 route: the key is checked in the database, parameters are validated, and an address that
+# sent too many unknown keys waits (service/middleware.py: ThrottleFailedAuth).
+AUTHED = (401, 422, 429, 503)
 
 
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
