@@ -24,7 +24,7 @@ from worker.cloud.config import GcpConfig
 from worker.cloud.errors import MachineRefused
 from worker.provisioner import LABEL_JOB, MachineRequest, MachineState
 from worker.provisioners.gcp import GcpProvisioner
-from worker.provisioners.gcp_gpu import INSTANCE_STATES, GceVmProvisioner, cluster_uri
+from worker.provisioners.gcp_gpu import INSTANCE_STATES, GceVmProvisioner, cluster_uri, compute_clients
 from worker.provisioners.gcp_tpu import TpuVmProvisioner
 
 ZONE, FALLBACK = "us-central1-a", "us-central1-b"
@@ -227,6 +227,27 @@ def test_a_multi_host_set_is_ready_once_every_vm_runs_and_the_cluster_is_written
     assert p.get(r).state == MachineState.PREEMPTED  # type: ignore[union-attr]
     p.delete(r.name)
     assert fake.instance_names() == []
+
+
+def test_an_adopting_worker_writes_the_cluster_to_the_requests_job_directory_whatever_the_vms_metadata_says(
+        fake: FakeComputeApi, bucket: str) -> None:
+    from google.cloud import compute_v1
+
+    job_dir, other_job_dir = f"gs://{bucket}/jobs/{JOB}", f"gs://{bucket}/jobs/another-job"
+    r = request(job_dir=job_dir, workers=2)
+    provisioner(fake, tf_port=5000).create(r)  # this worker dies; the set is not yet in its cluster file
+    storage.bucket(bucket).blob(f"jobs/{JOB}/cluster/attempt-1.json").delete()
+    # The job's code on the VM, with the VM's compute scope, points its metadata at another job.
+    instances = compute_clients(GcpConfig(project="proj", zone=ZONE, compute_api_endpoint=fake.url)).instances
+    for host in (0, 1):
+        vm = instances.get(project="proj", zone=ZONE, instance=f"{r.name}-{host}")
+        items = [compute_v1.Items(key=i.key, value=other_job_dir if i.key == "trainjobs-job-dir" else i.value)
+                 for i in vm.metadata.items]
+        instances.set_metadata_unary(project="proj", zone=ZONE, instance=vm.name, metadata_resource=compute_v1.Metadata(
+            fingerprint=vm.metadata.fingerprint, items=items))
+    assert provisioner(fake, tf_port=5000).get(r).state == MachineState.READY  # type: ignore[union-attr]
+    assert storage.read_json(cluster_uri(job_dir, 1)) == {"worker": ["127.0.0.1:5000", "127.0.0.1:5001"]}
+    assert storage.read_json(cluster_uri(other_job_dir, 1)) is None
 
 
 def test_a_new_worker_finds_the_set_by_label_and_does_not_create_it_twice(fake: FakeComputeApi) -> None:
