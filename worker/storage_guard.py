@@ -9,6 +9,18 @@ names lies inside the job's boundary (`worker/access_boundary.py`) and answers a
 Requests are routed as the emulator routes them (`gcp_storage_emulator/server.py`): the same path
 patterns tried in the same order on the same parsed path, object names unquoted once. Whatever the
 guard does not recognise is refused: bucket calls, batch, compose, ACLs, the emulator's own `/wipe`.
+
+The emulator must act on exactly what was checked (issue 18: it read the first of two Content-Type
+headers, the guard the last, and a multipart upload named one object to each). So a request whose
+headers could read two ways is refused (a name twice in any case, a folded value, Content-Encoding,
+a method override, a length given two ways), as is a query naming a parameter twice, and the
+emulator is sent a header set the guard builds from the values it checked (`FORWARDED`), never the
+job's own.
+
+The emulator answers one request at a time, so the guard reads each answer whole (to a spool file)
+before it writes any of it to the job, with a deadline on every read and write on the job's side:
+a job that asks for an object and never reads it holds its own guard's thread, not the emulator.
+Each refusal also goes to a file the worker forwards to its own log (`worker/guard_refusals.py`).
 """
 
 from __future__ import annotations
@@ -19,16 +31,21 @@ import json
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterable
 from email.parser import BytesParser
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qs, unquote, urlparse
+from typing import BinaryIO
+from urllib.parse import parse_qs, parse_qsl, unquote, urlparse
 
 from worker.access_boundary import JobBoundary
+from worker.guard_refusals import REFUSALS, RefusalLog
 
 log = logging.getLogger("trainjobs.storage_guard")
 
@@ -42,6 +59,15 @@ OBJECTS = re.compile(rf"{_API}/b/{_BUCKET}/o")
 UPLOAD = re.compile(rf"/upload/storage/v1/b/{_BUCKET}/o")
 DOWNLOAD = re.compile(rf"/download/storage/v1/b/{_BUCKET}/o/{_OBJECT}")
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "upgrade", "content-length"}
+# Every request header the emulator reads (server.py, handlers/objects.py) other than Host,
+# Content-Length, Transfer-Encoding, Content-Encoding and X-HTTP-Method-Override, as it is sent on.
+FORWARDED = {"content-type": "Content-Type", "content-range": "Content-Range", "range": "Range",
+             "x-upload-content-type": "X-Upload-Content-Type", "x-upload-content-length": "X-Upload-Content-Length"}
+CLIENT_TIMEOUT_S = 120.0  # each read from and write to the job's connection (an idle keep-alive one too)
+UPSTREAM_TIMEOUT_S = 300.0  # each read from the emulator, which may be busy with other jobs' requests
+IN_FLIGHT = 16  # requests one guard forwards at once (each may hold a spooled object); more wait their turn
+SPOOL_IN_MEMORY = 8 << 20  # an answer larger than this is spooled to a temporary file
+_LENGTH = re.compile(r"[0-9]{1,15}")
 
 
 class Refused(Exception):
@@ -65,15 +91,44 @@ class Uploads:
             return upload_id in self._ids
 
 
+def request_headers(raw: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """The request's headers by lower-cased name, each of which has one reading, or Refused.
+
+    Two parsers meet here: the guard's (a dict, the last value of a name wins) and the emulator's
+    (`Message.get`, the first value of any case wins); a name given twice would read differently
+    to each. Values folded over lines, encoded bodies and method overrides are refused for the same
+    reason: the emulator would act on something other than what was checked."""
+    headers: dict[str, str] = {}
+    for name, value in raw:
+        key = name.lower()
+        if key in headers:
+            raise Refused(f"the {name} header is given twice")
+        if "\r" in value or "\n" in value:
+            raise Refused(f"the {name} header is folded over lines")
+        headers[key] = value
+    if "content-encoding" in headers:
+        raise Refused("encoded request bodies are not let through")
+    if "x-http-method-override" in headers:
+        raise Refused("method overrides are not let through")
+    if "transfer-encoding" in headers and (headers["transfer-encoding"].lower() != "chunked"
+                                           or "content-length" in headers):
+        raise Refused("a body whose length is given two ways, or by a transfer coding other than chunked")
+    if "content-length" in headers and not _LENGTH.fullmatch(headers["content-length"]):
+        raise Refused("a Content-Length that is not a number")
+    return headers
+
+
 def check(boundary: JobBoundary, uploads: Uploads, method: str, url: str, headers: dict[str, str],
           body: bytes) -> tuple[str, str] | None:
     """Raise Refused unless the request stays inside the boundary. `url` is the one the emulator will
-    parse: http://<the Host header the guard sends>/<the request target>. Returns (bucket, object)
-    when the request opens a resumable upload, for the caller to remember once it is open."""
-    if "x-http-method-override" in headers or headers.get("content-encoding"):
-        raise Refused("method overrides and encoded request bodies are not let through")
+    parse: http://<the Host header the guard sends>/<the request target>; `headers` come from
+    request_headers. Returns (bucket, object) when the request opens a resumable upload, for the
+    caller to remember once it is open."""
     parsed = urlparse(url)
     path, query = parsed.path, parse_qs(parsed.query)
+    names = [k for k, _ in parse_qsl(parsed.query, keep_blank_values=True)]
+    if len(set(names)) != len(names):
+        raise Refused("a query that names a parameter twice")
     if (m := COPY.fullmatch(path)) and method == "POST":
         _read(boundary, m["bucket"], unquote(m["object"]))
         _write(boundary, m["dest_bucket"], unquote(m["dest"]))
@@ -139,7 +194,9 @@ def _multipart_name(content_type: str, body: bytes) -> str:
         raise Refused("a multipart upload that is not multipart/related")
     message = BytesParser().parsebytes(b"Content-Type:" + content_type.encode() + b"\r\n" + body)
     parts = message.get_payload()
-    metadata = parts[0].get_payload() if isinstance(parts, list) and parts and not isinstance(parts[0], str) else None
+    if not isinstance(parts, list) or len(parts) != 2:  # the emulator reads parts 0 and 1 and ignores more
+        raise Refused("a multipart upload that is not exactly metadata and media")
+    metadata = None if isinstance(parts[0], str) else parts[0].get_payload()
     if not isinstance(metadata, str):
         raise Refused("a multipart upload without metadata")
     return _json_name(metadata.encode())
@@ -184,36 +241,49 @@ class GuardHandler(BaseHTTPRequestHandler):
     # Headers and body go out in separate writes: with Nagle's algorithm the body then waits for the
     # client's delayed ACK, ~40 ms on every small request.
     disable_nagle_algorithm = True
+    timeout = CLIENT_TIMEOUT_S  # on the job's connection (socketserver sets it), so no read or write waits for ever
     boundary: JobBoundary
     uploads: Uploads
+    refusals: RefusalLog
+    in_flight: threading.BoundedSemaphore
     upstream: str  # the emulator's host:port
     guard_host = ""  # 127.0.0.1:<port> the guard listens on
 
     def _handle(self) -> None:
-        # The emulator parses "http://" + Host + target, so a Host header of the job's making could
-        # move the path it acts on away from the one checked here: it always gets its own address.
-        body = self._body()
-        headers = {k.lower(): v for k, v in self.headers.items()}
         try:
+            headers = request_headers(self.headers.items())
+        except Refused as exc:
+            self.close_connection = True  # its body, unread, must not be taken for a next request
+            self._refuse(exc)
+            return
+        body = self._body(headers)
+        try:
+            # The emulator parses "http://" + Host + target, so a Host header of the job's making could
+            # move the path it acts on away from the one checked here: it always gets its own address.
             opened = check(self.boundary, self.uploads, self.command, f"http://{self.upstream}{self.path}",
                            headers, body)
         except Refused as exc:
-            log.warning("refused %s %s: %s", self.command, self.path, exc)
-            payload = forbidden_body(f"job {self.boundary.job_id} may not do this: {exc}")
-            self.send_response(403)
-            self.send_header("Content-Type", "application/json; charset=UTF-8")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+            self._refuse(exc)
             return
-        self._forward(body, opened)
+        with self.in_flight:
+            self._forward(headers, body, opened)
 
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
 
-    def _body(self) -> bytes:
-        if length := self.headers.get("Content-Length"):
+    def _refuse(self, exc: Refused) -> None:
+        log.warning("refused %s %s: %s", self.command, self.path, exc)
+        self.refusals.record(self.command, self.path, str(exc))
+        payload = forbidden_body(f"job {self.boundary.job_id} may not do this: {exc}")
+        self.send_response(403)
+        self.send_header("Content-Type", "application/json; charset=UTF-8")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def _body(self, headers: dict[str, str]) -> bytes:
+        if length := headers.get("content-length"):
             return self.rfile.read(int(length))
-        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+        if headers.get("transfer-encoding", "").lower() == "chunked":
             out = bytearray()
             while size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16):
                 out += self.rfile.read(size)
@@ -222,10 +292,34 @@ class GuardHandler(BaseHTTPRequestHandler):
             return bytes(out)
         return b""
 
-    def _forward(self, body: bytes, opened: tuple[str, str] | None) -> None:
-        headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP | {"host"}}
-        headers.update({"Host": self.upstream, "Content-Length": str(len(body))})
-        conn = http.client.HTTPConnection(self.upstream, timeout=600)
+    def _forward(self, headers: dict[str, str], body: bytes, opened: tuple[str, str] | None) -> None:
+        sent = {FORWARDED[k]: v for k, v in headers.items() if k in FORWARDED}
+        sent.update({"Host": self.upstream, "Content-Length": str(len(body))})
+        try:
+            status, out, payload = self._ask_upstream(sent, body, opened)
+        except (OSError, http.client.HTTPException) as exc:
+            log.warning("the emulator did not answer %s %s: %s", self.command, self.path, exc)
+            self._answer_unavailable()
+            return
+        with payload:
+            size = payload.seek(0, os.SEEK_END)
+            payload.seek(0)
+            self.send_response(status)
+            for k, v in out:
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(size))
+            self.end_headers()
+            try:
+                shutil.copyfileobj(payload, self.wfile, 1 << 20)  # each write within the socket's timeout
+            except OSError as exc:
+                self.close_connection = True
+                log.warning("job %s stopped reading %s %s: %s", self.boundary.job_id, self.command, self.path, exc)
+
+    def _ask_upstream(self, headers: dict[str, str], body: bytes, opened: tuple[str, str] | None
+                      ) -> tuple[int, list[tuple[str, str]], BinaryIO]:
+        """(status, headers to send on, the whole answer) from the emulator, whose connection is closed
+        before the job is sent a byte: however slowly the job reads, the emulator is free."""
+        conn = http.client.HTTPConnection(self.upstream, timeout=UPSTREAM_TIMEOUT_S)
         try:
             conn.request(self.command, self.path, body=body, headers=headers)
             response = conn.getresponse()
@@ -234,23 +328,29 @@ class GuardHandler(BaseHTTPRequestHandler):
                 if opened is not None and (upload_id := parse_qs(urlparse(location).query).get("upload_id", [""])[0]):
                     self.uploads.opened(upload_id, *opened)
                 out = [(k, self._via_guard(v.encode()).decode() if k.lower() == "location" else v) for k, v in out]
-            self.send_response(response.status)
-            for k, v in out:
-                self.send_header(k, v)
-            if self._is_media() and (length := response.getheader("Content-Length")) is not None:
-                self.send_header("Content-Length", length)
-                self.end_headers()
-                while chunk := response.read(1 << 20):  # shards and checkpoints stream through
-                    self.wfile.write(chunk)
-                return
-            # Metadata names the emulator in its links (mediaLink, selfLink): they must lead back
-            # here, or the job would learn where to go around the guard.
-            payload = response.read() if self._is_media() else self._via_guard(response.read())
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+            payload = tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY)
+            try:
+                if self._is_media():  # an object's bytes (shards, checkpoints) pass through untouched
+                    shutil.copyfileobj(response, payload, 1 << 20)
+                else:
+                    # Metadata names the emulator in its links (mediaLink, selfLink): they must lead
+                    # back here, or the job would learn where to go around the guard.
+                    payload.write(self._via_guard(response.read()))
+            except BaseException:
+                payload.close()
+                raise
+            return response.status, out, payload  # type: ignore[return-value]  # a spooled file is a binary file
         finally:
             conn.close()
+
+    def _answer_unavailable(self) -> None:
+        self.close_connection = True
+        payload = json.dumps({"error": {"code": 503, "message": "storage did not answer the job's storage guard"}}).encode()
+        self.send_response(503)
+        self.send_header("Content-Type", "application/json; charset=UTF-8")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
 
     def _is_media(self) -> bool:
         """An object's bytes (passed through untouched), not the JSON API's metadata."""
@@ -264,12 +364,14 @@ class GuardHandler(BaseHTTPRequestHandler):
         pass  # a line per request would bury the refusals
 
 
-def serve(boundary: JobBoundary, upstream: str, port_file: Path | None = None) -> ThreadingHTTPServer:
-    """A guard listening on a free loopback port (written to port_file once it listens); call
-    serve_forever() on it."""
+def serve(boundary: JobBoundary, upstream: str, port_file: Path | None = None,
+          refusals: Path | None = None) -> ThreadingHTTPServer:
+    """A guard listening on a free loopback port (written to port_file once it listens), recording
+    what it refuses in `refusals`; call serve_forever() on it."""
     target = urlparse(upstream)
     handler: type[GuardHandler] = type("JobGuardHandler", (GuardHandler,), {
-        "boundary": boundary, "uploads": Uploads(), "upstream": target.netloc})
+        "boundary": boundary, "uploads": Uploads(), "upstream": target.netloc, "refusals": RefusalLog(refusals),
+        "in_flight": threading.BoundedSemaphore(IN_FLIGHT)})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     port = server.server_address[1]
@@ -284,7 +386,8 @@ def serve(boundary: JobBoundary, upstream: str, port_file: Path | None = None) -
 def launch(boundary: JobBoundary, upstream: str, directory: Path, env: dict[str, str],
            timeout_s: float = 30.0) -> tuple[int, int]:
     """Start a guard process for one machine, in a session of its own (it outlives a worker that
-    dies, as the machine does, and goes when the machine is deleted); return (pid, port)."""
+    dies, as the machine does, and goes when the machine is deleted); return (pid, port). Its
+    refusals go to directory/REFUSALS, for the worker to forward (`worker/guard_refusals.py`)."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "boundary.json").write_text(boundary.to_json())
     port_file = directory / "storage-guard.port"
@@ -292,7 +395,8 @@ def launch(boundary: JobBoundary, upstream: str, directory: Path, env: dict[str,
     with (directory / "storage-guard.log").open("ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "worker.storage_guard", "--upstream", upstream,
-             "--boundary", str(directory / "boundary.json"), "--port-file", str(port_file)],
+             "--boundary", str(directory / "boundary.json"), "--port-file", str(port_file),
+             "--refusals", str(directory / REFUSALS)],
             env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     threading.Thread(target=proc.wait, daemon=True).start()  # reap it once it is killed
     deadline = time.monotonic() + timeout_s
@@ -309,9 +413,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--upstream", required=True, help="the emulator, http://host:port")
     parser.add_argument("--boundary", required=True, type=Path, help="the job's boundary, as JSON")
     parser.add_argument("--port-file", required=True, type=Path, help="where to write the port it listens on")
+    parser.add_argument("--refusals", type=Path, help="where to append what it refuses, a JSON line each")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    server = serve(JobBoundary.from_json(args.boundary.read_text()), args.upstream, args.port_file)
+    server = serve(JobBoundary.from_json(args.boundary.read_text()), args.upstream, args.port_file, args.refusals)
     server.serve_forever()
     return 0
 

@@ -8,8 +8,10 @@ its architecture (weights are copied across by position).
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -122,10 +124,18 @@ def _user_builder(module: str, function: str, download_dir: Path) -> Builder:
     return build_user_model
 
 
+# Where POST /v1/modules stores code (trainjobs/uploads.py): uploads/<project>/<sha256 of the file>/<file>.
+_UPLOADED = re.compile(r"gs://[^/]+/uploads/[0-9a-f-]{36}/(?P<sha256>[0-9a-f]{64})/[^/]+")
+
+
 def _local_module_path(module: str, download_dir: Path) -> Path:
     if module.startswith("gs://"):
         name = module.rstrip("/").rsplit("/", 1)[-1]
-        if module.endswith(".py"):
+        if uploaded := _UPLOADED.fullmatch(module):
+            download_dir.mkdir(parents=True, exist_ok=True)
+            storage.blob(module).download_to_filename(str(download_dir / name))
+            _check_content(module, download_dir / name, uploaded["sha256"])
+        elif module.endswith(".py"):
             download_dir.mkdir(parents=True, exist_ok=True)
             storage.blob(module).download_to_filename(str(download_dir / name))
         elif not storage.download_prefix(module, download_dir / name):
@@ -137,6 +147,22 @@ def _local_module_path(module: str, download_dir: Path) -> Path:
     if not path.exists():
         raise ModelError(f"model module {module} not found on this machine")
     return path.resolve()
+
+
+def _check_content(module: str, path: Path, sha256: str) -> None:
+    """An upload's key names the sha256 of the bytes the user sent. The key comes from the job's spec,
+    which the worker wrote from the job's row; the object is in a bucket other code writes too (a
+    storage guard bypass once let one project's job overwrite another's module). Code whose bytes
+    are not the ones uploaded is not run."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    if digest.hexdigest() != sha256:
+        path.unlink()
+        raise ModelError(f"model module {module} is not the file that was uploaded: its bytes hash to sha256 "
+                         f"{digest.hexdigest()}, not the {sha256} its address names; it was changed in storage "
+                         "after the upload, and is not run")
 
 
 def _import_path(path: Path) -> Any:

@@ -45,7 +45,8 @@ from trainjobs.watchdog import term_grace_s
 from worker import storage_guard
 from worker.access_boundary import JobBoundary
 from worker.credentials import TokenFileRefresher, downscoped_minter
-from worker.provisioner import MachineInfo, MachineRequest, MachineState, NoCapacity
+from worker.guard_refusals import RefusalForwarder
+from worker.provisioner import LABEL_JOB, MachineInfo, MachineRequest, MachineState, NoCapacity
 from worker.provisioners.zygote import Zygote, ZygoteUnavailable
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -79,6 +80,7 @@ class LocalProvisioner:
         self._lock = threading.Lock()
         self._tokens: dict[str, TokenFileRefresher] = {}  # machine name -> its token file's refresher
         self._zygote: Zygote | None = None  # started with the first machine
+        self._refusals = RefusalForwarder()  # the guards' refusals, into this worker's log
 
     def create(self, request: MachineRequest) -> MachineInfo:
         with self._lock:
@@ -158,6 +160,7 @@ class LocalProvisioner:
 
     def close(self) -> None:
         """Ends the zygote, if one was started; machines and their agents are left as they are."""
+        self._refusals.close()
         if self._zygote is not None:
             self._zygote.close()
 
@@ -169,6 +172,7 @@ class LocalProvisioner:
             pid, port = storage_guard.launch(boundary, emulator, machine_dir,
                                              env=agent_environment(os.environ))
             record["guard_pid"] = pid
+            self._refusals.watch(name, machine_dir, _job_of(record))
             return {"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}"}
         token_file = machine_dir / "storage-token.json"
         record.update(token_file=str(token_file), boundary=boundary.to_json())
@@ -178,6 +182,8 @@ class LocalProvisioner:
     def _stop_storage_access(self, name: str, record: dict) -> None:
         if "guard_pid" in record:
             _signal_group(record["guard_pid"], signal.SIGKILL)
+        # What its guard refused, if it had one, into our log before the machine's directory goes.
+        self._refusals.finish(name, Path(record["logs"]), _job_of(record))
         if (refresher := self._tokens.pop(name, None)) is not None:
             refresher.stop()
 
@@ -195,6 +201,8 @@ class LocalProvisioner:
             with self._lock:
                 if name not in self._tokens:
                     self._refresh_token(name, Path(record["token_file"]), request.storage_boundary())
+        if record and "guard_pid" in record and not self._refusals.watching(name) and self._alive(record):
+            self._refusals.watch(name, Path(record["logs"]), _job_of(record))  # adopted
         return self._info(record) if record else None
 
     def delete(self, name: str) -> None:
@@ -268,6 +276,11 @@ class LocalProvisioner:
         # VM whose startup script ended. The worker reads success or failure from GCS, not from here.
         state = MachineState.READY if self._alive(record) else MachineState.STOPPED
         return MachineInfo(record["name"], state, record["labels"], detail=f"logs in {record['logs']}")
+
+
+def _job_of(record: dict) -> str:
+    """The job a machine runs, as the worker labelled it (a machine made by hand: its name)."""
+    return str(record["labels"].get(LABEL_JOB, record["name"]))
 
 
 def _pid_alive(pid: int) -> bool:

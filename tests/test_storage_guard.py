@@ -1,0 +1,187 @@
+"""The local storage guard lets through only what it checked, the agent runs only the code that was
+uploaded, one job cannot stall another's storage, and what a guard refuses reaches the worker's log
+(issue 18: finding 3, finding 6, and the refusals deleted with the machine).
+
+The attacks are tests/guard_attacks.py: a real job's model module in the tests marked `tf`, and the
+same requests from the test process against a guard of its own for the quick matrix."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests import guard_attacks
+from tests.conftest import make_key, scaled
+from tests.test_end_to_end import local_stack, wait  # noqa: F401  (fixture)
+from trainjobs import storage
+from worker import storage_guard
+from worker.access_boundary import JobBoundary, Scope
+from worker.guard_refusals import REFUSALS, RefusalForwarder, RefusalLog
+
+JOB = "0b7f3f7e-5f0c-4d7e-9f51-0c2a52d4c001"
+PROJECT_A = "11111111-1111-4111-8111-111111111111"
+TARGET = f"uploads/{PROJECT_A}/{'a' * 64}/their_model.py"  # another project's model code
+ORIGINAL = b"def build_model(shape, classes, params): ...\n"
+ATTACKS = Path(guard_attacks.__file__).read_bytes()
+
+
+def _stored(bucket: str, key: str) -> bytes | None:
+    blob = storage.bucket(bucket).blob(key)
+    return bytes(blob.download_as_bytes()) if blob.exists() else None
+
+
+@pytest.fixture
+def guard(bucket, tmp_path) -> Iterator[str]:
+    """The URL of a guard for job JOB (its directory read and write, nothing else), with another
+    project's module in the bucket; its refusals go to tmp_path/REFUSALS."""
+    storage.bucket(bucket).blob(TARGET).upload_from_string(ORIGINAL)
+    boundary = JobBoundary(JOB, read=(), write=(Scope(bucket, f"jobs/{JOB}/"),))
+    server = storage_guard.serve(boundary, os.environ["STORAGE_EMULATOR_HOST"], refusals=tmp_path / REFUSALS)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+# --- 1. the guard forwards exactly what it checked -------------------------------------------------
+
+@pytest.mark.parametrize("attempt", list(guard_attacks.attempts("b", "own", "target")))
+def test_a_request_the_emulator_could_read_another_way_is_refused(guard, bucket, attempt):
+    status = guard_attacks.attempts(bucket, f"jobs/{JOB}/decoy.py", TARGET)[attempt](guard)
+
+    assert _stored(bucket, TARGET) == ORIGINAL, status
+    assert status == 403
+    assert _stored(bucket, f"jobs/{JOB}/decoy.py") is None
+
+
+def test_the_same_upload_with_one_of_each_header_is_let_through(guard, bucket):
+    body = guard_attacks._multipart("B", f"jobs/{JOB}/model.py", b"mine")
+    head = (f"POST /upload/storage/v1/b/{bucket}/o?uploadType=multipart HTTP/1.1\nHost: x\nConnection: close\n"
+            f"Content-Type: multipart/related; boundary=B\nContent-Length: {len(body)}\n")
+
+    assert guard_attacks.request(guard, head, body) == 200
+    assert _stored(bucket, f"jobs/{JOB}/model.py") == b"mine"
+
+
+@pytest.mark.tf
+def test_a_jobs_code_cannot_overwrite_another_projects_module_through_its_guard(
+        api, api_url, db, bucket, local_stack, tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="trainjobs.worker")
+    theirs = api.post("/v1/modules", files={"file": ("their_model.py", ORIGINAL)}).json()["module"]
+    target = theirs.removeprefix(f"gs://{bucket}/")
+    report = tmp_path / "report.json"
+    with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {make_key(db, 'beta')}"}, timeout=30) as beta:
+        module = beta.post("/v1/modules", files={"file": ("guard_attacks.py", ATTACKS)}).json()["module"]
+        spec = {"dataset": {"source": "sklearn:digits"}, "accelerator": {"type": "cpu"}, "strategy": "default",
+                "model": {"module": module, "params": {"target": target, "report": str(report)}},
+                "training": {"epochs": 1}}
+        job = wait(beta, beta.post("/v1/jobs", json=spec).json()["id"], {"SUCCEEDED"})
+
+    assert json.loads(report.read_text()) == {what: 403 for what in guard_attacks.attempts("b", "own", "target")}
+    assert _stored(bucket, target) == ORIGINAL
+    # The guard's log went with the machine; each refusal reached the worker's, under the job's id.
+    forwarded = [r.getMessage() for r in caplog.records
+                 if r.name == "trainjobs.worker" and f"job {job['id']}: storage guard refused" in r.getMessage()]
+    for reason in ("the content-type header is given twice", "the content-encoding header is given twice",
+                   "a query that names a parameter twice", "a multipart upload that is not exactly metadata and media"):
+        assert any(line.endswith(reason) for line in forwarded), reason
+
+
+# --- 2. the agent runs only the bytes that were uploaded -------------------------------------------
+
+@pytest.mark.tf
+def test_an_uploaded_module_changed_in_storage_is_not_run(api, bucket, local_stack, tmp_path):
+    ran = tmp_path / "forged-code-ran"
+    module = api.post("/v1/modules", files={"file": ("my_model.py", ORIGINAL)}).json()["module"]
+    # However it got there (a guard bypass, a wrong ACL), other bytes now lie under the upload's address.
+    storage.blob(module).upload_from_string(f"open({str(ran)!r}, 'w').close()\n".encode() + ORIGINAL)
+    spec = {"dataset": {"source": "sklearn:digits"}, "model": {"module": module}, "accelerator": {"type": "cpu"},
+            "strategy": "default", "training": {"epochs": 1}}
+
+    job = wait(api, api.post("/v1/jobs", json=spec).json()["id"], {"FAILED"})
+
+    assert "is not the file that was uploaded" in job["error"]
+    assert not ran.exists()
+
+
+# --- 3. one job cannot stall the others' storage ---------------------------------------------------
+
+def test_a_download_nobody_reads_leaves_the_emulator_free(guard, bucket):
+    """In-process: the guard reads the emulator's whole answer before it writes any to the job."""
+    storage.bucket(bucket).blob(f"jobs/{JOB}/large.bin").upload_from_string(os.urandom(96 << 20))
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", int(guard.rsplit(":", 1)[1])))
+    try:
+        sock.sendall(f"GET /download/storage/v1/b/{bucket}/o/jobs%2F{JOB}%2Flarge.bin?alt=media HTTP/1.1\r\n"
+                     "Host: x\r\n\r\n".encode())
+        time.sleep(0.5)  # let the guard start on it: a check that passed too early would prove nothing
+        blob = storage.bucket(bucket).blob(TARGET)
+        assert blob.download_as_bytes(timeout=scaled(60)) == ORIGINAL  # straight to the emulator
+    finally:
+        sock.close()
+
+
+@pytest.mark.tf
+def test_a_job_that_never_reads_its_download_does_not_stall_another_jobs_storage(
+        api, api_url, db, bucket, local_stack, tmp_path):
+    holding, release = tmp_path / "holding", tmp_path / "release"
+    with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {make_key(db, 'beta')}"}, timeout=30) as beta:
+        module = beta.post("/v1/modules", files={"file": ("guard_attacks.py", ATTACKS)}).json()["module"]
+        params = {"size": 96 << 20, "holding": str(holding), "release": str(release)}
+        spec = {"dataset": {"source": "sklearn:digits"}, "accelerator": {"type": "cpu"}, "strategy": "default",
+                "model": {"module": module, "function": "hold_a_download", "params": params},
+                "training": {"epochs": 1}}
+        slow = beta.post("/v1/jobs", json=spec).json()["id"]
+        try:
+            deadline = time.monotonic() + scaled(300)
+            while not holding.exists():
+                assert time.monotonic() < deadline, beta.get(f"/v1/jobs/{slow}").json()
+                time.sleep(0.2)
+
+            other = {"dataset": {"source": "sklearn:digits"}, "model": {"name": "mlp"}, "accelerator": {"type": "cpu"},
+                     "strategy": "default", "training": {"epochs": 1}}
+            assert wait(api, api.post("/v1/jobs", json=other).json()["id"], {"SUCCEEDED"}, timeout=240)
+        finally:
+            release.write_text("")
+        wait(beta, slow, {"SUCCEEDED"})
+
+
+# --- 4. refusals reach the worker's log ------------------------------------------------------------
+
+def test_refusals_are_forwarded_once_with_the_job_the_worker_knows(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="trainjobs.worker")
+    refusals = RefusalLog(tmp_path / REFUSALS)
+    refusals.record("POST", "/upload/storage/v1/b/tj/o?uploadType=multipart", "the Content-Type header is given twice")
+    forwarder = RefusalForwarder()
+
+    forwarder.finish("machine", tmp_path, JOB)
+    refusals.record("GET", "/storage/v1/b/tj/o", "listing gs://tj/*")
+    forwarder.finish("machine", tmp_path, JOB)
+
+    assert [r.getMessage() for r in caplog.records if r.name == "trainjobs.worker"] == [
+        f"job {JOB}: storage guard refused POST '/upload/storage/v1/b/tj/o?uploadType=multipart': "
+        "the Content-Type header is given twice",
+        f"job {JOB}: storage guard refused GET '/storage/v1/b/tj/o': listing gs://tj/*"]
+
+
+def test_a_refusal_log_the_job_floods_is_logged_in_bounded_lines(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="trainjobs.worker")
+    refusals = RefusalLog(tmp_path / REFUSALS)
+    for i in range(5000):
+        refusals.record("GET", f"/storage/v1/b/tj/o/{i}", "reading")
+
+    RefusalForwarder().finish("machine", tmp_path, JOB)
+
+    lines = [r.getMessage() for r in caplog.records if r.name == "trainjobs.worker"]
+    assert len(lines) < 1000
+    assert any(line.startswith(f"job {JOB}: its storage guard refused") and "more requests" in line for line in lines)
