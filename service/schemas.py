@@ -136,7 +136,11 @@ class ArtifactList(BaseModel):
 
 
 class JobLogs(BaseModel):
+    """One page of a job's logs (service/job_logs.py)."""
+
     text: str
+    next_cursor: str | None = None  # more to read now: pass as ?cursor= for the next page
+    end_cursor: str | None = None  # where this text ends: ?cursor= (or ?follow=true&cursor=) reads what comes after
 
 
 class DatasetPublic(BaseModel):

@@ -478,3 +478,60 @@ def test_api_workers_runs_that_many_server_processes_on_one_port(db, database_ur
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(scaled(30)) == 0
+
+
+class AnswerLostOnce:
+    """A proxy in front of the API that passes the first POST /v1/jobs on and drops the connection
+    instead of answering it, as a network can after the API made the job; later requests go through."""
+
+    def __init__(self, api_url: str) -> None:
+        import http.server
+        import threading
+
+        import httpx
+
+        self.keys: list[str | None] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                headers = {k: v for k, v in self.headers.items() if k.lower() in ("authorization", "content-type",
+                                                                                   "idempotency-key")}
+                proxy.keys.append(self.headers.get("Idempotency-Key"))
+                answer = httpx.post(f"{api_url}{self.path}", content=body, headers=headers)
+                if len(proxy.keys) == 1:
+                    self.close_connection = True  # made the job, lost the answer
+                    return
+                self.send_response(answer.status_code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(answer.content)))
+                self.end_headers()
+                self.wfile.write(answer.content)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        proxy = self
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+
+def test_submit_retries_a_lost_answer_with_the_same_idempotency_key_and_makes_one_job(api, api_url, tmp_path,
+                                                                                      monkeypatch):
+    from click.testing import CliRunner
+
+    from trainjobs.cli import main
+
+    proxy = AnswerLostOnce(api_url)
+    try:
+        monkeypatch.setenv("TRAINJOBS_API_URL", proxy.url)
+        monkeypatch.setenv("TRAINJOBS_API_KEY", api.headers["authorization"].split()[1])
+        result = CliRunner().invoke(main, ["submit", str(write_spec(tmp_path / "job.yaml"))])
+    finally:
+        proxy.server.shutdown()
+
+    assert result.exit_code == 0, result.output
+    [job] = api.get("/v1/jobs").json()["jobs"]
+    assert result.output.split()[0] == job["id"]
+    assert len(proxy.keys) == 2 and proxy.keys[0] is not None and proxy.keys[0] == proxy.keys[1]

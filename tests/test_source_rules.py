@@ -58,7 +58,7 @@ def test_staging_refuses_a_bucket_the_operator_stopped_listing_after_submit(api,
     assert submitted.status_code == 201
     monkeypatch.setenv(SOURCE_BUCKETS_ENV, "")
 
-    with pytest.raises(DatasetError, match=f"only if the operator allows that bucket"):
+    with pytest.raises(DatasetError, match="only if the operator allows that bucket"):
         GcsStager(tmp_path)(JobSpec.model_validate(submitted.json()["spec"]), submitted.json()["id"],
                             project_id=project_id(db, "alpha"))
     assert storage.list_uris(f"gs://{bucket}/datasets/") == []

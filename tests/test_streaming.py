@@ -83,6 +83,15 @@ class Follower:
                 return seen
 
 
+@pytest.fixture(autouse=True)
+def queued_jobs_polled_like_running_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests follow queued jobs (no worker runs here) as if they ran; that a queued job's
+    stream polls slowly is tests/test_stream_limits.py's. The API runs in this process."""
+    from service.routes import streams
+
+    monkeypatch.setattr(streams, "QUEUED_POLL_S", streams.POLL_S)
+
+
 def _log_uri(job_id: str, name: str = "agent-1-0.log") -> str:
     return f"{storage.JobPaths.for_job(job_id).logs}/{name}"
 
@@ -150,7 +159,8 @@ def test_metric_stream_sends_each_epoch_once_and_resumes(api, bucket):
 def test_without_follow_the_json_answers_are_unchanged(api, bucket):
     job = api.post("/v1/jobs", json=digits_spec()).json()
     _upload(_log_uri(job["id"]), "hello\n")
-    assert api.get(f"/v1/jobs/{job['id']}/logs").json() == {"text": "==> agent-1-0.log <==\nhello\n"}
+    assert api.get(f"/v1/jobs/{job['id']}/logs").json() == {"text": "==> agent-1-0.log <==\nhello\n",
+                                                             "next_cursor": None, "end_cursor": "agent-1-0.log=6"}
     assert api.get(f"/v1/jobs/{job['id']}/metrics").json() == {"epochs": []}
 
 

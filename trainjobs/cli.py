@@ -101,7 +101,8 @@ def _api_call(f: F) -> F:
 
 @main.command()
 @click.argument("spec_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--idempotency-key", help="resubmitting with the same key returns the first job")
+@click.option("--idempotency-key", help="resubmitting with the same key returns the first job; without one, "
+              "each run makes its own, which its retries after a lost answer reuse")
 @click.option("-f", "--follow", is_flag=True,
               help="show live progress until the job ends; exit 0 SUCCEEDED, 1 FAILED, 3 CANCELLED")
 @click.option("--wait", is_flag=True, help="same as --follow")
@@ -316,8 +317,8 @@ def logs(job_id: str, follow: bool, as_json: bool) -> None:
     """Print the agent's log."""
     c = _client()
     if not follow:
-        text = c.logs(job_id)
-        terminal.emit_json({"text": text}) if as_json else click.echo(text, nl=False)
+        for text in c.iter_logs(job_id):  # a page at a time: a long log is never held whole
+            terminal.emit_json({"text": text}) if as_json else click.echo(text, nl=False)
         return
     for ev in _stream_or_poll(c, job_id, "logs"):
         if as_json:

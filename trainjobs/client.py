@@ -6,6 +6,7 @@ import builtins
 import hashlib
 import json
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,9 @@ import httpx
 
 from trainjobs.config import load_client_config
 from trainjobs.states import TERMINAL
+
+
+_RETRIED_STATUSES = (502, 503, 504)  # a proxy or the API itself could not answer this time
 
 
 class ApiError(Exception):
@@ -40,7 +44,8 @@ class StreamUnsupported(Exception):
 
 @dataclass(frozen=True)
 class StreamEvent:
-    """One server-sent event: `log` {line}, `metric` {one epoch record}, `status` {status}, `end` {status}."""
+    """One server-sent event: `log` {line}, `metric` {one epoch record}, `status` {status}, `end` {status}
+    (`error` {code, message} is raised as ApiError by Client.follow)."""
 
     event: str
     data: dict[str, Any]
@@ -80,9 +85,25 @@ class Client:
             raise ApiError(r.status_code, body)
         return body
 
-    def submit(self, spec: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        return self._call("POST", "/v1/jobs", json=spec, headers=headers)
+    def submit(self, spec: dict[str, Any], idempotency_key: str | None = None, retries: int = 3) -> dict[str, Any]:
+        """Submit once, even when an answer is lost: every try carries the same Idempotency-Key (one
+        is made here when none is given), so a retry after a dropped connection, a timeout or a 502,
+        503 or 504 gets the job the first try made (the API replays it), not a second job."""
+        key = idempotency_key or f"tj-{uuid.uuid4()}"
+        for attempt in range(retries + 1):
+            try:
+                return self._call("POST", "/v1/jobs", json=spec, headers={"Idempotency-Key": key})
+            except ApiUnreachable:
+                if attempt == retries:
+                    raise
+            except httpx.TransportError:  # sent, and the answer lost: the job may exist
+                if attempt == retries:
+                    raise
+            except ApiError as exc:
+                if exc.status not in _RETRIED_STATUSES or attempt == retries:
+                    raise
+            time.sleep(min(4.0, 0.5 * 2 ** attempt))
+        raise AssertionError("unreachable")  # the loop returns or raises
 
     def get(self, job_id: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/jobs/{job_id}")
@@ -112,7 +133,17 @@ class Client:
         return events
 
     def logs(self, job_id: str) -> str:
-        return str(self._call("GET", f"/v1/jobs/{job_id}/logs")["text"])
+        """The whole log so far; iter_logs hands it out a page at a time instead."""
+        return "".join(self.iter_logs(job_id))
+
+    def iter_logs(self, job_id: str, cursor: str | None = None) -> Iterator[str]:
+        """The log so far, one page (at most a MiB) at a time, from `cursor` (a page's end_cursor)."""
+        while True:
+            params = {"cursor": cursor} if cursor else {}
+            page = self._call("GET", f"/v1/jobs/{job_id}/logs", params=params)
+            yield str(page["text"])
+            if not (cursor := page.get("next_cursor")):  # a server from before pages sends none
+                return
 
     def metrics(self, job_id: str) -> builtins.list[dict[str, Any]]:
         """Per-epoch records so far (loss, accuracy, val_*, examples_per_sec, input_wait_fraction, ...)."""
@@ -141,6 +172,11 @@ class Client:
                         raise StreamUnsupported(f"{what}?follow=true answered {r.headers.get('content-type')}")
                     for event in parse_sse(r.iter_lines()):
                         failures = 0
+                        if event.event == "error":  # the server ends the stream: resuming cannot help
+                            code = str(event.data.get("code", "stream"))
+                            raise ApiError(401 if code == "key_revoked" else 0, {"error": {
+                                "error": code, "message": f"the {what} stream of job {job_id} ended: "
+                                                          f"{event.data.get('message', code)}"}})
                         if event.id is not None:
                             last_id = event.id
                         yield event

@@ -123,12 +123,78 @@ def write_json(uri: str, data: Any) -> None:
 
 
 def read_json(uri: str) -> Any | None:
+    """For objects only trainjobs writes; what a job's code can write is read by read_json_bounded."""
     from google.api_core.exceptions import NotFound
 
     try:
         return json.loads(blob(uri).download_as_bytes())
     except NotFound:
         return None
+
+
+# How much of an object a job's code can write (status.json, metrics.json, its manifests, its logs)
+# a reader takes into memory at once. The agent's own documents are far smaller; a job that writes a
+# 200 MB one must not take the worker or the API down with it (issue 18, finding 5).
+STATUS_MAX_BYTES = 1 << 20  # status.json: a state, a heartbeat, the latest epoch's metrics
+MANIFEST_MAX_BYTES = 1 << 20  # artifacts/manifest.json: ~150 bytes an artifact
+METRICS_MAX_BYTES = 4 << 20  # metrics.json: ~300 bytes an epoch, every epoch of every attempt
+LOG_PAGE_MAX_BYTES = 1 << 20  # one page of GET /logs, one poll of a log stream
+
+
+class ObjectTooLarge(Exception):
+    """An object is larger than its reader takes into memory; the message is for the job's owner."""
+
+    def __init__(self, uri: str, size: int, limit: int):
+        self.uri, self.size, self.limit = uri, size, limit
+        super().__init__(f"{_within_job(uri)} is {_mib(size)}, over the {_mib(limit)} trainjobs reads of it")
+
+
+def _within_job(uri: str) -> str:
+    """'gs://b/jobs/<id>/status.json' -> 'status.json': the name its job's owner knows it by."""
+    _, key = split_uri(uri)
+    parts = key.split("/", 2)
+    return parts[2] if len(parts) == 3 and parts[0] == "jobs" else uri
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n} bytes"
+
+
+def get_blob(uri: str) -> Any | None:
+    """The object's metadata (size, generation), one GET that reads none of its bytes; None if absent."""
+    name, key = split_uri(uri)
+    return bucket(name).get_blob(key)
+
+
+def read_bounded(uri: str, limit: int, *, found: Any | None = None) -> bytes | None:
+    """The object's bytes, or None when there is none. ObjectTooLarge when it is over `limit`, judged
+    by its size before a byte is read and again by what arrives: a job can replace the object between
+    the two, so the download itself asks for at most limit + 1 bytes. `found`: its metadata, when the
+    caller has just read it (get_blob)."""
+    from google.api_core.exceptions import NotFound
+
+    found = found if found is not None else get_blob(uri)
+    if found is None:
+        return None
+    if int(found.size or 0) > limit:
+        raise ObjectTooLarge(uri, int(found.size), limit)
+    if not found.size:
+        return b""
+    try:
+        # raw_download: the stored bytes as they are. A job could store its object gzip-encoded, and
+        # the client would inflate what it was sent: a small object could be a large answer.
+        data: bytes = blob(uri).download_as_bytes(start=0, end=limit, raw_download=True)
+    except NotFound:  # deleted since
+        return None
+    if len(data) > limit:
+        raise ObjectTooLarge(uri, len(data), limit)
+    return data
+
+
+def read_json_bounded(uri: str, limit: int, *, found: Any | None = None) -> Any | None:
+    """read_bounded, parsed as JSON (ValueError if it is not)."""
+    data = read_bounded(uri, limit, found=found)
+    return None if data is None else json.loads(data)
 
 
 def list_uris(prefix_uri: str) -> list[str]:

@@ -11,10 +11,11 @@ from typing import Any
 from fastapi import APIRouter, Header, Query
 from fastapi.responses import Response
 
+from service import job_logs as job_log_pages
 from service.artifact_download import verified_download
 from service.db import jobs as data
 from service.db.session import transaction
-from service.deps import Factory, ProjectId
+from service.deps import ApiSecret, Factory, ProjectId
 from service.errors import ApiError
 from service.routes import streams
 from service.schemas import AUTHED, ArtifactList, ArtifactPublic, JobLogs, error_responses
@@ -92,35 +93,43 @@ def download_artifact(job_id: uuid.UUID, path: str, project: ProjectId, factory:
 # ?follow=true answers with server-sent events until the job ends (service/routes/streams.py). It is
 # left out of the OpenAPI document: a generated client (or the fuzzer) would wait on it forever.
 FOLLOW = Query(default=False, include_in_schema=False)
-CURSOR = Query(default=None, max_length=4096, include_in_schema=False)
+STREAM_CURSOR = Query(default=None, max_length=4096, include_in_schema=False)
 LAST_EVENT_ID = Header(default=None, max_length=4096, include_in_schema=False)
 
 
+def _too_large(exc: storage.ObjectTooLarge) -> ApiError:
+    return ApiError(422, f"{exc}: the job's code wrote it, and the API does not read it whole", "too_large")
+
+
 @router.get("/{job_id}/logs", response_model=JobLogs, responses=error_responses(*AUTHED, 404))
-def job_logs(job_id: uuid.UUID, project: ProjectId, factory: Factory,
+def job_logs(job_id: uuid.UUID, project: ProjectId, secret: ApiSecret, factory: Factory,
              tail: int | None = Query(default=None, ge=1, le=100_000, description="last N lines"),
-             follow: bool = FOLLOW, cursor: str | None = CURSOR,
-             last_event_id: str | None = LAST_EVENT_ID) -> JobLogs | Response:
-    """The job's logs so far; with ?follow=true, `text/event-stream` until the job ends (README:
-    Watching a job)."""
+             limit_bytes: int = Query(default=storage.LOG_PAGE_MAX_BYTES, ge=1, le=storage.LOG_PAGE_MAX_BYTES,
+                                      description="at most this many bytes of log in this page"),
+             cursor: str | None = Query(default=None, max_length=4096,
+                                        description="next_cursor (or end_cursor) of an earlier page"),
+             follow: bool = FOLLOW, last_event_id: str | None = LAST_EVENT_ID) -> JobLogs | Response:
+    """The job's logs a page at a time: follow `next_cursor` until it is null; `end_cursor` reads on
+    later from where the text ends. With ?tail=N, the last N lines (within one page of bytes). With
+    ?follow=true, `text/event-stream` until the job ends (README: Watching a job)."""
     paths = _paths(factory, project, job_id)
     if follow:
-        return streams.follow_logs(factory, project, job_id, last_event_id or cursor)
-    parts = []
-    for uri in sorted(storage.list_uris(paths.logs + "/")):
-        parts.append(f"==> {uri.rsplit('/', 1)[-1]} <==\n" + storage.blob(uri).download_as_text())
-    text = "\n".join(parts)
-    if tail:
-        text = "\n".join(text.splitlines()[-tail:]) + "\n"
-    return JobLogs(text=text)
+        return streams.follow_logs(factory, streams.Follower(project, secret, job_id), last_event_id or cursor)
+    page = job_log_pages.log_tail(paths.logs, tail, limit_bytes) if tail else \
+        job_log_pages.log_page(paths.logs, cursor, limit_bytes)
+    return JobLogs(text=page.text, next_cursor=page.next_cursor, end_cursor=page.end_cursor)
 
 
-@router.get("/{job_id}/metrics", responses=error_responses(*AUTHED, 404))
-def job_metrics(job_id: uuid.UUID, project: ProjectId, factory: Factory, follow: bool = FOLLOW,
-                cursor: str | None = CURSOR, last_event_id: str | None = LAST_EVENT_ID) -> Any:
+@router.get("/{job_id}/metrics", responses=error_responses(*AUTHED, 404, 422))
+def job_metrics(job_id: uuid.UUID, project: ProjectId, secret: ApiSecret, factory: Factory, follow: bool = FOLLOW,
+                cursor: str | None = STREAM_CURSOR, last_event_id: str | None = LAST_EVENT_ID) -> Any:
     """Per-epoch metrics so far (loss, accuracy, examples/s, step time, input-wait fraction); with
-    ?follow=true, `text/event-stream` with one event per epoch until the job ends."""
+    ?follow=true, `text/event-stream` with one event per epoch until the job ends. A metrics.json
+    over storage.METRICS_MAX_BYTES (the job's code can write it) is a 422, not read."""
     paths = _paths(factory, project, job_id)
     if follow:
-        return streams.follow_metrics(factory, project, job_id, last_event_id or cursor)
-    return {"epochs": storage.read_json(paths.metrics) or []}
+        return streams.follow_metrics(factory, streams.Follower(project, secret, job_id), last_event_id or cursor)
+    try:
+        return {"epochs": storage.read_json_bounded(paths.metrics, storage.METRICS_MAX_BYTES) or []}
+    except storage.ObjectTooLarge as exc:
+        raise _too_large(exc) from None

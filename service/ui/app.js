@@ -23,9 +23,9 @@ async function api(path, options = {}) {
 }
 
 // Server-sent events over fetch (EventSource cannot send an Authorization header). Reconnects with
-// Last-Event-ID after a dropped connection; returns once the server sends `end` or `signal` aborts.
-async function follow(path, onEvent, signal) {
-  let cursor = null;
+// Last-Event-ID after a dropped connection; returns once the server sends `end` or `error` (the key
+// was revoked, or the job wrote more than the API reads), or `signal` aborts. `cursor`: where to start.
+async function follow(path, onEvent, signal, cursor = null) {
   while (!signal.aborted) {
     try {
       const headers = { Accept: "text/event-stream" };
@@ -52,7 +52,8 @@ async function follow(path, onEvent, signal) {
             else if (field === "id") cursor = value;
           }
           if (data) onEvent(name, JSON.parse(data));
-          if (name === "end") return;
+          if (name === "error" && data && JSON.parse(data).code === "key_revoked") signOut("That API key was revoked.");
+          if (name === "end" || name === "error") return;
         }
       }
     } catch (e) {
@@ -247,6 +248,22 @@ function jobPage(id) {
     if (Date.now() - reloaded > 2000) { reloaded = Date.now(); load(); }
   }, abort.signal);
   $("#log-state").textContent = "(live)";
+  // The last lines first (one page, however long the log), then the stream from where they end:
+  // the stream from the start would replay the whole log a page at a time.
+  followLog(id, log, abort.signal);
+  return { stop() { abort.abort(); } };
+}
+
+async function followLog(id, log, signal) {
+  let cursor = null;
+  try {
+    const last = await (await api(`/v1/jobs/${id}/logs?tail=2000`, { signal })).json();
+    log.append(last.text);
+    log.scrollTop = log.scrollHeight;
+    cursor = last.end_cursor;
+  } catch (e) {
+    if (signal.aborted) return;
+  }
   follow(`/v1/jobs/${id}/logs?follow=true`, (name, data) => {
     if (name === "log") {
       const atBottom = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
@@ -254,8 +271,8 @@ function jobPage(id) {
       while (log.childNodes.length > 2000) log.firstChild.remove();
       if (atBottom) log.scrollTop = log.scrollHeight;
     } else if (name === "end") $("#log-state").textContent = `(ended: ${data.status})`;
-  }, abort.signal);
-  return { stop() { abort.abort(); } };
+    else if (name === "error") $("#log-state").textContent = `(stopped: ${data.message})`;
+  }, signal, cursor);
 }
 
 // --- routing ------------------------------------------------------------------------------------
