@@ -138,6 +138,7 @@ def hold_a_download(input_shape: Any, num_classes: int, params: dict[str, Any]) 
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a reader that takes nothing
     sock.connect((host, int(port)))
     sock.sendall(f"GET /download/storage/v1/b/{bucket}/o/{name}?alt=media HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    sock.recv(1)  # the answer has begun: the emulator has taken the request; the rest is left unread
     Path(params["holding"]).write_text("")
     deadline = time.monotonic() + 900
     while not Path(params["release"]).exists() and time.monotonic() < deadline:
