@@ -174,33 +174,30 @@ def test_a_dataset_uri_outside_the_staged_datasets_is_refused_not_trusted(bucket
 
 # --- low: a product nobody uses must not break the other ---------------------------------------------
 
-class ComputeApiDisabled:
-    """Compute Engine as Google answers every call in a project where its API is off: 403, status
+class DisabledApi:
+    """A Google API as it answers every call in a project where it is off: 403, status
     PERMISSION_DENIED, reason SERVICE_DISABLED (and the older accessNotConfigured)."""
 
-    BODY = {"error": {
-        "code": 403, "status": "PERMISSION_DENIED",
-        "message": "Compute Engine API has not been used in project proj before or it is disabled.",
-        "errors": [{"message": "Compute Engine API has not been used in project proj before or it is disabled.",
-                    "domain": "usageLimits", "reason": "accessNotConfigured"}],
-        "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "SERVICE_DISABLED",
-                     "domain": "googleapis.com", "metadata": {"service": "compute.googleapis.com"}}]}}
-
-    def __init__(self) -> None:
+    def __init__(self, title: str, service: str) -> None:
+        message = f"{title} has not been used in project proj before or it is disabled."
+        self.body = json.dumps({"error": {
+            "code": 403, "status": "PERMISSION_DENIED", "message": message,
+            "errors": [{"message": message, "domain": "usageLimits", "reason": "accessNotConfigured"}],
+            "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "SERVICE_DISABLED",
+                         "domain": "googleapis.com", "metadata": {"service": service}}]}}).encode()
         self.requests: list[str] = []
         api = self
 
         class Handler(BaseHTTPRequestHandler):
             def _answer(self) -> None:
                 api.requests.append(f"{self.command} {self.path}")
-                body = json.dumps(api.BODY).encode()
                 self.send_response(403)
                 self.send_header("Content-Type", "application/json; charset=UTF-8")
-                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Content-Length", str(len(api.body)))
                 self.end_headers()
-                self.wfile.write(body)
+                self.wfile.write(api.body)
 
-            do_GET = do_POST = do_DELETE = _answer
+            do_GET = do_POST = do_PATCH = do_DELETE = _answer
 
             def log_message(self, *args: object) -> None:
                 pass
@@ -215,8 +212,15 @@ class ComputeApiDisabled:
 
 
 @pytest.fixture
-def compute_disabled() -> Iterator[ComputeApiDisabled]:
-    api = ComputeApiDisabled()
+def compute_disabled() -> Iterator[DisabledApi]:
+    api = DisabledApi("Compute Engine API", "compute.googleapis.com")
+    yield api
+    api.close()
+
+
+@pytest.fixture
+def tpu_disabled() -> Iterator[DisabledApi]:
+    api = DisabledApi("Cloud TPU API", "tpu.googleapis.com")
     yield api
     api.close()
 
@@ -239,7 +243,7 @@ def gcp_worker(fake_tpu_url: str, compute_url: str, database_url: str, staging: 
 
 
 def test_tpu_jobs_run_and_are_adopted_in_a_project_whose_compute_engine_api_is_disabled(
-        api: Any, make_gcp: Any, compute_disabled: ComputeApiDisabled, database_url: str, tmp_path: Path) -> None:
+        api: Any, make_gcp: Any, compute_disabled: DisabledApi, database_url: str, tmp_path: Path) -> None:
     def errors() -> float:
         return metrics.REGISTRY.get_sample_value("trainjobs_worker_driver_errors_total", {"kind": "error"}) or 0.0
 
@@ -266,3 +270,27 @@ def test_tpu_jobs_run_and_are_adopted_in_a_project_whose_compute_engine_api_is_d
     assert errors() == failures_before  # no driver step failed
     assert tpu.fake.node_names() == []
     assert compute_disabled.requests  # asked (for machines of the job by label), and its 403 was no failure
+
+
+def test_gpu_machines_are_created_found_and_deleted_in_a_project_whose_cloud_tpu_api_is_disabled(
+        tpu_disabled: DisabledApi, tmp_path: Path, gcs_emulator: Any) -> None:
+    from stack.fakecloud import FakeComputeApi
+    from stack.fakecloud.compute_inventory import ComputeTiming
+
+    with FakeComputeApi(sandbox=tmp_path, boot=False, timing=ComputeTiming(boot_s=0.1, delete_s=0.1)) as compute:
+        config = GcpConfig(project="proj", zone=ZONE, tpu_api_endpoint=tpu_disabled.url, compute_api_endpoint=compute.url)
+
+        def gcp() -> GcpProvisioner:  # a fresh worker's: it knows no machine yet
+            return GcpProvisioner(TpuVmProvisioner(config, backoff_s=0.01),
+                                  GceVmProvisioner(config, startup=lambda r: "#!/bin/bash\n", create_wait_s=scaled(30),
+                                                   backoff_s=0.01, poll_s=0.02))
+
+        spec = JobSpec.model_validate({"dataset": {"source": "sklearn:digits"}, "model": {"name": "cnn"},
+                                       "accelerator": {"type": "gpu", "gpu_type": "nvidia-tesla-t4"}})
+        request = MachineRequest("gpu-job", 1, spec, "gs://b/jobs/gpu-job")
+        gcp().create(request)
+        assert gcp().get(request) is not None
+        assert [m.name for m in gcp().list({"trainjobs-job": "gpu-job"})] == [request.name]
+        gcp().delete(request.name)
+        assert compute.instance_names() == []
+        assert tpu_disabled.requests  # asked when the product was unknown (list, delete), and its 403 failed nothing
