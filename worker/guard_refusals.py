@@ -36,11 +36,12 @@ class RefusalLog:
         self._path = path
         self._lock = threading.Lock()
 
-    def record(self, method: str, target: str, reason: str) -> None:
+    def record(self, method: str, target: str, reason: str, *, routine: bool = False) -> None:
+        """`routine`: a request every job's storage client makes by itself; forwarded at DEBUG."""
         if self._path is None:
             return
         line = json.dumps({"time": time.time(), "method": method[:16], "target": target[:512],
-                           "reason": reason[:512]}) + "\n"
+                           "reason": reason[:512], "routine": routine}) + "\n"
         with self._lock, self._path.open("a") as f:
             f.write(line)
 
@@ -120,7 +121,8 @@ def _log_one(job_id: str, raw: bytes) -> None:
     try:
         entry = json.loads(raw)
         method, target, reason = (str(entry[k])[:512] for k in ("method", "target", "reason"))
-    except (ValueError, KeyError, TypeError):
+        level = logging.DEBUG if entry.get("routine") is True else logging.WARNING
+    except (ValueError, KeyError, TypeError, AttributeError):
         worker_log.warning("job %s: its storage guard's refusal log holds a line that is not one: %r", job_id, raw[:200])
         return
-    worker_log.warning("job %s: storage guard refused %s %r: %s", job_id, method[:16], target, reason)
+    worker_log.log(level, "job %s: storage guard refused %s %r: %s", job_id, method[:16], target, reason)

@@ -56,6 +56,7 @@ COPY = re.compile(rf"{_API}/b/{_BUCKET}/o/{_OBJECT}/(?:copyTo|rewriteTo)/b/(?P<d
 OBJECT_SUBRESOURCE = re.compile(rf"{_API}/b/{_BUCKET}/o/{_OBJECT}/(?:compose|acl|restore)")
 OBJECT = re.compile(rf"{_API}/b/{_BUCKET}/o/{_OBJECT}")
 OBJECTS = re.compile(rf"{_API}/b/{_BUCKET}/o")
+BUCKET = re.compile(rf"{_API}/b/{_BUCKET}")
 UPLOAD = re.compile(rf"/upload/storage/v1/b/{_BUCKET}/o")
 DOWNLOAD = re.compile(rf"/download/storage/v1/b/{_BUCKET}/o/{_OBJECT}")
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "upgrade", "content-length"}
@@ -71,7 +72,12 @@ _LENGTH = re.compile(r"[0-9]{1,15}")
 
 
 class Refused(Exception):
-    """The request leaves the job's boundary (or is one the guard does not let through at all)."""
+    """The request leaves the job's boundary (or is one the guard does not let through at all).
+    `routine`: one every job's storage client makes by itself, refused but no sign of anything."""
+
+    def __init__(self, message: str, *, routine: bool = False):
+        super().__init__(message)
+        self.routine = routine
 
 
 class Uploads:
@@ -162,6 +168,10 @@ def check(boundary: JobBoundary, uploads: Uploads, method: str, url: str, header
     if (m := DOWNLOAD.fullmatch(path)) and method == "GET":
         _read(boundary, m["bucket"], unquote(m["object"]))
         return None
+    if BUCKET.fullmatch(path) and method == "GET":
+        # google-cloud-storage 3.x looks up each bucket's metadata in the background, for its own
+        # telemetry (google/cloud/storage/_bucket_metadata_cache.py), on a job's behalf.
+        raise Refused("reading a bucket's metadata", routine=True)
     raise Refused(f"{method} {path}")
 
 
@@ -271,8 +281,8 @@ class GuardHandler(BaseHTTPRequestHandler):
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
 
     def _refuse(self, exc: Refused) -> None:
-        log.warning("refused %s %s: %s", self.command, self.path, exc)
-        self.refusals.record(self.command, self.path, str(exc))
+        log.log(logging.INFO if exc.routine else logging.WARNING, "refused %s %s: %s", self.command, self.path, exc)
+        self.refusals.record(self.command, self.path, str(exc), routine=exc.routine)
         payload = forbidden_body(f"job {self.boundary.job_id} may not do this: {exc}")
         self.send_response(403)
         self.send_header("Content-Type", "application/json; charset=UTF-8")
