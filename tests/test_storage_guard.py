@@ -26,6 +26,8 @@ from trainjobs import storage
 from worker import storage_guard
 from worker.access_boundary import JobBoundary, Scope
 from worker.guard_refusals import REFUSALS, RefusalForwarder, RefusalLog
+from worker.provisioner import LABEL_JOB
+from worker.provisioners.local import LocalProvisioner
 
 JOB = "0b7f3f7e-5f0c-4d7e-9f51-0c2a52d4c001"
 PROJECT_A = "11111111-1111-4111-8111-111111111111"
@@ -182,6 +184,25 @@ def test_refusals_are_forwarded_once_with_the_job_the_worker_knows(tmp_path, cap
         f"job {JOB}: storage guard refused POST '/upload/storage/v1/b/tj/o?uploadType=multipart': "
         "the Content-Type header is given twice",
         f"job {JOB}: storage guard refused GET '/storage/v1/b/tj/o': listing gs://tj/*"]
+
+
+def test_a_deleted_machines_last_refusals_reach_the_log_of_the_worker_that_deletes_it(tmp_path, caplog):
+    """Even a worker that never watched the machine (it restarted, say) forwards what is left before
+    the machine's directory, the guard's log with it, is removed."""
+    caplog.set_level(logging.WARNING, logger="trainjobs.worker")
+    provisioner = LocalProvisioner(tmp_path / "machines")
+    machine = provisioner.root / "m1"
+    machine.mkdir()
+    (provisioner.root / "m1.json").write_text(json.dumps({
+        "name": "m1", "labels": {LABEL_JOB: JOB}, "devices": 1, "created": time.time(), "logs": str(machine),
+        "pids": [], "started": {}}))
+    RefusalLog(machine / REFUSALS).record("GET", "/storage/v1/b/tj/o?prefix=uploads%2F", "listing gs://tj/uploads/*")
+
+    provisioner.delete("m1")
+
+    assert not machine.exists()
+    assert [r.getMessage() for r in caplog.records if r.name == "trainjobs.worker"] == [
+        f"job {JOB}: storage guard refused GET '/storage/v1/b/tj/o?prefix=uploads%2F': listing gs://tj/uploads/*"]
 
 
 def test_a_refusal_log_the_job_floods_is_logged_in_bounded_lines(tmp_path, caplog):
