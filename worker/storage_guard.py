@@ -1,4 +1,4 @@
-"""`python -m worker.storage_guard --upstream URL --boundary FILE --port-file FILE`
+"""`python -m worker.storage_guard --upstream URL --boundary FILE --port-file FILE [--refusals FILE]`
 
 The local stand-in for a downscoped token. The GCS emulator checks no credentials, so each local
 machine reaches it only through a guard of its own: a loopback HTTP proxy whose address is the
@@ -13,9 +13,9 @@ guard does not recognise is refused: bucket calls, batch, compose, ACLs, the emu
 The emulator must act on exactly what was checked (issue 18: it read the first of two Content-Type
 headers, the guard the last, and a multipart upload named one object to each). So a request whose
 headers could read two ways is refused (a name twice in any case, a folded value, Content-Encoding,
-a method override, a length given two ways), as is a query naming a parameter twice, and the
-emulator is sent a header set the guard builds from the values it checked (`FORWARDED`), never the
-job's own.
+a method override, a length given two ways), as is a query naming a parameter twice or a multipart
+upload of other than metadata and media, and the emulator is sent a header set the guard builds from
+the values it checked (`FORWARDED`), never the job's own.
 
 The emulator answers one request at a time, so the guard reads each answer whole (to a spool file)
 before it writes any of it to the job, with a deadline on every read and write on the job's side:
