@@ -122,3 +122,21 @@ def test_a_queued_jobs_stream_polls_slowly(db, api, bucket, monkeypatch):
     assert len(hops) <= 2 * (1 + watched / streams.QUEUED_POLL_S + 1), hops
     api.post(f"/v1/jobs/{job['id']}/cancel")
     assert follower.until("end", timeout=streams.QUEUED_POLL_S + 10)[-1].data == {"status": "CANCELLED"}
+
+
+def test_the_client_raises_the_revocation_instead_of_resuming_the_stream(db, api_url, bucket, monkeypatch):
+    from trainjobs.client import ApiError, Client
+
+    monkeypatch.setattr(streams, "QUEUED_POLL_S", 1.0)  # keeps the test short
+    key = make_key(db, "alpha")
+    client = Client(api_url, key)
+    try:
+        job = client.submit(digits_spec())
+        events = client.follow(job["id"], "logs")
+        assert next(events).data == {"status": "QUEUED"}
+        _revoke(db, key)
+        with pytest.raises(ApiError) as err:
+            next(events)
+        assert (err.value.status, err.value.code) == (401, "key_revoked")
+    finally:
+        client.close()
