@@ -52,9 +52,12 @@ def object_name(blob: Any) -> str:
 
 
 def read_range(blob: Any, start: int, end: int) -> bytes:
-    """Bytes [start, end) of the object; raw_download: stored bytes, never inflated (storage.read_bounded)."""
-    data: bytes = blob.download_as_bytes(start=start, end=end - 1, raw_download=True)
-    return data[: end - start]  # the object may have been replaced by a longer one since it was listed
+    """Bytes [start, end) of the object as it is now; raw_download: stored bytes, never inflated
+    (storage.read_bounded). Not the listed generation: the agent may have uploaded a longer one
+    since, and GCS answers 404 for a generation that is no longer the live one."""
+    current = blob.bucket.blob(blob.name)
+    data: bytes = current.download_as_bytes(start=start, end=end - 1, raw_download=True)
+    return data[: end - start]
 
 
 def whole_lines(chunk: bytes, capped: bool) -> bytes:
