@@ -13,10 +13,11 @@ import pytest
 from service.db.session import get_engine
 from tests.conftest import digits_spec, scaled
 from trainjobs import storage
+from trainjobs.spec import JobSpec
 from worker.driver import DriverConfig
 from worker.gcs_channel import GcsJobChannel
 from worker.loop import Worker, WorkerConfig
-from worker.provisioner import LABEL_MANAGED
+from worker.provisioner import LABEL_MANAGED, MachineRequest
 from worker.provisioners.local import LocalProvisioner
 from worker.staging_adapter import GcsStager
 
@@ -145,7 +146,8 @@ def test_cancel_running_job_stops_agent_and_empties_inventory(api, local_stack):
     assert api.post(f"/v1/jobs/{job['id']}/cancel").status_code == 202
     job = wait(api, job["id"], {"CANCELLED"}, timeout=60)
     assert local_stack.list({}) == []
-    assert local_stack.get(machine.name) is None
+    request = MachineRequest(job["id"], 1, JobSpec.model_validate(job["spec"]), "")
+    assert request.name == machine.name and local_stack.get(request) is None
 
 
 def test_artifact_paths_cannot_leave_the_job(api, local_stack):

@@ -114,7 +114,7 @@ def test_worker_counts_driver_errors_and_reaped_machines(db, database_url, runni
     assert worker_sample("trainjobs_worker_driver_errors_total", kind="error") - errors_before == \
         w.config.driver.max_driver_failures
     deadline = time.monotonic() + scaled(10)
-    while cloud.get(stray.name) is not None and time.monotonic() < deadline:
+    while cloud.get(stray) is not None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert worker_sample("trainjobs_worker_machines_reaped_total") - reaped_before == 1
 
