@@ -28,6 +28,16 @@ class ArtifactChanged(Exception):
     """The bytes in storage are not the ones the job's manifest recorded."""
 
 
+def content_disposition(filename: str) -> str:
+    """`attachment` with the artifact's name, which the job chose: as a quoted ASCII fallback with
+    anything that could end the quoted string or the header (quotes, backslashes, control characters,
+    non-ASCII) replaced, and whole as RFC 5987's percent-encoded `filename*` (RFC 6266)."""
+    from urllib.parse import quote
+
+    fallback = "".join(c if " " <= c <= "~" and c not in '"\\' else "_" for c in filename)
+    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(filename, safe='')}"
+
+
 def verified_download(blob: Any, expected: dict[str, Any], filename: str) -> Response:
     from google.api_core.exceptions import NotFound
 
@@ -38,7 +48,7 @@ def verified_download(blob: Any, expected: dict[str, Any], filename: str) -> Res
         _refuse(where, "it is gone from storage")
     if blob.size != expected["size"]:
         _refuse(where, f"it is {blob.size} bytes where the job's manifest recorded {expected['size']}")
-    headers = {"Content-Disposition": f'attachment; filename="{filename}"', "Content-Length": str(expected["size"])}
+    headers = {"Content-Disposition": content_disposition(filename), "Content-Length": str(expected["size"])}
     reader = blob.open("rb", chunk_size=CHUNK)
     if expected["size"] <= CHUNK:
         with reader:

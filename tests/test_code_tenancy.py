@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import threading
 import uuid
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, unquote
 
 import httpx
 import pytest
@@ -291,6 +293,19 @@ def test_unchanged_artifact_downloads_whole(db, api, bucket):
     job_id = _succeeded_job(db, api, bucket, {"saved_model/variables.data": original, "metrics.json": b"{}"})
     assert api.get(f"/v1/jobs/{job_id}/artifacts/saved_model/variables.data").content == original
     assert api.get(f"/v1/jobs/{job_id}/artifacts/metrics.json").content == b"{}"
+
+
+@pytest.mark.parametrize("name", ['a" filename="evil.html', "r\u00e9sum\u00e9 v1.txt"])
+def test_an_artifact_name_the_job_chose_cannot_rewrite_the_download_header(db, api, bucket, name):
+    job_id = _succeeded_job(db, api, bucket, {name: b"x"})
+    r = api.get(f"/v1/jobs/{job_id}/artifacts/{quote(name)}")
+    assert r.status_code == 200 and r.content == b"x"
+    # RFC 6266's grammar, strictly: one quoted ASCII name with no quote or backslash inside, then the
+    # exact name percent-encoded (RFC 5987), which is what a browser saves the file as.
+    disposition = re.fullmatch(r"""attachment; filename="[ !#-\[\]-~]*"; filename\*=UTF-8''([\w%!#$&+.^`|~-]+)""",
+                               r.headers["content-disposition"])
+    assert disposition is not None, r.headers["content-disposition"]
+    assert unquote(disposition[1]) == name
 
 
 class _StorageThatChanged(BaseHTTPRequestHandler):
