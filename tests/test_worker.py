@@ -16,6 +16,8 @@ from service.db.models import Job, JobEvent
 from service.db.projects import ensure_project
 from service.db.session import get_engine, transaction
 from tests.conftest import digits_spec, scaled
+from tests.support import eventually
+from worker import metrics
 from trainjobs.spec import JobSpec
 from worker.driver import DriverConfig
 from worker.loop import Worker, WorkerConfig
@@ -39,14 +41,14 @@ def make_worker(database_url, cloud, name, stager=memory_stager, concurrency=4, 
 
 
 def wait_for(factory, job_id, statuses, timeout=15.0) -> Job:
-    deadline = time.monotonic() + scaled(timeout)
-    while time.monotonic() < deadline:
+    seen: list[Job] = []
+
+    def reached() -> Job | None:
         with transaction(factory) as s:
-            job = s.get(Job, job_id)
-            if job.status in statuses:
-                return job
-        time.sleep(0.05)
-    raise AssertionError(f"job {job_id} stuck in {job.status}")
+            seen[:] = [s.get(Job, job_id)]
+        return seen[0] if seen[0].status in statuses else None
+
+    return eventually(reached, timeout, lambda: f"job {job_id} reached {sorted(s.value for s in statuses)}; it is {seen[0].status.value}")
 
 
 def path(factory, job_id) -> list[str]:
@@ -108,13 +110,23 @@ def test_two_workers_claim_100_jobs_exactly_once(db, database_url, monkeypatch):
     assert sum(by_owner.values()) == 100 and all(by_owner.values())
 
 
+def claims_made() -> float:
+    """Claim statements run by the workers of this process (found a job or not)."""
+    return metrics.REGISTRY.get_sample_value("trainjobs_worker_claim_seconds_count") or 0.0
+
+
 def test_notify_wakes_an_idle_worker_quickly(db, database_url, running_workers):
-    w = make_worker(database_url, MemoryCloud(train_s=5), "w1", poll_s=30)  # polling alone would take 30 s
+    # Polling every hour, far beyond any wait here: only the submit's NOTIFY can explain a prompt claim.
+    before = claims_made()
+    w = make_worker(database_url, MemoryCloud(train_s=5), "w1", poll_s=3600)
     running_workers.append(w)
     w.start()
-    time.sleep(0.3)
+    # Idle: it looked once at start and once more when its LISTEN came up (for what was queued while
+    # it was not listening); a job queued before then would be claimed without any NOTIFY.
+    eventually(lambda: claims_made() - before >= 2, 10, "the worker looked for work at start and once listening")
     [job_id] = submit(db)
-    wait_for(db, job_id, {S.STAGING, S.PROVISIONING, S.RUNNING}, timeout=3)
+    claimed = wait_for(db, job_id, {S.STAGING, S.PROVISIONING, S.RUNNING}, timeout=3)
+    assert claimed.lease_owner == "w1"
 
 
 def test_lease_expiry_hands_the_job_to_another_worker_which_adopts_the_machine(db, database_url, running_workers):
@@ -123,9 +135,9 @@ def test_lease_expiry_hands_the_job_to_another_worker_which_adopts_the_machine(d
     dead.start()
     [job_id] = submit(db)
     wait_for(db, job_id, {S.RUNNING})
-    # Simulate a crash: threads stop without releasing anything; the lease just runs out.
+    # Simulate a crash: threads stop without releasing anything; the lease just runs out (the heir can
+    # take the job only once it has, well after the dead worker's threads noticed `stopping`).
     dead.stopping.set()
-    time.sleep(0.3)
     heir = make_worker(database_url, cloud, "heir")
     running_workers.append(heir)
     heir.start()
@@ -136,18 +148,20 @@ def test_lease_expiry_hands_the_job_to_another_worker_which_adopts_the_machine(d
 
 
 def test_sigterm_shutdown_releases_jobs_for_immediate_takeover(db, database_url, running_workers):
+    # Leases of an hour, far beyond any wait here: only the release explains the takeover.
     cloud = MemoryCloud(train_s=3.0)
-    first = make_worker(database_url, cloud, "first", lease_s=60)
+    first = make_worker(database_url, cloud, "first", lease_s=3600)
     first.start()
     [job_id] = submit(db)
     wait_for(db, job_id, {S.RUNNING})
     t0 = time.monotonic()
-    first.shutdown(timeout=5)
-    assert time.monotonic() - t0 < 5
-    second = make_worker(database_url, cloud, "second", lease_s=60)
+    first.shutdown(timeout=scaled(5))
+    assert time.monotonic() - t0 < scaled(5)
+    second = make_worker(database_url, cloud, "second", lease_s=3600)
     running_workers.append(second)
     second.start()
-    wait_for(db, job_id, {S.SUCCEEDED}, timeout=10)  # far sooner than the 60 s lease
+    wait_for(db, job_id, {S.SUCCEEDED}, timeout=10)
+    assert path(db, job_id)[-3:] == ["RECOVERING", "RUNNING", "SUCCEEDED"]  # taken over, not run again
 
 
 def test_cancel_of_running_job_deletes_machine(db, database_url, running_workers, api):
@@ -188,9 +202,7 @@ def test_retries_exhausted_fails_the_job(db, database_url, running_workers):
     w.start()
     [job_id] = submit(db, limits={"max_retries": 1})
     for attempt in (1, 2):
-        deadline = time.monotonic() + 10
-        while len(cloud.created) < attempt and time.monotonic() < deadline:
-            time.sleep(0.05)
+        eventually(lambda: len(cloud.created) >= attempt, 10, f"the machine of attempt {attempt} created")
         wait_for(db, job_id, {S.RUNNING})
         cloud.preempt(cloud.created[attempt - 1])
     job = wait_for(db, job_id, {S.FAILED})
@@ -258,7 +270,6 @@ def test_cost_limit_stops_an_expensive_job(db, database_url, running_workers):
 def test_a_worker_with_a_reaper_deletes_machines_whose_job_is_unknown(db, database_url, running_workers):
     """A machine labelled as ours whose job the database does not know (a worker died between create
     and record, then the job row was deleted) is deleted by the worker's reaper pass, not left billing."""
-    from tests.conftest import scaled
     from worker.provisioner import MachineRequest
 
     cloud = MemoryCloud()
@@ -267,7 +278,4 @@ def test_a_worker_with_a_reaper_deletes_machines_whose_job_is_unknown(db, databa
     w = make_worker(database_url, cloud, "reaper", reap_every_s=0.05)
     running_workers.append(w)
     w.start()
-    deadline = time.monotonic() + scaled(10)
-    while cloud.get(stray) is not None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert cloud.get(stray) is None
+    eventually(lambda: cloud.get(stray) is None, 10, "the reaper deleted the stray machine")
