@@ -1,9 +1,10 @@
-"""The accelerators we can provision, and what each costs: one table, read by the spec validator
-(which types and counts exist), the agent (compute capability decides `precision: auto`) and the
-worker (limits.max_cost_usd).
+"""The machines we can provision, and what each costs: one table, read by the spec validator
+(which types and counts exist), the agent (compute capability decides `precision: auto`), the GCP
+provisioner (the VM shape of a CPU job) and the worker (limits.max_cost_usd).
 
 Prices are rough on-demand list prices in USD per hour for us-central1, deliberately conservative
-(on-demand even for spot); a local CPU run costs nothing.
+(on-demand even for spot). Every machine a job can get has one, CPU VMs included: a $0 CPU price once
+made max_cost_usd never fire on the n2 VMs a gcp worker bills (issue 19).
 """
 
 from __future__ import annotations
@@ -93,3 +94,25 @@ def bundled_gpus(machine_type: str) -> tuple[str, int] | None:
 def tpu_chips(tpu_type: str) -> int:
     gen, n = tpu_type.rsplit("-", 1)
     return int(n) // TPU_GENERATIONS[gen].units_per_chip
+
+
+# A CPU job on a gcp worker gets an n2-standard VM with two vCPUs per replica, the smallest size that
+# has them (the largest for more): n2-standard-N exists for these N.
+CPU_MACHINE_SIZES = (2, 4, 8, 16, 32, 48, 64, 80, 96, 128)
+# N2 on-demand list prices in us-central1, from Compute Engine's "VM instance pricing" page (general-
+# purpose N2: $0.031611 per vCPU-hour and $0.004237 per GB-hour), as read in 2024; n2-standard has 4 GB
+# per vCPU. Spot VMs cost 60-91% less and their price moves; like the GPU and TPU rows we charge on-demand.
+N2_USD_PER_VCPU_HOUR = 0.031611 + 4 * 0.004237
+
+
+def cpu_machine_vcpus(replicas: int) -> int:
+    return next((n for n in CPU_MACHINE_SIZES if n >= 2 * replicas), CPU_MACHINE_SIZES[-1])
+
+
+def cpu_machine_type(replicas: int) -> str:
+    """The n2-standard machine type a CPU job with this many replicas gets, per worker host."""
+    return f"n2-standard-{cpu_machine_vcpus(replicas)}"
+
+
+def cpu_usd_per_hour(replicas: int) -> float:
+    return cpu_machine_vcpus(replicas) * N2_USD_PER_VCPU_HOUR

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainjobs.catalogue import GPU_TYPES, TPU_GENERATIONS, default_gpu_machine_type, tpu_chips
+from trainjobs.catalogue import (
+    GPU_TYPES, TPU_GENERATIONS, cpu_machine_type, cpu_usd_per_hour, default_gpu_machine_type, tpu_chips,
+)
 from trainjobs.spec import CpuAccelerator, GpuAccelerator, JobSpec, TpuAccelerator
 
 
@@ -31,7 +33,12 @@ class MachinePlan:
 
 def hourly_price_usd(spec: JobSpec) -> float:
     """On-demand list price of all the job's machines per hour, from the one catalogue: the dry run prints
-    it and the worker enforces limits.max_cost_usd with it."""
+    it and the worker enforces limits.max_cost_usd with it.
+
+    The price of the machines the spec asks for on Google Cloud, whichever provisioner runs the job. The
+    dry run cannot know the deployment (it calls no API), and the local stack stands in for the cloud: a
+    local job costs nothing, but its max_cost_usd stops it when the same job on a gcp worker would be
+    stopped, as it already did for GPU and TPU specs run locally."""
     acc = spec.accelerator
     match acc:
         case TpuAccelerator():
@@ -40,7 +47,7 @@ def hourly_price_usd(spec: JobSpec) -> float:
         case GpuAccelerator():
             return GPU_TYPES[acc.gpu_type].usd_per_gpu_hour * acc.count * spec.workers
         case CpuAccelerator():
-            return 0.0
+            return cpu_usd_per_hour(acc.replicas) * spec.workers
 
 
 def plan_machines(spec: JobSpec) -> MachinePlan:
@@ -56,4 +63,6 @@ def plan_machines(spec: JobSpec) -> MachinePlan:
             return MachinePlan("Compute Engine GPU VM", f"{acc.count} x {acc.gpu_type}, {machine}{per_vm}", spec.workers,
                                None, acc.spot, price)
         case CpuAccelerator():
-            return MachinePlan("CPU", f"{acc.replicas} replica(s)", spec.workers, None, False, price)
+            per_vm = " each" if spec.workers > 1 else ""
+            return MachinePlan("CPU", f"{acc.replicas} replica(s), {cpu_machine_type(acc.replicas)} on GCP{per_vm}",
+                               spec.workers, None, False, price)

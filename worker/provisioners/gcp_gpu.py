@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainjobs import storage
-from trainjobs.catalogue import bundled_gpus, default_gpu_machine_type
+from trainjobs.catalogue import bundled_gpus, cpu_machine_type, default_gpu_machine_type
 from trainjobs.sealed_token import MACHINE_KEY, SEALED_KEY
 from trainjobs.spec import CpuAccelerator, GpuAccelerator, TpuAccelerator
 from trainjobs.watchdog import COMPUTE_API_KEY, INSTANCE_KEY
@@ -67,7 +67,6 @@ LABEL_MACHINE, LABEL_HOSTS = "trainjobs-machine", "trainjobs-hosts"
 HOST_KEY, JOB_DIR_KEY = "agent-worker-number", "trainjobs-job-dir"
 SCOPES = ["https://www.googleapis.com/auth/devstorage.read_write",  # the job directory and datasets
           "https://www.googleapis.com/auth/compute"]  # the watchdog deletes its own VM
-CPU_MACHINE_SIZES = (2, 4, 8, 16, 32, 48, 64, 80, 96, 128)
 
 
 @dataclass(frozen=True)
@@ -434,14 +433,13 @@ def _done(operation: Any) -> bool:
 
 def _machine(acc: GpuAccelerator | CpuAccelerator | TpuAccelerator) -> tuple[str, tuple[str, int] | None]:
     """(machine type, guest accelerators or None). A2, A3 and G2 types bring their GPUs; N1 takes them
-    as guest accelerators. A CPU job gets an n2-standard VM with two vCPUs per replica."""
+    as guest accelerators. A CPU job gets the n2-standard VM the catalogue prices (two vCPUs per replica)."""
     match acc:
         case GpuAccelerator():
             machine_type = acc.machine_type or default_gpu_machine_type(acc.gpu_type, acc.count)
             return machine_type, None if bundled_gpus(machine_type) else (acc.gpu_type, acc.count)
         case CpuAccelerator():
-            vcpus = next((n for n in CPU_MACHINE_SIZES if n >= 2 * acc.replicas), CPU_MACHINE_SIZES[-1])
-            return f"n2-standard-{vcpus}", None
+            return cpu_machine_type(acc.replicas), None
     raise AssertionError(acc)
 
 
