@@ -7,6 +7,7 @@ import pytest
 
 from tests.conftest import digits_spec
 from tests.test_end_to_end import local_stack, wait  # noqa: F401  (fixture)
+from trainjobs.model_params import application_params
 from trainjobs.spec import KERAS_APPLICATIONS
 
 pytestmark = pytest.mark.tf
@@ -28,6 +29,22 @@ def test_keras_applications_list_matches_the_pinned_keras():
 
     available = {n for n in dir(keras.applications) if n[0].isupper() and callable(getattr(keras.applications, n))}
     assert set(KERAS_APPLICATIONS) == available
+
+
+# Constructor keywords the agent sets itself or that do nothing without the top it leaves off; MobileNet's
+# own `dropout` is replaced by ours (before the classification head).
+NOT_THE_USERS = {"include_top", "weights", "input_tensor", "input_shape", "pooling", "classes",
+                 "classifier_activation", "name", "dropout_rate", "dropout"}
+
+
+@pytest.mark.parametrize("name", KERAS_APPLICATIONS)
+def test_the_params_table_names_what_each_keras_application_takes(name):
+    import inspect
+
+    import keras
+
+    keywords = set(inspect.signature(getattr(keras.applications, name)).parameters) - NOT_THE_USERS
+    assert set(application_params(name)) - {"dropout"} == keywords
 
 
 def test_unknown_architecture_is_rejected_at_submit(api):

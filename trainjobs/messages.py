@@ -14,9 +14,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from trainjobs.spec import JobSpec
+from trainjobs.spec import JobSpec, parse_stored
 from trainjobs.str_enum import StrEnum
 
 
@@ -43,6 +43,12 @@ class AgentAssignment(_Message):
     attempt: int
     spec: JobSpec
     dataset_uri: str
+
+    @field_validator("spec", mode="before")
+    @classmethod
+    def _accepted_spec(cls, v: Any) -> Any:
+        # The worker copies the spec the API stored: read it as stored, not as submitted (trainjobs/spec.py).
+        return parse_stored(v) if isinstance(v, dict) else v
 
 
 class AgentError(_Message):

@@ -3,6 +3,13 @@
 Imports only Pydantic and the accelerator catalogue, so the API, the worker and the agent on the accelerator VM share it.
 Every contradiction we can see at submit time is rejected here with the field that is wrong
 (`loc`) and the reason, so a job never fails later for a reason we could have checked.
+
+A spec is parsed in two ways. At submit (the API, the CLI's dry run) every rule applies and the spec is
+stamped with `SPEC_VERSION`, the rules it was accepted under. A stored spec (the worker's driver, the agent's
+spec.json) was accepted by some release already: `parse_stored` reads it without the submit-only rules,
+so a rule tightened in a later release refuses new jobs but never fails a job already queued or running
+(issue 19). A new rule that refuses what an older release accepted is written as submit-only
+(`_submitting(info)`).
 """
 
 from __future__ import annotations
@@ -13,10 +20,11 @@ import re
 from datetime import timedelta
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from trainjobs.catalogue import GPU_TYPES, TPU_GENERATIONS
+from trainjobs.model_params import BUILTIN_PARAMS, did_you_mean, params_problem
 from trainjobs.tpu_runtimes import default_tpu_runtime, tpu_runtime_problem
 
 # Strict numbers: JSON true is not the integer 1, and "3" is not the number 3.
@@ -25,10 +33,29 @@ Number = Annotated[float, Strict()]
 # model.params is stored with the job and returned by every GET: keep it small and shallow.
 MAX_PARAMS_BYTES = 64 << 10
 MAX_NESTING = 32
+# The spec rules a stored job was accepted under. 1: every job stored before versions were written;
+# 2: built-in models' params checked at submit.
+SPEC_VERSION = 2
+# Validation context of a spec read back from storage: see the module's docstring.
+STORED: dict[str, bool] = {"stored": True}
+
+
+def _submitting(info: ValidationInfo) -> bool:
+    """True when the spec is being submitted, False when it is read back from storage (parse_stored)."""
+    return not (isinstance(info.context, dict) and info.context.get("stored"))
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_retired_fields(cls, data: Any, info: ValidationInfo) -> Any:
+        """A stored spec may carry a field a later release removed: it was valid when stored, so it is
+        dropped, not refused. At submit an unknown field stays an error (with a "did you mean")."""
+        if not _submitting(info) and isinstance(data, dict):
+            return {k: v for k, v in data.items() if k in cls.model_fields}
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -93,7 +120,6 @@ def describe_errors(errors: list[dict[str, Any]], strip: tuple[str, ...] = ()) -
 def closest_field(loc: list[str]) -> str | None:
     """The valid field name nearest to the unknown one at the end of `loc` (a JobSpec path as Pydantic
     gives it, tags of unions included), for a typo like `trainig` or `tpu_typ`; None if nothing is close."""
-    import difflib
     import typing
 
     def models(annotation: Any) -> list[type[BaseModel]]:
@@ -106,8 +132,7 @@ def closest_field(loc: list[str]) -> str | None:
         inner = [m for c in candidates if part in c.model_fields for m in models(c.model_fields[part].annotation)]
         candidates = inner or candidates  # a union's tag (accelerator.tpu) names no field: stay
     names = sorted({n for c in candidates for n in c.model_fields})
-    found = difflib.get_close_matches(loc[-1], names, n=1, cutoff=0.6) if loc else []
-    return found[0] if found else None
+    return did_you_mean(loc[-1], names) if loc else None
 
 
 # --- accelerators -------------------------------------------------------------------------------
@@ -367,7 +392,7 @@ class DatasetSpec(_Strict):
         return self
 
 
-BUILTIN_MODELS = ("mlp", "cnn", "resnet")
+BUILTIN_MODELS = tuple(BUILTIN_PARAMS)
 # keras.applications architectures in the pinned Keras (3.15); tests/test_user_models.py checks this
 # list against Keras itself, so a Keras upgrade that drops one fails CI rather than a user's job.
 KERAS_APPLICATIONS = (
@@ -388,8 +413,8 @@ class ModelSpec(_Strict):
         default=None, min_length=1, max_length=2048, description="Your model: a gs:// URI to a .py file or a zipped package (POST /v1/modules returns one), or a path on the machine inside a directory the operator allows."
     )
     function: str = Field(default="build_model", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    params: dict[str, Any] = Field(default_factory=dict, description=f"keyword arguments for your model function, at most "
-                                           f"{MAX_PARAMS_BYTES >> 10} KiB as JSON")
+    params: dict[str, Any] = Field(default_factory=dict, description=f"keyword arguments for your model function, or "
+                                   f"the built-in or keras.applications model's settings; at most {MAX_PARAMS_BYTES >> 10} KiB as JSON")
 
     @field_validator("params")
     @classmethod
@@ -407,6 +432,13 @@ class ModelSpec(_Strict):
         if self.name is not None and self.name not in BUILTIN_MODELS + KERAS_APPLICATIONS:
             raise _fail("name", f"unknown model {self.name!r}: use {', '.join(BUILTIN_MODELS)} or a keras.applications "
                                 "architecture such as MobileNetV2 or ResNet50")
+        return self
+
+    @model_validator(mode="after")
+    def _known_params(self, info: ValidationInfo) -> ModelSpec:
+        # Submit-only: releases before SPEC_VERSION 2 stored any params for a named model.
+        if self.name is not None and _submitting(info) and (problem := params_problem(self.name, self.params)):
+            raise _fail(f"params.{problem[0]}", problem[1])
         return self
 
 
@@ -534,6 +566,16 @@ class JobSpec(_Strict):
     export: ExportSpec = ExportSpec()
     limits: LimitsSpec = LimitsSpec()
     labels: dict[str, str] = Field(default_factory=dict)
+    spec_version: Int = Field(default=SPEC_VERSION, ge=1, le=SPEC_VERSION,
+                              description="The spec rules the job was accepted under; the API writes it at submit.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stamp_version(cls, data: Any, info: ValidationInfo) -> Any:
+        """A submitted spec is checked by today's rules, so it says so, whatever version it was copied from."""
+        if _submitting(info) and isinstance(data, dict) and "spec_version" in data:
+            return {**data, "spec_version": SPEC_VERSION}
+        return data
 
     @field_validator("steps_per_execution", mode="before")
     @classmethod
@@ -642,3 +684,9 @@ def check_consistency(spec: JobSpec) -> None:
         raise _fail("training.global_batch_size", f"global batch {t.global_batch_size} does not divide evenly over {spec.num_replicas} replicas")
     if spec.global_batch_size > 1_048_576:
         raise _fail("training.per_replica_batch_size", f"global batch {spec.global_batch_size} is absurd (max 1048576)")
+
+
+def parse_stored(raw: dict[str, Any]) -> JobSpec:
+    """A spec as stored by any release: without today's submit-only rules, and a spec stored before versions
+    were written is version 1."""
+    return JobSpec.model_validate({"spec_version": 1, **raw}, context=STORED)

@@ -30,7 +30,7 @@ from service.db.jobstate import TERMINAL, JobStatus, StaleTransition, transition
 from service.db.models import Job
 from service.db.session import transaction
 from trainjobs.messages import AgentError, AgentReport, AgentState
-from trainjobs.spec import JobSpec
+from trainjobs.spec import JobSpec, parse_stored
 from worker import metrics
 from worker.access_boundary import JobBoundary, job_boundary
 from worker.outages import is_outage
@@ -67,6 +67,7 @@ class JobDriver:
         self._noted: set[tuple[str, int, str]] = set()  # machine timings already on the row
         self._waiting_seen: float | None = None  # when the machine was last seen queued for capacity
         self._boundary: tuple[str | None, JobBoundary] | None = None  # (dataset_uri, the job's boundary)
+        self._spec: JobSpec | None = None  # parsed at the first step: a job's spec never changes once stored
 
     def run(self) -> None:
         """Step until the job is terminal, no longer ours, or the worker is stopping."""
@@ -94,7 +95,11 @@ class JobDriver:
     # --- one step per status; return True when the job moved ---
 
     def _step(self, job: Job) -> bool:
-        spec = JobSpec.model_validate(job.spec)
+        if self._spec is None:
+            # Read as stored, not as submitted: a validator tightened since the job was accepted must not
+            # fail it (trainjobs/spec.py). Once per driver, not once a second.
+            self._spec = parse_stored(job.spec)
+        spec = self._spec
         match job.status:
             case S.STAGING:
                 return self._stage(job, spec)

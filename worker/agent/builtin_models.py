@@ -6,20 +6,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainjobs.model_params import BUILTIN_PARAMS, with_defaults
 from worker.agent.models import ModelError, ModelInputs
-
-_PARAMS = {
-    "mlp": {"hidden_units": [128, 64], "dropout": 0.1},
-    "cnn": {"filters": [32, 64], "kernel_size": 3, "dense_units": 64, "dropout": 0.2},
-    "resnet": {"filters": [16, 32, 64], "blocks_per_stage": 1, "dropout": 0.0},
-}
 
 
 def _params(name: str, given: dict[str, Any]) -> dict[str, Any]:
-    unknown = set(given) - set(_PARAMS[name])
+    # The API refuses unknown params at submit (trainjobs/model_params.py); a job stored before that
+    # check may still carry one, and still fails here, before any training, as it always did.
+    unknown = set(given) - set(BUILTIN_PARAMS[name])
     if unknown:
-        raise ModelError(f"model.params {sorted(unknown)} mean nothing to {name}; it takes {sorted(_PARAMS[name])}")
-    return {**_PARAMS[name], **given}
+        raise ModelError(f"model.params {sorted(unknown)} mean nothing to {name}; it takes {sorted(BUILTIN_PARAMS[name])}")
+    return with_defaults(name, given)
 
 
 def _normalized_input(inputs: ModelInputs, need_image: str | None = None) -> tuple[Any, Any]:
