@@ -10,6 +10,8 @@ fails here on the HTTP client's timeout.
 from __future__ import annotations
 
 import gc
+import hashlib
+import json
 import logging
 import random
 import shutil
@@ -39,6 +41,7 @@ from stack.embedded import (
     stop_embedded_postgres,
 )
 from tests.conftest import digits_spec, make_key, scaled
+from tests.support import eventually
 from trainjobs import storage
 from trainjobs.messages import AgentReport, AgentState
 from trainjobs.ports import free_port
@@ -51,15 +54,6 @@ from worker.provisioners.memory import MemoryCloud, memory_stager
 
 S = JobStatus
 OUTAGE_BUCKET = "outage-test"
-
-
-def eventually(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := check():
-            return result
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout:.0f}s: {what}")
 
 
 def assert_unavailable(response: httpx.Response, what: str) -> None:
@@ -161,8 +155,8 @@ def test_routes_answer_again_once_storage_is_back(own_storage, patient_api, db):
     own_storage.stop()
     assert_unavailable(patient_api.get(f"/v1/jobs/{job_id}/logs"), "storage")
     own_storage.start()
-    eventually(lambda: patient_api.get(f"/v1/jobs/{job_id}/logs").status_code == 200, scaled(10),
-               "logs answered after storage came back")
+    eventually(lambda: patient_api.get(f"/v1/jobs/{job_id}/logs").status_code == 200, 10,
+               "logs answered after storage came back", every=0.2)
 
 
 def test_readyz_names_storage_while_it_is_down(own_storage, patient_api):
@@ -179,16 +173,23 @@ def assert_unavailable_details(response: httpx.Response, down: list[str]) -> Non
     assert all(name in error["message"] for name in down)
 
 
+STAND_IN_METRICS = json.dumps({"val_accuracy": 0.9}).encode()
+STAND_IN_ARTIFACTS = [{"path": "metrics.json", "size": len(STAND_IN_METRICS),
+                       "sha256": hashlib.sha256(STAND_IN_METRICS).hexdigest()}]
+
+
 class StandInMachines:
     """Machines whose 'agent' is a thread that reports through trainjobs.storage, as the real agent
-    does: status.json with a heartbeat while it 'trains', then artifacts/metrics.json and SUCCEEDED.
-    Its threads start without the worker's storage limits, like an agent in its own process: a write
-    during an outage waits for storage (the client's own retries) and lands once it is back."""
+    does: status.json with a heartbeat while it 'trains', then artifacts/metrics.json, the artifact
+    manifest and SUCCEEDED. Its threads start without the worker's storage limits, like an agent in
+    its own process: a write during an outage waits for storage (the client's own retries) and lands
+    once it is back. `trained` names the jobs whose agent has finished training and begun those writes."""
 
     kind = "stand-in"
 
     def __init__(self, train_s: float):
         self.train_s = train_s
+        self.trained: set[str] = set()
         self._machines: dict[str, MachineRequest] = {}
         self._lock = threading.Lock()
 
@@ -230,16 +231,38 @@ class StandInMachines:
             with self._lock:
                 return request.name not in self._machines
 
-        started = time.monotonic()
-        while (elapsed := time.monotonic() - started) < self.train_s:
+        # Heartbeats go out from a thread of their own, as the real agent's publisher does, so training
+        # does not wait on storage: a heartbeat stuck in the client's retries holds only itself.
+        started, trained = time.monotonic(), threading.Event()
+
+        def heartbeat() -> None:
+            try:
+                while not trained.is_set() and not deleted():
+                    report(AgentState.RUNNING, min(1.0, (time.monotonic() - started) / self.train_s))
+                    trained.wait(0.5)
+            except Exception as exc:  # noqa: BLE001 - as _agent: storage gone for good
+                logging.getLogger(__name__).warning("stand-in heartbeat %s stopped: %s", request.name, exc)
+
+        beating = threading.Thread(target=heartbeat, daemon=True)
+        beating.start()
+        while time.monotonic() - started < self.train_s:  # deliberately: "training" is time passing
             if deleted():
+                trained.set()
                 return
-            report(AgentState.RUNNING, elapsed / self.train_s)
-            time.sleep(0.5)
+            time.sleep(0.1)
+        trained.set()
         if deleted():
             return
-        storage.write_json(paths.key("artifacts/metrics.json"), {"val_accuracy": 0.9})
+        with self._lock:
+            self.trained.add(request.job_id)
+        storage.write_json(paths.key("artifacts/metrics.json"), json.loads(STAND_IN_METRICS))
+        storage.write_json(paths.artifact_manifest, STAND_IN_ARTIFACTS)
+        beating.join()  # its last RUNNING must not land after SUCCEEDED
         report(AgentState.SUCCEEDED, 1.0)
+
+    def has_trained(self, job_id: uuid.UUID) -> bool:
+        with self._lock:
+            return str(job_id) in self.trained
 
 
 def _submit(factory: Any) -> uuid.UUID:
@@ -264,6 +287,12 @@ def _worker(database_url: str, provisioner: Any, channel: Any) -> Worker:
     return Worker(get_engine(database_url), provisioner, channel, memory_stager, config)
 
 
+def agent_state(cloud: MemoryCloud, job_id: uuid.UUID) -> AgentState | None:
+    """What the job's first agent reports now, as the worker would read it (None: nothing yet)."""
+    report = cloud.read_status(str(job_id), 1)
+    return report.state if report else None
+
+
 def _cancel(factory: Any, job_id: uuid.UUID) -> None:
     with transaction(factory) as session:
         jobdata.request_cancel(session, _job(factory, job_id).project_id, job_id)
@@ -277,26 +306,32 @@ def test_the_worker_works_through_a_storage_outage_and_finishes_its_jobs_once_st
     try:
         kept, cancelled = _submit(db), _submit(db)
         for job_id in (kept, cancelled):
-            eventually(lambda: _job(db, job_id).status == S.RUNNING, scaled(20), "job RUNNING")
+            eventually(lambda: _job(db, job_id).status == S.RUNNING, 20, "job RUNNING")
         own_storage.stop()
         down_since = time.monotonic()
         # While storage is away the worker still acts on what needs only the database and the machines.
         # Before the storage limits a driver that had begun a storage read sat in it for the client's
-        # 120 s; by now both drivers have begun one.
+        # 120 s. Deliberately let time pass (no event shows a driver inside a read): by now both drivers
+        # have begun one.
         time.sleep(scaled(2))
         _cancel(db, cancelled)
-        eventually(lambda: _job(db, cancelled).status == S.CANCELLED, scaled(45), "cancelled while storage is down")
-        # Tens of seconds, longer than the worker's storage limits and than the agent's training: the
-        # worker's reads fail for a while and the agent finishes while storage is away.
+        eventually(lambda: _job(db, cancelled).status == S.CANCELLED, 45, "cancelled while storage is down",
+                   every=0.2)
+        eventually(lambda: machines.has_trained(kept), 30, "the agent finished training while storage was down",
+                   every=0.2)
+        # Deliberately tens of seconds of outage in all, longer than the worker's storage limits: its
+        # reads fail for a while, and the agent's last writes wait in the storage client's retries.
         time.sleep(max(0.0, scaled(30) - (time.monotonic() - down_since)))
+        assert _job(db, kept).status == S.RUNNING  # nothing of the agent's end could be read yet
         own_storage.start()
         # The agent's last write lands at the storage client's next retry, up to a minute later.
-        job = eventually(lambda: (j := _job(db, kept)).status in (S.SUCCEEDED, S.FAILED) and j, scaled(120),
-                         "job finished after storage came back")
+        job = eventually(lambda: (j := _job(db, kept)).status in (S.SUCCEEDED, S.FAILED) and j, 120,
+                         "job finished after storage came back", every=0.2)
     finally:
         worker.shutdown(timeout=scaled(10))
     assert (job.status, job.error, job.attempt) == (S.SUCCEEDED, None, 1)
     assert job.metrics == {"val_accuracy": 0.9}
+    assert job.artifacts == STAND_IN_ARTIFACTS
     assert machines.list({LABEL_JOB: str(kept)}) == [] and machines.list({LABEL_JOB: str(cancelled)}) == []
 
 
@@ -375,8 +410,8 @@ def test_routes_answer_503_naming_the_database_while_it_is_down_and_recover_once
     assert_unavailable(own_api.get(f"/v1/jobs/{job['id']}"), "database")
     assert_unavailable(own_api.post("/v1/jobs", json=digits_spec()), "database")
     running_postgres.start()
-    eventually(lambda: own_api.get(f"/v1/jobs/{job['id']}").status_code == 200, scaled(10),
-               "the API answered once the database was back")
+    eventually(lambda: own_api.get(f"/v1/jobs/{job['id']}").status_code == 200, 10,
+               "the API answered once the database was back", every=0.2)
 
 
 def test_readyz_names_the_database_while_it_is_down(running_postgres, own_api):
@@ -392,17 +427,21 @@ def test_a_job_driven_across_a_postgres_restart_ends_succeeded_and_the_worker_cl
     worker.start()
     try:
         job_id = _submit(factory)
-        eventually(lambda: _job(factory, job_id).status == S.RUNNING, scaled(20), "job RUNNING")
+        eventually(lambda: _job(factory, job_id).status == S.RUNNING, 20, "job RUNNING", every=0.2)
         running_postgres.stop()
-        time.sleep(scaled(5))  # the agent finishes while the database is away
+        eventually(lambda: agent_state(cloud, job_id) == AgentState.SUCCEEDED, 30,
+                   "the agent finished while the database was down", every=0.2)
         running_postgres.start()
-        job = eventually(lambda: (j := _job(factory, job_id)).status in (S.SUCCEEDED, S.FAILED) and j, scaled(60),
-                         "job finished after the database came back")
+        back_at = datetime.now(UTC)
+        job = eventually(lambda: (j := _job(factory, job_id)).status in (S.SUCCEEDED, S.FAILED) and j, 60,
+                         "job finished after the database came back", every=0.2)
         after = _submit(factory)
-        later = eventually(lambda: (j := _job(factory, after)).status in (S.SUCCEEDED, S.FAILED) and j, scaled(30),
-                           "a job submitted after the restart finished")
+        later = eventually(lambda: (j := _job(factory, after)).status in (S.SUCCEEDED, S.FAILED) and j, 30,
+                           "a job submitted after the restart finished", every=0.2)
     finally:
         worker.shutdown(timeout=scaled(10))
     assert (job.status, job.error, job.attempt) == (S.SUCCEEDED, None, 1)
+    assert job.metrics == {"val_accuracy": 0.99}  # what the agent reported while the database was away
+    assert job.finished_at is not None and job.finished_at >= back_at  # recorded once it was back
     assert later.status == S.SUCCEEDED
     assert cloud.list({LABEL_JOB: str(job_id)}) == []
