@@ -124,6 +124,7 @@ def test_a_sigterm_during_the_last_status_write_does_not_cut_it_off(monkeypatch:
     monkeypatch.setenv("TRAINJOBS_TERM_GRACE_S", "1e9")  # the grace timer must not end this process
     saved = signal.getsignal(signal.SIGTERM)
     monkeypatch.setattr(agent, "_last_words", type(agent._last_words)())
+    monkeypatch.setattr(agent, "_terminating", type(agent._terminating)())
     try:
         with pytest.raises(agent.Terminated):
             agent._on_sigterm(signal.SIGTERM, None)
@@ -131,3 +132,111 @@ def test_a_sigterm_during_the_last_status_write_does_not_cut_it_off(monkeypatch:
         agent._on_sigterm(signal.SIGTERM, None)  # returns: the write it interrupted goes on
     finally:
         signal.signal(signal.SIGTERM, saved)
+
+
+class _WriteHoldingProxy:
+    """A TCP proxy in front of the emulator that can hold every upload (POST, PUT, PATCH) while reads
+    pass: storage that is slow to take writes, as a loaded emulator or a congested network is. The
+    emulator answers one request per connection, so the first request line decides."""
+
+    def __init__(self, upstream: str):
+        import socket
+        import threading
+
+        self.upstream = upstream
+        self.holding = threading.Event()
+        self._released = threading.Event()
+        self.held = 0
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def hold_writes(self) -> None:
+        self._released.clear()
+        self.holding.set()
+
+    def release(self) -> None:
+        self.holding.clear()
+        self._released.set()
+
+    def close(self) -> None:
+        self.release()
+        self._server.close()
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn) -> None:  # type: ignore[no-untyped-def]
+        import socket
+        import threading
+
+        with conn:
+            first = b""
+            while b"\r\n" not in first:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                first += chunk
+            if self.holding.is_set() and first.split(b" ", 1)[0] in (b"POST", b"PUT", b"PATCH"):
+                self.held += 1
+                self._released.wait()
+            host, port = self.upstream.rsplit(":", 1)
+            with socket.create_connection((host.removeprefix("http://"), int(port))) as up:
+                up.sendall(first)
+
+                def pipe(src, dst) -> None:  # type: ignore[no-untyped-def]
+                    try:
+                        while data := src.recv(65536):
+                            dst.sendall(data)
+                        dst.shutdown(socket.SHUT_WR)
+                    except OSError:
+                        pass
+
+                back = threading.Thread(target=pipe, args=(up, conn), daemon=True)
+                back.start()
+                pipe(conn, up)
+                back.join()
+
+
+def test_a_stop_request_read_during_the_sigterm_cleanup_does_not_cut_off_the_last_status(
+        own_emulator: GcsEmulator, tmp_path: Path) -> None:
+    """The worker writes its stop request, then deletes the machine (SIGTERM). A watchdog that reads
+    the request while the agent's last status write is still on its way lets that write land (the
+    grace bounds it) instead of exiting at once, which left a status saying the agent still ran
+    (issue 19: a non-chief's status.json said running after its job succeeded)."""
+    proxy = _WriteHoldingProxy(own_emulator.url)
+    try:
+        proc, job_dir = _start_agent(own_emulator, tmp_path, STORAGE_EMULATOR_HOST=proxy.url,
+                                     TRAINJOBS_WATCHDOG_EVERY_S="0.2", TRAINJOBS_TERM_GRACE_S=str(scaled(120)))
+        _wait_for_first_report(own_emulator, proc)
+        proxy.hold_writes()  # storage slow to take writes from here on; reads still answered
+        saved = os.environ.get("STORAGE_EMULATOR_HOST")
+        os.environ["STORAGE_EMULATOR_HOST"] = own_emulator.url
+        try:
+            request_stop(job_dir, "the job succeeded", attempt=1)
+        finally:
+            if saved is not None:
+                os.environ["STORAGE_EMULATOR_HOST"] = saved
+        proc.send_signal(signal.SIGTERM)
+        # Until the watchdog has judged the stop request: the agent exited (what this guards
+        # against) or says it leaves the stop to the cleanup under way.
+        out = tmp_path / "agent.out"
+        deadline = time.monotonic() + scaled(60)
+        while proc.poll() is None and "already writing its last status" not in out.read_text():
+            assert time.monotonic() < deadline, out.read_text()[-3000:]
+            time.sleep(0.1)
+        proxy.release()
+        assert _exit_code(proc, scaled(60), tmp_path) == 143
+    finally:
+        proxy.close()
+    status = _client(own_emulator).bucket(BUCKET).blob("jobs/w1/status.json").download_as_bytes()
+    import json
+
+    assert json.loads(status)["state"] == "terminated", out.read_text()[-3000:]

@@ -18,6 +18,7 @@ import signal
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -40,16 +41,38 @@ class Terminated(BaseException):
 # Set once the agent is writing its last status: a SIGTERM then (the worker deleting the machine as
 # soon as the chief has said it is done) must not cut that write off halfway.
 _last_words = threading.Event()
+# Set once SIGTERM has arrived: the agent is stopping, and its cleanup (bounded by the grace) writes
+# the last status.
+_terminating = threading.Event()
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough; let the cleanup finish
+    _terminating.set()
     # ... but not forever: the cleanup writes to storage, which may be what is gone.
-    grace = threading.Timer(term_grace_s(), _exit_now)
-    grace.daemon = True
-    grace.start()
+    _start_grace(_exit_now)
     if not _last_words.is_set():
         raise Terminated()
+
+
+def _on_watchdog_stop(reason: str) -> None:
+    """The watchdog's verdict. The worker writes its stop request just before it deletes the machine,
+    so the watchdog can read it while the SIGTERM cleanup (or the last status write) is under way:
+    exiting at once then would cut off the status that says how the agent ended (issue 19: a
+    non-chief's status.json still said running after its job succeeded). That cleanup ends the
+    process by itself, within the grace; only if it has not by then does the watchdog stop the machine."""
+    if _terminating.is_set() or _last_words.is_set():
+        log.warning("watchdog: %s; the agent is already writing its last status (at most %.0fs more)",
+                    reason, term_grace_s())
+        _start_grace(lambda: stop_this_machine(reason))
+        return
+    stop_this_machine(reason)
+
+
+def _start_grace(then: Callable[[], None]) -> None:
+    grace = threading.Timer(term_grace_s(), then)
+    grace.daemon = True
+    grace.start()
 
 
 def _finish(reporter: StatusReporter, state: AgentState, error: BaseException | None = None) -> None:
@@ -93,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILED
 
     start_token_refresh()  # on a cloud VM: the worker's newer storage tokens, before the first one expires
-    Watchdog(args.job_dir, stop_this_machine, attempt=job.attempt,
+    Watchdog(args.job_dir, _on_watchdog_stop, attempt=job.attempt,
              every_s=_env_float("TRAINJOBS_WATCHDOG_EVERY_S", 30.0),
              unreachable_s=_env_float("TRAINJOBS_WATCHDOG_UNREACHABLE_S", 300.0)).start()
     reporter = StatusReporter(job, work.log_file, tail, float(os.environ.get("TRAINJOBS_HEARTBEAT_S", "10")))

@@ -108,10 +108,17 @@ class StatusReporter:
             self.write()
 
     def finish(self, state: AgentState, error: BaseException | None = None) -> None:
-        """The last word: stop the heartbeat, upload the log, write the terminal state."""
+        """The last word: stop the heartbeat, upload the log, write the terminal state. A terminated
+        agent (SIGTERM: its machine is being deleted, within a grace) writes the state first and the
+        log after: the state is what must not be lost, and neither the heartbeat's upload in flight
+        nor the log's may use up the grace before it (issue 19). Otherwise the log goes first, since
+        the worker deletes the machine as soon as it reads a terminal state."""
         self._stop.set()
+        if state == AgentState.TERMINATED:
+            self.state = state
+            self.write(final=True)
         if self._thread is not None:
-            self._thread.join(timeout=30)
+            self._thread.join(timeout=30)  # else a beat could carry a terminal state before the log is up
         if error is not None:
             self.error = AgentError(type=type(error).__name__, message=_message(error), logs=list(self.tail.lines))
         self.state = state
