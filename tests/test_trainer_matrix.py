@@ -114,8 +114,8 @@ MatrixJobs = tuple[httpx.Client, dict[str, str]]  # the API client, and each acc
 
 
 @pytest.fixture(scope="module")
-def matrix_jobs(database_url: str, api_url: str, gcs_emulator: Any,
-                tmp_path_factory: pytest.TempPathFactory) -> Iterator[MatrixJobs]:
+def matrix_jobs(database_url: str, api_url: str, gcs_emulator: Any, tmp_path_factory: pytest.TempPathFactory,
+                request: pytest.FixtureRequest) -> Iterator[MatrixJobs]:
     from sqlalchemy import text
 
     from service.db.session import get_engine, session_factory
@@ -148,8 +148,10 @@ def matrix_jobs(database_url: str, api_url: str, gcs_emulator: Any,
     key = make_key(session_factory(engine), "matrix")
     client = httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {key}"}, timeout=30)
     jobs = {}
+    # Only the jobs of the tests selected (`-k multi_worker` trains the multi-worker cases alone).
     # Multi-worker jobs first: they hold two processes each, so they gain most from an idle machine.
-    for case in sorted(ACCEPTED, key=lambda c: c.strategy != "multi_worker_mirrored"):
+    selected = _selected_cases(request.session.items)
+    for case in sorted(selected, key=lambda c: c.strategy != "multi_worker_mirrored"):
         r = client.post("/v1/jobs", json=case.spec(str(source)))
         assert r.status_code == 201, (case.id, r.text)
         jobs[case.id] = r.json()["id"]
@@ -163,6 +165,16 @@ def matrix_jobs(database_url: str, api_url: str, gcs_emulator: Any,
         provisioner.close()
         client.close()
         monkey.undo()
+
+
+def _selected_cases(items: list[pytest.Item]) -> list[Case]:
+    """The accepted cases that selected tests of this module judge."""
+    wanted = set()
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if item.module is not None and item.module.__name__ == __name__ and isinstance(params.get("case"), Case):
+            wanted.add(params["case"])
+    return [c for c in ACCEPTED if c in wanted]
 
 
 def _finished(client: httpx.Client, job_id: str) -> dict[str, Any]:
@@ -210,7 +222,13 @@ def test_accepted_combination_trains_as_asked_and_exports(case: Case, matrix_job
     assert final["tflite_accuracy"] >= final["saved_model_accuracy"] - 0.05, final
 
     if workers > 1:
-        # Both agents ran to the end; only the chief went on to export.
+        # The other agent trained every epoch with the chief and never exported. The worker deletes
+        # the machine as soon as the chief reports, wherever the other agent is then: waiting for the
+        # chief, or still uploading its last epoch's status (phase still "training": a storage answer
+        # seconds late keeps it there past the chief's export, issue 19). Either way its last word is
+        # in: succeeded (it saw the chief finish) or terminated (the delete's SIGTERM), never a state
+        # that says it still runs.
         other = storage.read_json(paths.key("status-1.json"))
-        assert (other["task_index"], other["phase"]) == (1, "waiting_for_chief")
-        assert other["state"] in ("succeeded", "terminated")  # the machine may be deleted as it leaves
+        assert (other["task_index"], other["epoch"], other["progress"]) == (1, EPOCHS, 1.0), other
+        assert (other["state"], other["phase"]) in {("succeeded", "waiting_for_chief"), ("terminated", "training"),
+                                                     ("terminated", "waiting_for_chief")}, other
