@@ -145,8 +145,9 @@ def _delete_own(metadata_url: str | None, timeout_s: float, name_key: str, api_k
 
 
 def stop_this_machine(reason: str, exit_code: int = 143) -> None:
-    """The agent's on_stop: delete our own node if we are on one, then exit at once, even while the main
-    thread is stuck in storage retries (which is why this does not raise or wait for it)."""
+    """How the watchdog stops an agent that is not already writing its last status: delete our own node
+    if we are on one, then exit at once, even while the main thread is stuck in storage retries (which
+    is why this does not raise or wait for it)."""
     for delete_own in (delete_own_tpu_node, delete_own_instance):
         try:
             if (machine := delete_own()) is not None:
