@@ -81,7 +81,8 @@ def scaled(seconds: float) -> float:
 # behind them, instead of a long one starting last and running alone. A module not named keeps its
 # place after these; the tests within a module keep their order.
 LONGEST_MODULES = (
-    "test_trainer_matrix.py", "test_outages.py", "test_agent_runs.py", "test_agent.py", "test_gcp_gpu_jobs.py",
+    "test_trainer_matrix.py", "test_outages.py", "test_agent_runs.py", "test_agent.py", "test_gcp_jobs.py",
+    "test_gcp_gpu_jobs.py",
     "test_gcp_tpu_jobs.py", "test_end_to_end.py", "test_cli.py", "test_code_tenancy.py", "test_api_limits.py",
     "test_staging.py", "test_user_models.py", "test_streaming.py",
 )

@@ -4,83 +4,21 @@ PostgreSQL and the GCS emulator. CPU devices stand in for the GPUs."""
 
 from __future__ import annotations
 
-import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from service.db.session import get_engine
-from stack.fakecloud import FakeComputeApi
-from stack.fakecloud.compute_inventory import ComputeTiming
 from tests.conftest import TERMINAL_STATUSES as TERMINAL
 from tests.conftest import wait_for_job as wait
-from tests.conftest import digits_spec, scaled
+from tests.support.gcp import FALLBACK, ZONE, gpu_spec, make_gce, wait_for_vms  # noqa: F401 - a fixture
 from trainjobs import storage
-from trainjobs.ports import free_port
 from trainjobs.spec import JobSpec
-from worker.cloud.config import GcpConfig
 from worker.cloud.reaper import reap_orphans
-from worker.driver import DriverConfig
 from worker.gcs_channel import GcsJobChannel
-from worker.loop import Worker, WorkerConfig
 from worker.provisioner import MachineRequest
-from worker.provisioners.gcp_gpu import GceVmProvisioner
-from worker.staging_adapter import GcsStager
-
-ZONE, FALLBACK = "us-central1-a", "us-central1-b"
-
-
-def gpu_spec(count: int = 2, spot: bool = False, **overrides: Any) -> dict[str, Any]:
-    return digits_spec(accelerator={"type": "gpu", "gpu_type": "nvidia-l4", "count": count, "spot": spot},
-                       strategy="auto", **overrides)
-
-
-@dataclass
-class GceStack:
-    fake: FakeComputeApi
-    provisioner: GceVmProvisioner
-    worker: Worker | None = None
-
-    def start_worker(self, database_url: str, staging: Path) -> None:
-        self.worker = Worker(get_engine(database_url), self.provisioner, GcsJobChannel(), GcsStager(staging),
-                             WorkerConfig(concurrency=2, lease_s=30, heartbeat_s=1, poll_s=0.3, name="gce-test",
-                                          driver=DriverConfig(poll_s=0.3)))
-        self.worker.start()
-
-
-@pytest.fixture
-def make_gce(db: Any, bucket: str, tmp_path: Path) -> Iterator[Callable[..., GceStack]]:
-    """make_gce(**fake options): a fake Compute Engine API (by default its VMs do not boot) and a
-    provisioner on it with a fallback zone; the test starts the worker when it is ready."""
-    stacks: list[GceStack] = []
-
-    def make(**options: Any) -> GceStack:
-        options = {"boot": False, "timing": ComputeTiming(boot_s=0.3, delete_s=0.2), **options}
-        fake = FakeComputeApi(sandbox=tmp_path / "vms", **options).start()
-        config = GcpConfig(project="proj", zone=ZONE, fallback_zones=(FALLBACK,), compute_api_endpoint=fake.url,
-                           tf_port=free_port())
-        provisioner = GceVmProvisioner(config, create_wait_s=scaled(30), delete_wait_s=scaled(30), backoff_s=0.01,
-                                       poll_s=0.1)
-        stacks.append(GceStack(fake, provisioner))
-        return stacks[-1]
-
-    yield make
-    for stack in stacks:
-        if stack.worker is not None:
-            stack.worker.shutdown(timeout=10)
-        stack.fake.stop()
-
-
-def wait_for_vms(fake: FakeComputeApi, count: int, status: str = "RUNNING", timeout: float = 60) -> list[str]:
-    deadline = time.monotonic() + scaled(timeout)
-    while len(names := fake.instance_names(status)) < count:
-        assert time.monotonic() < deadline, f"not {count} {status} VMs: {fake.instance_names()}"
-        time.sleep(0.1)
-    return names
 
 
 # --- the control plane, no training --------------------------------------------------------------
@@ -132,6 +70,7 @@ def test_a_worker_told_its_accelerator_types_claims_only_those_jobs(api: Any, da
 
 
 # --- the whole way: the startup script boots the real agent on CPU devices standing in for GPUs ---
+# (preempt-and-resume, the same on both clouds: tests/test_gcp_jobs.py)
 
 @pytest.mark.tf
 def test_a_two_gpu_job_trains_on_one_vm_and_the_vm_is_deleted(api: Any, make_gce: Any, database_url: str,
@@ -163,25 +102,4 @@ def test_two_vms_train_together_under_multi_worker_mirrored(api: Any, make_gce: 
     assert (done["runtime"]["strategy"], done["runtime"]["replicas"]) == ("multi_worker_mirrored", 2)
     cluster = storage.read_json(f"{GcsJobChannel().job_dir(job['id'])}/cluster/attempt-1.json")
     assert cluster is not None and len(cluster["worker"]) == 2
-    assert gce.fake.instance_names() == []
-
-
-@pytest.mark.tf
-def test_a_preempted_vm_is_replaced_and_the_new_attempt_resumes_from_the_checkpoint(
-        api: Any, make_gce: Any, database_url: str, tmp_path: Path) -> None:
-    gce = make_gce(boot=True)
-    gce.start_worker(database_url, tmp_path / "staging")
-    # Small batches, one step per call: epochs long enough that the preemption lands mid-training.
-    job = api.post("/v1/jobs", json=gpu_spec(count=1, spot=True, steps_per_execution=1,
-                                             training={"epochs": 3, "per_replica_batch_size": 4})).json()
-    job_dir = GcsJobChannel().job_dir(job["id"])
-    deadline = time.monotonic() + scaled(600)
-    while (taken := storage.read_json(f"{job_dir}/checkpoints/latest.json")) is None:
-        assert time.monotonic() < deadline
-        time.sleep(0.5)
-    [vm] = gce.fake.instance_names()
-    gce.fake.preempt(vm)
-    done = wait(api, job["id"], lambda j: j["status"] in TERMINAL, timeout=600)
-    assert (done["status"], done["attempt"]) == ("SUCCEEDED", 2), done
-    assert done["runtime"]["initial_epoch"] == taken["epoch"] >= 1
     assert gce.fake.instance_names() == []

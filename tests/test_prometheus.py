@@ -6,14 +6,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import uuid
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.db.jobstate import JobStatus
-from tests.conftest import digits_spec, scaled
+from tests.conftest import digits_spec
+from tests.support import eventually
 from tests.test_worker import make_worker, running_workers, submit, wait_for  # noqa: F401 - a fixture
 from trainjobs import storage
 from trainjobs.ports import free_port
@@ -84,7 +84,7 @@ def test_worker_counts_claims_phases_and_machines(db, database_url, running_work
     w.start()
     ids = submit(db, 2)
     for job_id in ids:
-        wait_for(db, job_id, {JobStatus.SUCCEEDED}, timeout=scaled(15))
+        wait_for(db, job_id, {JobStatus.SUCCEEDED}, timeout=15)
     grown = [worker_sample(n, **lb) - b for n, lb, b in zip(names, labels, before)]
     assert grown[:3] == [2, 2, 2]
     assert grown[3] >= 2  # every claim statement, found a job or not
@@ -109,13 +109,11 @@ def test_worker_counts_driver_errors_and_reaped_machines(db, database_url, runni
     running_workers.append(w)
     w.start()
     [job_id] = submit(db)
-    job = wait_for(db, job_id, {JobStatus.FAILED}, timeout=scaled(20))
+    job = wait_for(db, job_id, {JobStatus.FAILED}, timeout=20)
     assert "stager bug" in (job.error or "")
     assert worker_sample("trainjobs_worker_driver_errors_total", kind="error") - errors_before == \
         w.config.driver.max_driver_failures
-    deadline = time.monotonic() + scaled(10)
-    while cloud.get(stray) is not None and time.monotonic() < deadline:
-        time.sleep(0.05)
+    eventually(lambda: cloud.get(stray) is None, 10, "the reaper deleted the stray machine")
     assert worker_sample("trainjobs_worker_machines_reaped_total") - reaped_before == 1
 
 
@@ -144,17 +142,17 @@ def test_worker_command_serves_its_metrics_on_the_port_asked(database_url, tmp_p
     proc = subprocess.Popen([sys.executable, "-m", "stack.cli", "worker", "--provisioner", "memory",
                              "--data-dir", str(tmp_path), "--metrics-port", str(port)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline, claims = time.monotonic() + scaled(30), 0.0
-        while time.monotonic() < deadline and proc.poll() is None and not claims:
-            try:  # the claim loop polls from the start: its latency is observed within seconds
-                text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
-                claims = sample(samples(text), "trainjobs_worker_claim_seconds_count")
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+    def claims_served() -> float:
         assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
-        assert claims >= 1
+        try:
+            return sample(samples(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text),
+                          "trainjobs_worker_claim_seconds_count")
+        except httpx.HTTPError:  # not serving yet
+            return 0.0
+
+    try:
+        # The claim loop polls from the start: its latency is observed within seconds.
+        eventually(claims_served, 30, f"the worker served a claim latency on port {port}", every=0.2)
     finally:
         proc.terminate()
         proc.wait(timeout=30)

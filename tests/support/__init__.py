@@ -11,7 +11,7 @@ from tests.conftest import scaled
 T = TypeVar("T")
 
 
-def eventually(condition: Callable[[], T], timeout: float, what: str | Callable[[], str], every: float = 0.05) -> T:
+def eventually(condition: Callable[[], T | None], timeout: float, what: str | Callable[[], str], every: float = 0.05) -> T:
     """Call `condition` until it returns something truthy and return that; after `timeout` seconds
     (scaled for a loaded machine) fail saying what never happened (`what`, or what it returns then:
     a message that can name the last state seen). An exception from `condition` is not retried: a
