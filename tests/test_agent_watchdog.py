@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -134,29 +134,31 @@ def test_a_sigterm_during_the_last_status_write_does_not_cut_it_off(monkeypatch:
         signal.signal(signal.SIGTERM, saved)
 
 
-class _WriteHoldingProxy:
-    """A TCP proxy in front of the emulator that can hold every upload (POST, PUT, PATCH) while reads
-    pass: storage that is slow to take writes, as a loaded emulator or a congested network is. The
-    emulator answers one request per connection, so the first request line decides."""
+class _HoldingProxy:
+    """A TCP proxy in front of the emulator that holds the requests a predicate picks (all uploads,
+    say, or the log's) until released, while the rest pass: storage that is slow to take some
+    requests, as a loaded emulator or a congested network is. The emulator answers one request per
+    connection, so each connection carries one request, read whole before it is judged."""
+
+    WRITES = (b"POST", b"PUT", b"PATCH")
 
     def __init__(self, upstream: str):
         import socket
         import threading
 
-        self.upstream = upstream
-        self.holding = threading.Event()
+        self.upstream = upstream.removeprefix("http://")
+        self._picks: Callable[[bytes], bool] = lambda request: False
         self._released = threading.Event()
-        self.held = 0
         self._server = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def hold_writes(self) -> None:
+    def hold(self, picks: Callable[[bytes], bool]) -> None:
         self._released.clear()
-        self.holding.set()
+        self._picks = picks
 
     def release(self) -> None:
-        self.holding.clear()
+        self._picks = lambda request: False
         self._released.set()
 
     def close(self) -> None:
@@ -178,18 +180,22 @@ class _WriteHoldingProxy:
         import threading
 
         with conn:
-            first = b""
-            while b"\r\n" not in first:
-                chunk = conn.recv(65536)
-                if not chunk:
+            request = b""
+            while b"\r\n\r\n" not in request:
+                if not (chunk := conn.recv(65536)):
                     return
-                first += chunk
-            if self.holding.is_set() and first.split(b" ", 1)[0] in (b"POST", b"PUT", b"PATCH"):
-                self.held += 1
+                request += chunk
+            head, _, body = request.partition(b"\r\n\r\n")
+            length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")[1:]
+                           if line.lower().startswith(b"content-length:")), 0)
+            while len(body) < length and (chunk := conn.recv(65536)):
+                body += chunk
+            request = head + b"\r\n\r\n" + body
+            if self._picks(request):
                 self._released.wait()
             host, port = self.upstream.rsplit(":", 1)
-            with socket.create_connection((host.removeprefix("http://"), int(port))) as up:
-                up.sendall(first)
+            with socket.create_connection((host, int(port))) as up:
+                up.sendall(request)
 
                 def pipe(src, dst) -> None:  # type: ignore[no-untyped-def]
                     try:
@@ -211,12 +217,13 @@ def test_a_stop_request_read_during_the_sigterm_cleanup_does_not_cut_off_the_las
     the request while the agent's last status write is still on its way lets that write land (the
     grace bounds it) instead of exiting at once, which left a status saying the agent still ran
     (issue 19: a non-chief's status.json said running after its job succeeded)."""
-    proxy = _WriteHoldingProxy(own_emulator.url)
+    proxy = _HoldingProxy(own_emulator.url)
     try:
         proc, job_dir = _start_agent(own_emulator, tmp_path, STORAGE_EMULATOR_HOST=proxy.url,
                                      TRAINJOBS_WATCHDOG_EVERY_S="0.2", TRAINJOBS_TERM_GRACE_S=str(scaled(120)))
         _wait_for_first_report(own_emulator, proc)
-        proxy.hold_writes()  # storage slow to take writes from here on; reads still answered
+        # Storage slow to take writes from here on; reads are still answered.
+        proxy.hold(lambda request: request.split(b" ", 1)[0] in proxy.WRITES)
         saved = os.environ.get("STORAGE_EMULATOR_HOST")
         os.environ["STORAGE_EMULATOR_HOST"] = own_emulator.url
         try:
@@ -240,3 +247,23 @@ def test_a_stop_request_read_during_the_sigterm_cleanup_does_not_cut_off_the_las
     import json
 
     assert json.loads(status)["state"] == "terminated", out.read_text()[-3000:]
+
+
+def test_a_terminated_agent_writes_its_status_even_when_its_log_cannot_be_uploaded(own_emulator: GcsEmulator,
+                                                                                  tmp_path: Path) -> None:
+    """After SIGTERM the last status goes first: the log's upload (and the heartbeat's, in flight)
+    may take the whole grace, as storage that is seconds late did, and the status is what says how
+    the agent ended (issue 19)."""
+    proxy = _HoldingProxy(own_emulator.url)
+    try:
+        proc, _ = _start_agent(own_emulator, tmp_path, STORAGE_EMULATOR_HOST=proxy.url, TRAINJOBS_TERM_GRACE_S="3")
+        _wait_for_first_report(own_emulator, proc)
+        proxy.hold(lambda request: request.startswith(b"POST") and b"/logs/agent-" in request)  # never uploaded
+        proc.send_signal(signal.SIGTERM)
+        assert _exit_code(proc, scaled(60), tmp_path) == 143
+    finally:
+        proxy.close()
+    status = _client(own_emulator).bucket(BUCKET).blob("jobs/w1/status.json").download_as_bytes()
+    import json
+
+    assert json.loads(status)["state"] == "terminated", (tmp_path / "agent.out").read_text()[-3000:]
