@@ -188,12 +188,25 @@ def test_submit_follow_exits_3_when_the_job_is_cancelled(stack, tmp_path):
     assert json.loads(cli("status", job_id, "-o", "json", env=env).stdout)["status"] == "CANCELLED"
 
 
+def start_interruptible(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    """`trainjobs ARGS` hearing Ctrl-C as it does when started from a terminal, however the suite was started.
+
+    A suite run as a background job of a script (`make test > log &` in a non-interactive shell) hands
+    its children SIGINT ignored, and Python keeps an inherited ignore, as a Unix program should: a
+    SIGINT sent to such a child is never heard, and the follow went on (issue 19). A handler of
+    Python's own is what exec resets to the default, so the child starts with SIGINT as a terminal's."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return subprocess.Popen([sys.executable, "-m", "stack.cli", *args], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_ctrl_c_stops_following_and_leaves_the_job_running(stack, tmp_path):
     env, _ = stack
     hold_jobs(env)
-    spec = write_spec(tmp_path / "job.yaml")
-    follow = subprocess.Popen([sys.executable, "-m", "stack.cli", "submit", str(spec), "--follow"], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    follow = start_interruptible("submit", str(write_spec(tmp_path / "job.yaml")), "--follow", env=env)
     assert follow.stdout is not None and follow.stderr is not None
     job_id = follow.stdout.readline().split()[0]
     follow.stdout.readline()  # the first status line: it is following now
@@ -201,6 +214,31 @@ def test_ctrl_c_stops_following_and_leaves_the_job_running(stack, tmp_path):
     assert follow.wait(scaled(30)) == 130
     assert f"job {job_id} keeps running" in follow.stderr.read()
     assert json.loads(cli("status", job_id, "--output", "json", env=env).stdout)["status"] == "QUEUED"
+
+
+def test_ctrl_c_while_submitting_exits_130_before_following(stack, tmp_path, database_url):
+    """The submit's request waits for the API (held at the idempotency-key lookup, which only a
+    submit makes); Ctrl-C then ends the command at once, with nothing about a job it never heard of."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    env, _ = stack
+    url = make_url(database_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    # A second connection watches: pg_stat_activity read inside the locking transaction is a snapshot.
+    with psycopg.connect(url, autocommit=True) as lock, lock.transaction(), \
+            psycopg.connect(url, autocommit=True) as watch:
+        lock.execute("LOCK TABLE idempotency_keys IN ACCESS EXCLUSIVE MODE")
+        follow = start_interruptible("submit", str(write_spec(tmp_path / "job.yaml")), "--follow", env=env)
+        assert follow.stdout is not None and follow.stderr is not None
+        waiting = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                   "AND wait_event_type = 'Lock' AND query LIKE '%idempotency_keys%'")
+        deadline = time.monotonic() + scaled(60)
+        while watch.execute(waiting).fetchone() == (0,):
+            assert follow.poll() is None and time.monotonic() < deadline, follow.communicate()
+            time.sleep(0.05)
+        follow.send_signal(signal.SIGINT)
+        assert follow.wait(scaled(30)) == 130
+    assert follow.stdout.read() == "" and follow.stderr.read() == "interrupted\n"
 
 
 def test_logs_and_metrics_follow_the_event_stream_to_the_jobs_end(stack, tmp_path):
