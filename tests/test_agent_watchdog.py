@@ -267,3 +267,75 @@ def test_a_terminated_agent_writes_its_status_even_when_its_log_cannot_be_upload
     import json
 
     assert json.loads(status)["state"] == "terminated", (tmp_path / "agent.out").read_text()[-3000:]
+
+
+@pytest.mark.tf
+def test_a_sigterm_as_a_finished_agent_reports_still_leaves_a_final_status(bucket: str, tmp_path: Path) -> None:
+    """The worker deletes a machine the moment its chief reports, just as a non-chief sees the same
+    report and returns from its work: a SIGTERM in the instant between the work's end and the last
+    status write used to escape every handler, and the agent exited with its status still saying
+    it ran (issue 19). Here that instant is made long: the agent's stdout is a pipe this test has
+    filled by the time the work ends, so the agent's "succeeded" log line waits for the SIGTERM."""
+    import threading
+
+    from trainjobs import storage
+    from worker.staging_adapter import GcsStager
+
+    spec = JobSpec.model_validate(digits_spec(model={"name": "mlp"}, strategy="default",
+                                              accelerator={"type": "cpu", "replicas": 1}, training={"epochs": 1}))
+    dataset_uri = GcsStager(tmp_path / "staging")(spec, "w2", project_id="p")
+    job_dir = f"gs://{bucket}/jobs/w2"
+    assignment = AgentAssignment(job_id="w2", attempt=1, spec=spec, dataset_uri=dataset_uri)
+    storage.write_json(f"{job_dir}/spec.json", assignment.model_dump(mode="json"))
+    proxy = _HoldingProxy(os.environ["STORAGE_EMULATOR_HOST"])
+    # The work's last step, the artifact manifest, waits until the pipe is full.
+    proxy.hold(lambda request: request.startswith(b"POST") and b"artifacts/manifest.json" in request)
+    read_end, write_end = os.pipe()
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "STORAGE_EMULATOR_HOST": proxy.url,
+           "TRAINJOBS_BUCKET": bucket, "TRAINJOBS_METADATA_URL": "off", "TF_CPP_MIN_LOG_LEVEL": "3",
+           "PYTHONUNBUFFERED": "1", "TRAINJOBS_TERM_GRACE_S": str(scaled(120))}
+    with (tmp_path / "agent.err").open("wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "worker.agent", "--job-dir", job_dir,
+                                 "--work-dir", str(tmp_path / "work")], env=env, stdout=write_end, stderr=err)
+    out = os.fdopen(read_end, "rb", buffering=0)  # no read-ahead: what comes after stays in the pipe
+    try:
+        seen = []
+        for line in out:
+            seen.append(line)
+            if b"final metrics:" in line:
+                break
+        else:
+            pytest.fail(b"".join(seen[-30:]).decode())
+        # Through an open file of its own: O_NONBLOCK on the agent's would make its writes fail, not wait.
+        filler = os.open(f"/proc/self/fd/{write_end}", os.O_WRONLY | os.O_NONBLOCK)
+        for size in (4096, 1):  # whole pages, then what is left of the last one
+            try:
+                while True:
+                    os.write(filler, b"." * size)
+            except BlockingIOError:
+                pass
+        os.close(filler)
+        proxy.release()
+        deadline = time.monotonic() + scaled(120)
+        while not _blocked_writing_stdout(proc.pid):
+            assert proc.poll() is None and time.monotonic() < deadline, "the agent never wrote its next line"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+    finally:
+        os.close(write_end)
+        threading.Thread(target=out.read, daemon=True).start()  # drain: the agent goes on
+        try:
+            proc.wait(scaled(120))
+        finally:
+            proxy.close()
+    status = storage.read_json(f"{job_dir}/status.json")
+    assert status["state"] in ("succeeded", "terminated"), (status["state"], (tmp_path / "agent.err").read_text()[-2000:])
+
+
+def _blocked_writing_stdout(pid: int) -> bool:
+    """The process's main thread is inside write(2) to fd 1 (x86-64 and arm64 syscall numbers)."""
+    try:
+        fields = Path(f"/proc/{pid}/syscall").read_text().split()
+    except OSError:
+        return False
+    return len(fields) > 1 and fields[0] in ("1", "64") and int(fields[1], 16) == 1

@@ -49,6 +49,7 @@ _terminating = threading.Event()
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough; let the cleanup finish
     _terminating.set()
+    log.warning("SIGTERM%s", " while writing the last status" if _last_words.is_set() else "")
     # ... but not forever: the cleanup writes to storage, which may be what is gone.
     _start_grace(_exit_now)
     if not _last_words.is_set():
@@ -138,11 +139,19 @@ def _run(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> int:
         from worker.agent.run import run_job
 
         run_job(job, work, reporter)
+        # Inside the try: a SIGTERM up to here is caught below, one after it lets the last status be
+        # written. Set after the try, a SIGTERM in between (the worker deletes the machine the moment
+        # the chief reports, just as a non-chief sees the same report and returns) escaped every
+        # handler, and the agent exited with its status still saying it ran (issue 19).
+        _last_words.set()
     except Terminated:
-        log.warning("SIGTERM: uploading what there is and stopping")
-        if job.is_chief and work.tensorboard.exists():
-            storage.upload_dir(work.tensorboard, job.paths.tensorboard)
+        log.warning("SIGTERM: writing the last status, then uploading what there is")
         _finish(reporter, AgentState.TERMINATED)
+        if job.is_chief and work.tensorboard.exists():
+            try:
+                storage.upload_dir(work.tensorboard, job.paths.tensorboard)
+            except Exception as exc:
+                log.warning("could not upload the TensorBoard events: %s", exc)
         return EXIT_TERMINATED
     except Exception as exc:
         log.exception("job failed")
