@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import logging
 import os
 import shutil
 import signal
@@ -50,6 +51,7 @@ from worker.provisioner import LABEL_JOB, MachineInfo, MachineRequest, MachineSt
 from worker.provisioners.zygote import Zygote, ZygoteUnavailable
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+log = logging.getLogger("trainjobs.worker")
 
 # What an agent inherits from the worker's environment. Everything else stays behind: the database
 # URL, API keys, cloud credentials, whatever the worker was started with.
@@ -223,6 +225,10 @@ class LocalProvisioner:
         deadline = time.monotonic() + term_grace_s() + DELETE_MARGIN_S
         while any(_pid_alive(p) for p in agents) and time.monotonic() < deadline:
             time.sleep(0.1)
+        if left := sorted(p for p in agents if _pid_alive(p)):
+            # An agent killed here may not have written its last status: say so, status.json cannot (issue 19).
+            log.warning("machine %s: process(es) %s still running %.0fs after SIGTERM; killing them",
+                        name, left, term_grace_s() + DELETE_MARGIN_S)
         for pid in agents:
             _signal_group(pid, signal.SIGKILL)
         self._stop_storage_access(name, record)  # after the agents' last words: their final status needs it
