@@ -19,6 +19,7 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -41,6 +42,12 @@ class AuthThrottleConfig:
     bad_key_ttl_s: float = 30.0  # how long a refused key's hash is answered from memory; 0: not cached
     max_addresses: int = 10_000  # addresses tracked (a few hundred bytes each)
     max_bad_keys: int = 10_000  # hashes cached (32 bytes each, plus the dict's own)
+    # A key this process accepted recently is let through a held address: on one host (local jobs, the
+    # CLI and the dashboard all connect from 127.0.0.1) or behind an untrusted proxy, one tenant's flood
+    # of bad keys must not lock every other tenant's working key out. It still goes through the full
+    # key check (a revoked key is refused); it only skips the wait.
+    good_key_ttl_s: float = 600.0
+    max_good_keys: int = 10_000
 
     @classmethod
     def from_env(cls) -> AuthThrottleConfig:
@@ -74,12 +81,32 @@ def address_key(host: str | None) -> str:
     return str(ip)
 
 
+# Set by the middleware around each request that presents a key; the key check (service/deps.py) marks
+# it accepted, from whichever thread it runs in (a copied context shares the dict). Only that check can
+# say a key works: a 404 for an unknown path, say, is answered before any key is looked at.
+_KEY_CHECK: ContextVar[dict[str, bool] | None] = ContextVar("trainjobs_key_check", default=None)
+
+
+def watch_key_check() -> dict[str, bool]:
+    """For the middleware: what the request's key check finds ({"accepted": ...})."""
+    result = {"accepted": False}
+    _KEY_CHECK.set(result)
+    return result
+
+
+def key_accepted() -> None:
+    """For the key check: this request's key belongs to a project."""
+    if (result := _KEY_CHECK.get()) is not None:
+        result["accepted"] = True
+
+
 class AuthThrottle:
     """The state of one server process. Used from its event loop only, so it takes no lock."""
 
     def __init__(self, config: AuthThrottleConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self.config, self._clock = config, clock
         self._bad_keys: OrderedDict[bytes, float] = OrderedDict()  # hash -> when it expires
+        self._good_keys: OrderedDict[bytes, float] = OrderedDict()  # hash -> when it expires
         self._failures: OrderedDict[str, tuple[float, int]] = OrderedDict()  # address -> (window start, count)
 
     def retry_after(self, address: str) -> float | None:
@@ -92,17 +119,19 @@ class AuthThrottle:
         return left if count >= self.config.max_failures and left > 0 else None
 
     def known_bad(self, key_hash: bytes) -> bool:
-        expires = self._bad_keys.get(key_hash)
-        if expires is None:
-            return False
-        if expires <= self._clock():
-            del self._bad_keys[key_hash]
-            return False
-        return True
+        return _fresh(self._bad_keys, key_hash, self._clock())
+
+    def known_good(self, key_hash: bytes) -> bool:
+        """Accepted by this process within good_key_ttl_s: not held by its address's failures."""
+        return _fresh(self._good_keys, key_hash, self._clock())
+
+    def accepted(self, key_hash: bytes) -> None:
+        _remember(self._good_keys, key_hash, self._clock() + self.config.good_key_ttl_s, self.config.max_good_keys)
 
     def failed(self, address: str, key_hash: bytes) -> None:
         """A key from this address was refused."""
         now = self._clock()
+        self._good_keys.pop(key_hash, None)  # revoked since
         if self.config.bad_key_ttl_s > 0:
             _remember(self._bad_keys, key_hash, now + self.config.bad_key_ttl_s, self.config.max_bad_keys)
         started, count = self._failures.get(address, (now, 0))
@@ -112,11 +141,22 @@ class AuthThrottle:
 
     def sizes(self) -> tuple[int, int]:
         """(addresses tracked, hashes cached): what the caps bound."""
-        return len(self._failures), len(self._bad_keys)
+        return len(self._failures), len(self._bad_keys)  # the good keys' table has the same kind of cap
 
 
 K = TypeVar("K")
 V = TypeVar("V")
+
+
+def _fresh(table: OrderedDict[K, float], key: K, now: float) -> bool:
+    """Whether key is in table and not yet expired (an expired entry is dropped)."""
+    expires = table.get(key)
+    if expires is None:
+        return False
+    if expires <= now:
+        del table[key]
+        return False
+    return True
 
 
 def _remember(table: OrderedDict[K, V], key: K, value: V, cap: int) -> None:

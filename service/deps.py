@@ -26,6 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.auth_throttle import key_accepted
 from service.db.projects import project_for_key
 from service.db.session import PoolTimeout, retry_if_dropped
 from service.errors import ApiError
@@ -110,6 +111,7 @@ def _project(session: Session, secret: str) -> uuid.UUID:
     project_id = retry_if_dropped(session, lambda s: project_for_key(s, secret))
     if project_id is None:
         raise ApiError(401, UNKNOWN_KEY)  # middleware.ThrottleFailedAuth counts it and caches the hash
+    key_accepted()  # ... and lets a working key through an address another key's failures hold
     return project_id
 
 

@@ -12,7 +12,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.auth_throttle import AuthThrottle, address_key
+from service.auth_throttle import AuthThrottle, address_key, watch_key_check
 from service.db.projects import hash_key
 from service.deps import UNKNOWN_KEY, bearer_secret
 from service.errors import error_response
@@ -92,7 +92,9 @@ class AnswerUnexpectedErrors:
 
 class ThrottleFailedAuth:
     """Answers a request that presents a key (service.auth_throttle):
-    - 429 with Retry-After while its address has spent its failures for the window;
+    - 429 with Retry-After while its address has spent its failures for the window, unless its key
+      was accepted by this process within the last minutes (one tenant's flood from a shared address,
+      127.0.0.1 on one host or an untrusted proxy, must not lock the others out);
     - 401 from memory when its key was refused moments ago, without a database turn;
     - otherwise as the app does, counting a 401 against the address and caching the key's hash.
 
@@ -109,17 +111,17 @@ class ThrottleFailedAuth:
             return
         client = scope.get("client")
         address = address_key(client[0] if client else None)
-        if (wait := self.throttle.retry_after(address)) is not None:
+        key_hash = hash_key(secret)
+        if not self.throttle.known_good(key_hash) and (wait := self.throttle.retry_after(address)) is not None:
             seconds = math.ceil(wait)
             await error_response(429, "too_many_requests", f"too many unknown API keys from this address: "
                                  f"try again in {seconds} s", headers={"Retry-After": str(seconds)})(scope, receive, send)
             return
-        key_hash = hash_key(secret)
         if self.throttle.known_bad(key_hash):
             self.throttle.failed(address, key_hash)
             await error_response(401, "unauthorized", UNKNOWN_KEY)(scope, receive, send)
             return
-        status = 0
+        status, check = 0, watch_key_check()
 
         async def watched(message: Message) -> None:
             nonlocal status
@@ -130,6 +132,8 @@ class ThrottleFailedAuth:
         await self.app(scope, receive, watched)
         if status == 401:
             self.throttle.failed(address, key_hash)
+        elif check["accepted"]:
+            self.throttle.accepted(key_hash)
 
 
 # The dashboard keeps an API key in sessionStorage: no script but its own may run on this origin, and
