@@ -25,7 +25,7 @@ from tests.test_end_to_end import local_stack, wait  # noqa: F401  (fixture)
 from trainjobs import storage
 from worker import storage_guard
 from worker.access_boundary import JobBoundary, Scope
-from worker.guard_refusals import REFUSALS, RefusalForwarder, RefusalLog
+from worker.guard_refusals import FORWARDED, REFUSALS, RefusalForwarder, RefusalLog
 from worker.provisioner import LABEL_JOB
 from worker.provisioners.local import LocalProvisioner
 
@@ -184,6 +184,27 @@ def test_refusals_are_forwarded_once_with_the_job_the_worker_knows(tmp_path, cap
         f"job {JOB}: storage guard refused POST '/upload/storage/v1/b/tj/o?uploadType=multipart': "
         "the Content-Type header is given twice",
         f"job {JOB}: storage guard refused GET '/storage/v1/b/tj/o': listing gs://tj/*"]
+
+
+def test_files_the_job_planted_in_its_machine_directory_break_neither_forwarding_nor_delete(tmp_path, caplog):
+    """The job's code can write into its machine's directory: a directory where the progress file goes,
+    a negative offset. The machine's delete still completes and the other machines' refusals still
+    reach the log."""
+    caplog.set_level(logging.WARNING, logger="trainjobs.worker")
+    mine, other = tmp_path / "mine", tmp_path / "other"
+    for directory in (mine, other):
+        directory.mkdir()
+        RefusalLog(directory / REFUSALS).record("GET", "/storage/v1/b/tj/o", f"listing from {directory.name}")
+    (mine / (FORWARDED + ".tmp")).mkdir()
+    (other / FORWARDED).write_text("-5")
+    forwarder = RefusalForwarder()
+
+    forwarder.finish("mine", mine, JOB)  # raised IsADirectoryError, and the delete with it
+    forwarder.finish("other", other, JOB)
+
+    messages = [r.getMessage() for r in caplog.records if r.name == "trainjobs.worker"]
+    assert any("listing from mine" in m for m in messages) and any("could not forward" in m for m in messages)
+    assert any("listing from other" in m for m in messages)
 
 
 def test_a_deleted_machines_last_refusals_reach_the_log_of_the_worker_that_deletes_it(tmp_path, caplog):

@@ -79,7 +79,7 @@ class RefusalForwarder:
         with self._lock:
             self._watched.pop(name, None)
             for _ in range(MAX_FINAL_PASSES):
-                if not forward(directory, job_id):
+                if not _forward_logged(directory, job_id):
                     break
 
     def close(self) -> None:
@@ -89,13 +89,24 @@ class RefusalForwarder:
         while not self._stop.wait(self._every_s):
             with self._lock:
                 for watched in list(self._watched.values()):
-                    forward(watched.directory, watched.job_id)
+                    _forward_logged(watched.directory, watched.job_id)
+
+
+def _forward_logged(directory: Path, job_id: str) -> bool:
+    """forward(), whatever the machine's directory holds: the job's code can write there (a directory
+    where a file should be, say), and neither the forwarding thread nor the machine's delete may fail
+    for it."""
+    try:
+        return forward(directory, job_id)
+    except Exception as exc:  # noqa: BLE001 - the job's own files: logged, never raised
+        worker_log.warning("job %s: could not forward its storage guard's refusals: %s", job_id, exc)
+        return False
 
 
 def forward(directory: Path, job_id: str) -> bool:
     """Log the refusals recorded in `directory` since the last forward; True if more are waiting."""
     try:
-        offset = int((directory / FORWARDED).read_text() or 0)
+        offset = max(0, int((directory / FORWARDED).read_text() or 0))
     except (OSError, ValueError):
         offset = 0
     try:
