@@ -15,7 +15,7 @@ from sqlalchemy import text
 from service.db.projects import hash_key, revoke_api_key
 from service.db.session import transaction
 from service.routes import streams
-from service.stream_slots import PER_KEY_ENV, PER_PROCESS_ENV, SLOTS
+from service.stream_slots import PER_KEY_ENV, PER_PROCESS_ENV, SLOTS, StreamSlots
 from tests.conftest import digits_spec, make_key, scaled
 from tests.test_streaming import Follower
 
@@ -86,18 +86,25 @@ def test_a_key_holds_at_most_20_streams_and_the_next_is_a_429_with_retry_after(d
 
 
 def test_a_process_holds_at_most_its_limit_of_streams(db, api_url, bucket, monkeypatch):
-    monkeypatch.setenv(PER_PROCESS_ENV, str(SLOTS.in_use() + 2))  # streams other tests left open count too
+    # A table of this test's own: streams other tests left may end at any moment and free a place.
+    monkeypatch.setattr(streams, "SLOTS", StreamSlots())
+    monkeypatch.setenv(PER_PROCESS_ENV, "2")
+    monkeypatch.setattr(streams, "QUEUED_POLL_S", 1.0)  # the streams end sooner once their job is cancelled
     clients = [_client(api_url, make_key(db, name)) for name in ("alpha", "beta", "gamma")]
     try:
         jobs = [c.post("/v1/jobs", json=digits_spec()).json()["id"] for c in clients]
-        for client, job_id in list(zip(clients, jobs))[:2]:
-            assert Follower(client, f"/v1/jobs/{job_id}/logs?follow=true").next().name == "status"
+        followers = [Follower(client, f"/v1/jobs/{job_id}/logs?follow=true")
+                     for client, job_id in list(zip(clients, jobs))[:2]]
+        for follower in followers:
+            assert follower.next().name == "status"
 
         with clients[2].stream("GET", f"/v1/jobs/{jobs[2]}/logs?follow=true") as refused:
             assert refused.status_code == 429 and "Retry-After" in refused.headers
             assert "the most it takes" in json.loads(refused.read())["error"]["message"]
         for client, job_id in zip(clients, jobs):
             client.post(f"/v1/jobs/{job_id}/cancel")
+        for follower in followers:  # ended before the next test counts polls
+            assert follower.until("end", timeout=streams.QUEUED_POLL_S + 10)[-1].name == "end"
     finally:
         for client in clients:
             client.close()
@@ -111,6 +118,8 @@ def test_a_queued_jobs_stream_polls_slowly(db, api, bucket, monkeypatch):
         hops.append(time.monotonic())
         return real_run(*args)
 
+    # Only this test's stream may poll while they are counted: the others this process served have ended.
+    _eventually(lambda: SLOTS.in_use() == 0, streams.QUEUED_POLL_S + 10)
     monkeypatch.setattr(streams, "run_in_threadpool", counted)  # the API runs in this process
     job = api.post("/v1/jobs", json=digits_spec()).json()
     follower = Follower(api, f"/v1/jobs/{job['id']}/metrics?follow=true")
