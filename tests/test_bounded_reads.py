@@ -96,6 +96,18 @@ def test_metrics_over_their_cap_are_refused_not_read(api, bucket):
     assert events[-1].data["code"] == "too_large"
 
 
+def test_metrics_that_are_not_json_are_a_422_and_end_no_stream_early_or_never(api, bucket):
+    job = api.post("/v1/jobs", json=digits_spec()).json()
+    storage.blob(storage.JobPaths.for_job(job["id"]).metrics).upload_from_string(b"{not json")
+
+    answer = api.get(f"/v1/jobs/{job['id']}/metrics")
+    assert answer.status_code == 422 and answer.json()["error"]["error"] == "not_json"
+    follower = Follower(api, f"/v1/jobs/{job['id']}/metrics?follow=true")
+    assert follower.next().data == {"status": "QUEUED"}
+    api.post(f"/v1/jobs/{job['id']}/cancel")
+    assert follower.until("end", timeout=30)[-1].data == {"status": "CANCELLED"}
+
+
 def test_a_metric_stream_downloads_metrics_json_only_when_it_changed(api, bucket, monkeypatch):
     from service.routes import streams
 

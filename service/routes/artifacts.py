@@ -133,3 +133,5 @@ def job_metrics(job_id: uuid.UUID, project: ProjectId, secret: ApiSecret, factor
         return {"epochs": storage.read_json_bounded(paths.metrics, storage.METRICS_MAX_BYTES) or []}
     except storage.ObjectTooLarge as exc:
         raise _too_large(exc) from None
+    except ValueError as exc:  # the job's code wrote something that is not JSON there
+        raise ApiError(422, f"the job's metrics.json is not JSON ({exc})", "not_json") from None

@@ -120,8 +120,12 @@ class MetricTail:
         found = storage.get_blob(self.metrics_uri)
         if found is None or (found.generation, found.size) == self.seen:
             return []
+        try:
+            doc = storage.read_json_bounded(self.metrics_uri, storage.METRICS_MAX_BYTES, found=found)
+        except ValueError:  # not JSON: the job's code wrote something else; nothing to send until it changes
+            doc = None
+        # Only once read: a read that failed (storage down) is tried again at the next poll.
         self.seen = (found.generation, found.size)
-        doc = storage.read_json_bounded(self.metrics_uri, storage.METRICS_MAX_BYTES, found=found)
         history = doc.get("history") if isinstance(doc, dict) else None
         out: list[tuple[str, dict[str, Any], str]] = []
         for entry in history if isinstance(history, list) else []:
@@ -193,13 +197,15 @@ async def _poll_and_send(factory: sessionmaker[Session], who: Follower, tail: Ta
             return
         except Exception as exc:  # an outage: keep the stream, try again at the next poll
             log.warning("job %s stream: %s: %s", who.job_id, type(exc).__name__, exc)
-            items, status = [], last_status
+            items, status, failed = [], last_status, True
+        else:
+            failed = False
         out = []
         if status is not None and status != last_status:
             out.append(event("status", {"status": status.value}))
             last_status = status
         out += [event(name, payload, cursor) for name, payload, cursor in items]
-        ended = status is not None and status.terminal and not tail.behind
+        ended = status is not None and status.terminal and not tail.behind and not failed  # failed: read again
         if ended and status is not None:
             out.append(event("end", {"status": status.value}))
         if out:
@@ -210,7 +216,7 @@ async def _poll_and_send(factory: sessionmaker[Session], who: Follower, tail: Ta
         elif time.monotonic() - last_sent >= PING_S:
             yield ": ping\n\n"
             last_sent = time.monotonic()
-        if not tail.behind:  # behind: a page was read and more is waiting, so read on at once
+        if failed or not tail.behind:  # behind: a page was read and more is waiting, so read on at once
             await asyncio.sleep(QUEUED_POLL_S if status == JobStatus.QUEUED else POLL_S)
 
 

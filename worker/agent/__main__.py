@@ -154,6 +154,10 @@ def _run(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> int:
                 log.warning("could not upload the TensorBoard events: %s", exc)
         return EXIT_TERMINATED
     except Exception as exc:
+        # First: a SIGTERM while the failure is logged (a non-chief failing as the worker deletes the
+        # machine) would raise Terminated inside this handler, past the one above, and leave the status
+        # saying the agent runs. With it set the SIGTERM lets this last write finish.
+        _last_words.set()
         log.exception("job failed")
         _finish(reporter, AgentState.FAILED, exc)
         return EXIT_FAILED
