@@ -3,6 +3,7 @@ SIGTERM ends it even while the storage it wants to clean up to is unreachable.""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -101,6 +102,9 @@ def test_an_agent_stops_when_the_control_plane_asks(own_emulator: GcsEmulator, t
             os.environ["STORAGE_EMULATOR_HOST"] = saved
     assert _exit_code(proc, scaled(60), tmp_path) == 143
     assert "stop requested: the job was cancelled" in (tmp_path / "agent.out").read_text()
+    # Stopped as on SIGTERM: its last word is written (it used to exit at once, its status still running).
+    status = json.loads(_client(own_emulator).bucket(BUCKET).blob("jobs/w1/status.json").download_as_bytes())
+    assert status["state"] == "terminated", status
 
 
 def test_sigterm_ends_an_agent_even_when_its_cleanup_cannot_reach_storage(own_emulator: GcsEmulator,

@@ -44,6 +44,8 @@ _last_words = threading.Event()
 # Set once SIGTERM has arrived: the agent is stopping, and its cleanup (bounded by the grace) writes
 # the last status.
 _terminating = threading.Event()
+# Why the watchdog stopped the agent, if it did: the machine is stopped once the agent's cleanup is over.
+_watchdog_reason: str | None = None
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -67,7 +69,16 @@ def _on_watchdog_stop(reason: str) -> None:
                     reason, term_grace_s())
         _start_grace(lambda: stop_this_machine(reason))
         return
-    stop_this_machine(reason)
+    # Otherwise stop as on SIGTERM, so the status says the agent was terminated: the worker writes its
+    # stop request just before it deletes the machine, and an agent that exited here at once (a
+    # non-chief waiting for the chief, say) left status.json saying it still ran (issue 19). The
+    # cleanup is bounded by the grace, after which the machine is stopped whatever the main thread does
+    # (stuck in storage retries, say); a cleanup that ends in time stops it too (main's finally).
+    global _watchdog_reason
+    _watchdog_reason = reason
+    log.warning("watchdog: %s; stopping as on SIGTERM (at most %.0fs)", reason, term_grace_s())
+    _start_grace(lambda: stop_this_machine(reason))
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _start_grace(then: Callable[[], None]) -> None:
@@ -126,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not args.work_dir:
             shutil.rmtree(work.root, ignore_errors=True)
+        if _watchdog_reason is not None:  # the last status is written: now the machine goes (and we exit)
+            stop_this_machine(_watchdog_reason)
 
 
 def _run(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> int:
