@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import threading
 
+from service.db.quotas import env_int
+
 PER_KEY_ENV = "TRAINJOBS_STREAMS_PER_KEY"
 PER_PROCESS_ENV = "TRAINJOBS_STREAMS_PER_PROCESS"
 DEFAULT_PER_KEY = 20
@@ -24,13 +26,9 @@ class TooManyStreams(Exception):
 
 
 def _limit(env: str, default: int) -> int:
-    raw = os.environ.get(env, "").strip()
-    try:
-        value = int(raw) if raw else default
-    except ValueError:
-        raise ValueError(f"{env}={raw!r} is not a whole number") from None
-    if value < 1:
-        raise ValueError(f"{env}={raw!r} must be at least 1")
+    """env_int (the settings' one parser), and at least 1: a cap of 0 streams would refuse them all."""
+    if (value := env_int(env, default)) < 1:
+        raise ValueError(f"{env}={os.environ.get(env)!r} must be at least 1")
     return value
 
 
