@@ -26,7 +26,7 @@ test: venv
 	$(PY) -m pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=15 $(PYTEST_ARGS)
 
 # The agent under the TensorFlow of the default TPU image (trainjobs/tpu_runtimes.py), which is what it
-# trains with on a TPU VM: the VM installs the agent wheel's requirements (worker/cloud/bootstrap.py)
+# trains with on a TPU VM: the VM installs the agent wheel's requirements (worker/gcp/bootstrap.py)
 # beside the image's TensorFlow, and so does this venv, with TensorFlow's CPU build of that version.
 TPU_TF ?= 2.18.1
 TPU_VENV := .venv-tpu-tf
@@ -34,7 +34,7 @@ TPU_AGENT_TESTS ?= digits_cnn or stand_in or downloaded_saved_model or resumes_f
 
 $(TPU_VENV)/.installed: pyproject.toml
 	test -x $(TPU_VENV)/bin/python || $(PYTHON) -m venv $(TPU_VENV)
-	$(PYTHON) -c "from worker.cloud.bootstrap import agent_requirements as r; print('\n'.join(r()))" > $(TPU_VENV)/agent.txt
+	$(PYTHON) -c "from worker.gcp.bootstrap import agent_requirements as r; print('\n'.join(r()))" > $(TPU_VENV)/agent.txt
 	$(TPU_VENV)/bin/pip install -q "tensorflow-cpu==$(TPU_TF)" -r $(TPU_VENV)/agent.txt pytest gcp-storage-emulator
 	touch $@
 

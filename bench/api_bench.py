@@ -45,7 +45,7 @@ from sqlalchemy import text  # noqa: E402
 from service.db.projects import create_api_key, ensure_project  # noqa: E402
 from service.db.session import get_engine, session_factory, transaction  # noqa: E402
 from service.db.session import upgrade  # noqa: E402
-from trainjobs.ports import free_port  # noqa: E402
+from trainjobs.loopback import free_port  # noqa: E402
 
 SPEC = {"name": "digits", "dataset": {"source": "sklearn:digits"}, "model": {"name": "cnn"},
         "accelerator": {"type": "cpu", "replicas": 2}, "strategy": "mirrored", "training": {"epochs": 2},

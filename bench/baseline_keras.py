@@ -1,7 +1,7 @@
 """The baseline for bench/trainer_bench.py: the Keras script a competent user writes by hand to
 train the same model on the same TFRecord shards, with no trainjobs machinery around model.fit.
 
-Same as the agent: the built-in cnn (worker/agent/builtin_models.py, normalised by the first 4096
+Same as the agent: the built-in cnn (agent/builtin_models.py, normalised by the first 4096
 training examples), Adam, float32, the same strategy over the same logical CPU devices, the same
 global batch, learning rate and steps_per_execution, tf.data with a batched parse_example, shuffle,
 prefetch, and validation data of declared length. Timed the same way: each epoch's training part,
@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for the model bu
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from worker.agent.builtin_models import cnn  # noqa: E402
-from worker.agent.models import ModelInputs  # noqa: E402
+from agent.builtin_models import cnn  # noqa: E402
+from agent.models import ModelInputs  # noqa: E402
 
 SHUFFLE_BUFFER = 16_384
 STATS_EXAMPLES = 4096

@@ -100,10 +100,10 @@ def bench_dispatch(url: str, posts: int) -> dict[str, float]:
     import uvicorn
 
     from service.app import create_app
-    from trainjobs.ports import free_port
+    from trainjobs.loopback import free_port
     from worker.driver import DriverConfig
     from worker.loop import Worker, WorkerConfig
-    from worker.provisioners.memory import MemoryCloud, memory_stager
+    from worker.memory_cloud import MemoryCloud, memory_stager
 
     fill_queue(url, 0)
     factory = session_factory(get_engine(url))

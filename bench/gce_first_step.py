@@ -40,13 +40,13 @@ from service.db.session import get_engine, session_factory, transaction  # noqa:
 from stack.embedded import start_gcs_emulator, use_emulator  # noqa: E402
 from stack.fakecloud import FakeComputeApi  # noqa: E402
 from trainjobs.spec import JobSpec  # noqa: E402
-from worker.cloud.config import GcpConfig  # noqa: E402
+from worker.gcp.config import GcpConfig  # noqa: E402
 from worker.driver import DriverConfig  # noqa: E402
 from worker.gcs_channel import GcsJobChannel  # noqa: E402
 from worker.loop import Worker, WorkerConfig  # noqa: E402
-from worker.provisioner import Provisioner  # noqa: E402
-from worker.provisioners.gcp_gpu import GceVmProvisioner  # noqa: E402
-from worker.provisioners.local import LocalProvisioner  # noqa: E402
+from worker.ports import Provisioner  # noqa: E402
+from worker.gcp.compute import GceVmProvisioner  # noqa: E402
+from worker.local.provisioner import LocalProvisioner  # noqa: E402
 from worker.staging_adapter import GcsStager  # noqa: E402
 
 BUCKET = "trainjobs-gcebench"

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import bench_db  # noqa: E402
 from bench.api_bench import start, stop  # noqa: E402
-from trainjobs.ports import free_port  # noqa: E402
+from trainjobs.loopback import free_port  # noqa: E402
 
 BUCKET = "trainjobs-logbench"
 

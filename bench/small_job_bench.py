@@ -43,7 +43,7 @@ from sqlalchemy import text  # noqa: E402
 
 from stack.embedded import start_gcs_emulator, use_emulator  # noqa: E402
 from trainjobs import storage  # noqa: E402
-from trainjobs.client import Client  # noqa: E402
+from trainjobs.client.api import Client  # noqa: E402
 
 BUCKET = "trainjobs-smallbench"
 LOG_TIME = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO trainjobs\.agent: "
@@ -67,7 +67,7 @@ def run_product(repo: Path, url: str, epochs: int, scratch: Path) -> dict[str, A
     data_dir = Path(tempfile.mkdtemp(dir=scratch))
     env = {**os.environ, "TRAINJOBS_DATABASE_URL": url, "TRAINJOBS_HOME": str(data_dir), "PYTHONPATH": str(repo),
            "TF_CPP_MIN_LOG_LEVEL": "2"}
-    from trainjobs.ports import free_port
+    from trainjobs.loopback import free_port
 
     port = free_port()
     up = subprocess.Popen([sys.executable, "-m", "stack.cli", "up", "--port", str(port), "--data-dir", str(data_dir),

@@ -6,7 +6,7 @@ Goal: agent >= 0.95x baseline.
    pixel noise), staged with worker.staging.stage_dataset into an in-memory GCS emulator.
 2. Per configuration (mirrored over 2 logical CPUs; default strategy on 1), runs interleaved in
    ABBA order (agent, baseline, baseline, agent, ...), each its own process:
-   - agent: `python -m worker.agent --job-dir gs://...` with TRAINJOBS_LOCAL_DEVICES as the local
+   - agent: `python -m agent --job-dir gs://...` with TRAINJOBS_LOCAL_DEVICES as the local
      provisioner sets it; examples/s from the job's metrics.json history;
    - baseline: bench/baseline_keras.py on local copies of the same shards, with the global batch,
      steps per epoch, steps_per_execution and learning rate of the agent's runtime plan.
@@ -151,7 +151,7 @@ def run_agent(config: Config, dataset_uri: str, epochs: int) -> Run:
     job_dir = channel.job_dir(job_id)
     env = {**os.environ, "TRAINJOBS_LOCAL_DEVICES": str(config.devices), "PYTHONPATH": str(REPO),
            "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
-    out = _run([sys.executable, "-m", "worker.agent", "--job-dir", job_dir], env, "agent")
+    out = _run([sys.executable, "-m", "agent", "--job-dir", job_dir], env, "agent")
     history = storage.read_json(f"{job_dir}/metrics.json")["history"]
     logged = {int(n): datetime.strptime(t, "%Y-%m-%d %H:%M:%S,%f").timestamp() for t, n in EPOCH_LINE.findall(out)}
     # The agent logs an epoch right after timing it: the log line's time, less the epoch's

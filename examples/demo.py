@@ -21,7 +21,7 @@ MIN_ACCURACY = 0.95
 
 def main() -> int:
     from trainjobs.client import Client
-    from trainjobs.ports import free_port
+    from trainjobs.loopback import free_port
 
     shutil.rmtree(DEMO / "machines", ignore_errors=True)
     env = {**os.environ, "TRAINJOBS_HOME": str(DEMO / "home")}

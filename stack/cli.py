@@ -1,5 +1,5 @@
-"""The `trainjobs` console script: the client verbs (trainjobs/cli.py) plus the server verbs that run
-the stack: `up`, `down`, `api`, `worker`, `db upgrade`, `keys create` / `list` / `revoke`.
+"""The `trainjobs` console script, defined here and only here: its group, its logging options, the client
+verbs (trainjobs/client/cli.py, which need only the base install) and the server verbs that run the stack: `up`, `down`, `api`, `worker`, `db upgrade`, `keys create` / `list` / `revoke`.
 
 This module loads with a client-only install: everything a server verb needs is imported inside it,
 after `_require` has said which extra to install if it is missing.
@@ -8,6 +8,7 @@ after `_require` has said which extra to install if it is missing.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import signal
 import threading
 import time
@@ -17,13 +18,33 @@ from typing import TYPE_CHECKING
 import click
 
 from stack.wiring import default_data_dir
-from trainjobs.cli import main
+from trainjobs.client import log_format
+from trainjobs.client.cli import verbs as client_verbs
 
 if TYPE_CHECKING:
     import uvicorn
     from fastapi import FastAPI
 
     from worker.loop import Worker
+
+
+
+@click.group(context_settings={"show_default": True, "help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", is_flag=True, help="also print library log lines (HTTP requests, ...)")
+@click.option("--log-format", "log_fmt", type=click.Choice(["text", "json"], case_sensitive=False), default="text",
+              help="server verbs: log lines as text or as JSON objects (a line about a job carries job_id)")
+@click.pass_context
+def main(ctx: click.Context, verbose: bool, log_fmt: str) -> None:
+    """Run TensorFlow training jobs on Cloud TPUs and GPU VMs.
+
+    Exit codes: 0 succeeded, 1 failed, 2 usage error, 3 cancelled, 130 interrupted."""
+    # A user's verbs against an API are quiet unless --verbose; the server verbs log at INFO.
+    level = logging.WARNING if ctx.invoked_subcommand in client_verbs.commands else logging.INFO
+    log_format.configure(level, "json" if log_fmt.lower() == "json" else "text", verbose)
+
+
+for _name, _command in client_verbs.commands.items():
+    main.add_command(_command, _name)
 
 PROVISIONERS = click.Choice(["local", "memory", "gcp"])
 
@@ -411,7 +432,7 @@ def _say(message: str) -> None:
 def _delete_local_machines(data_dir: Path) -> list[str]:
     """The local provisioner's machines in data_dir (agent process groups and their storage guards).
     A job they ran is RUNNING in the database and is recovered by the next worker."""
-    from worker.provisioners.local import LocalProvisioner
+    from worker.local.provisioner import LocalProvisioner
 
     machines = LocalProvisioner(data_dir / "machines")
     names = [m.name for m in machines.list({})]

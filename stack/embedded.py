@@ -15,7 +15,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainjobs.ports import free_port
+from trainjobs.loopback import free_port
 
 
 def start_embedded_postgres(data_dir: Path, database: str = "trainjobs") -> str:

@@ -12,7 +12,7 @@ from trainjobs.config import database_url_from_env, home
 
 if TYPE_CHECKING:
     from stack.embedded import GcsEmulator
-    from worker.provisioner import JobChannel, Provisioner, Stager
+    from worker.ports import JobChannel, Provisioner, Stager
 
 log = logging.getLogger("trainjobs")
 
@@ -70,7 +70,7 @@ class WorkerRuntime:
 def build_runtime(kind: str, data_dir: Path, *, local_devices: int = 2, local_slots: int = 2) -> WorkerRuntime:
     """The provisioner, job channel and stager for a worker of this kind."""
     if kind == "memory":
-        from worker.provisioners.memory import MemoryCloud, memory_stager
+        from worker.memory_cloud import MemoryCloud, memory_stager
 
         cloud = MemoryCloud(boot_s=0.5, train_s=3.0)
         return WorkerRuntime(cloud, cloud, memory_stager)
@@ -80,15 +80,15 @@ def build_runtime(kind: str, data_dir: Path, *, local_devices: int = 2, local_sl
     stager = GcsStager(work_dir=data_dir / "staging")
     channel = GcsJobChannel()
     if kind == "local":
-        from worker.provisioners.local import LocalProvisioner
+        from worker.local.provisioner import LocalProvisioner
 
         return WorkerRuntime(LocalProvisioner(data_dir / "machines", devices=local_devices, slots=local_slots),
                              channel, stager)
     if kind == "gcp":
-        from worker.cloud.config import GcpConfig
-        from worker.provisioners.gcp import GcpProvisioner
-        from worker.provisioners.gcp_gpu import GceVmProvisioner
-        from worker.provisioners.gcp_tpu import TpuVmProvisioner
+        from worker.gcp.config import GcpConfig
+        from worker.gcp.router import GcpProvisioner
+        from worker.gcp.compute import GceVmProvisioner
+        from worker.gcp.tpu import TpuVmProvisioner
 
         config = GcpConfig.from_env()
         return WorkerRuntime(GcpProvisioner(TpuVmProvisioner(config), GceVmProvisioner(config)), channel, stager)

@@ -179,7 +179,7 @@ def api_url(database_url: str) -> Iterator[str]:
     import uvicorn
 
     from service.app import create_app
-    from trainjobs.ports import free_port
+    from trainjobs.loopback import free_port
 
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(database_url), host="127.0.0.1", port=port, log_level="warning"))

@@ -1,4 +1,4 @@
-"""The agent, end to end against the GCS emulator: each job runs `python -m worker.agent` in its own
+"""The agent, end to end against the GCS emulator: each job runs `python -m agent` in its own
 process with TRAINJOBS_LOCAL_DEVICES=2, exactly as the local provisioner starts it, and is judged
 only by what it leaves in GCS."""
 
@@ -20,8 +20,8 @@ import pytest
 from tests.conftest import scaled
 from trainjobs import storage
 from trainjobs.spec import JobSpec, TrainingSpec
-from worker.agent.checkpoints import CheckpointSchedule
-from worker.agent.plan import Hardware, PlanError, TrainingPosition, resolve_plan, resume_from, strategy_to_build
+from agent.checkpoints import CheckpointSchedule
+from agent.plan import Hardware, PlanError, TrainingPosition, resolve_plan, resume_from, strategy_to_build
 
 REPO = Path(__file__).resolve().parents[1]
 AGENT_TIMEOUT_S = scaled(240)
@@ -84,7 +84,7 @@ def agent_env() -> dict[str, str]:
 
 
 def start_agent(job_dir: str, **env: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "worker.agent", "--job-dir", job_dir], cwd=REPO,
+    return subprocess.Popen([sys.executable, "-m", "agent", "--job-dir", job_dir], cwd=REPO,
                             env={**agent_env(), **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
@@ -348,7 +348,7 @@ def test_builtin_and_application_models_output_float32_probabilities(name: str, 
     import keras
 
     from trainjobs.spec import ModelSpec
-    from worker.agent.models import ModelInputs, build, builder_for
+    from agent.models import ModelInputs, build, builder_for
 
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     try:
@@ -367,8 +367,8 @@ def test_saved_model_serves_in_inference_mode_even_behind_a_resizing_layer(tmp_p
     import tensorflow as tf
 
     from trainjobs.spec import ModelSpec
-    from worker.agent.export import save_model
-    from worker.agent.models import ModelInputs, build, builder_for
+    from agent.export import save_model
+    from agent.models import ModelInputs, build, builder_for
 
     model = build(builder_for(ModelSpec(name="MobileNetV2"), tmp_path), ModelInputs((8, 8, 1), 4, {"alpha": 0.35}))
     save_model(model, (8, 8, 1), tmp_path / "sm", ["a", "b", "c", "d"])
@@ -395,7 +395,7 @@ def test_user_module_builds_its_model_with_float32_output(layout: str, tmp_path:
     import keras
 
     from trainjobs.spec import ModelSpec
-    from worker.agent.models import ModelInputs, build, builder_for
+    from agent.models import ModelInputs, build, builder_for
 
     if layout == "file":
         module = tmp_path / "net.py"

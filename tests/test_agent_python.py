@@ -1,6 +1,6 @@
 """The agent's wheel runs on Python 3.10: the system Python of the Cloud TPU VM runtime images
 (tpu-vm-tf-*, Ubuntu 22.04) and of the Deep Learning VM images, which the startup script installs the
-wheel into (worker/cloud/bootstrap.py). The server stays on 3.11+.
+wheel into (worker/gcp/bootstrap.py). The server stays on 3.11+.
 
 No Python 3.10 interpreter exists on the machines these tests run on, and none can be downloaded (only
 package registries are reachable), so the wheel is checked statically, file by file, exactly as it ships:
@@ -33,7 +33,7 @@ from tests.conftest import scaled
 from trainjobs.messages import AgentState
 from trainjobs.states import JobStatus
 from trainjobs.str_enum import StrEnum
-from worker.cloud.bootstrap import build_agent_wheel, startup_script
+from worker.gcp.bootstrap import build_agent_wheel, startup_script
 
 TARGET = (3, 10)
 ELEVEN_ONLY = {
@@ -85,7 +85,8 @@ def test_the_checks_refuse_code_that_needs_python_3_11(tmp_path: Path, feature: 
 
 def test_the_wheel_holds_the_agent_and_the_core(wheel_sources: Path) -> None:
     shipped = {str(p.relative_to(wheel_sources)) for p in _py_files(wheel_sources)}
-    assert {"worker/__init__.py", "worker/agent/__main__.py", "trainjobs/messages.py", "trainjobs/str_enum.py"} <= shipped
+    assert {"agent/__main__.py", "trainjobs/messages.py", "trainjobs/str_enum.py"} <= shipped
+    assert not any(f.startswith(("worker/", "trainjobs/client/")) for f in shipped)
 
 
 def test_no_file_in_the_agent_wheel_needs_more_than_python_3_10(wheel_sources: Path) -> None:
@@ -93,7 +94,7 @@ def test_no_file_in_the_agent_wheel_needs_more_than_python_3_10(wheel_sources: P
     assert found.returncode == 0, found.stdout + found.stderr
 
 
-@pytest.mark.parametrize("name", ["trainjobs", "worker"])
+@pytest.mark.parametrize("name", ["trainjobs", "agent"])
 def test_every_file_in_the_agent_wheel_parses_with_the_python_3_10_grammar(wheel_sources: Path, name: str) -> None:
     files = _py_files(wheel_sources / name)
     assert files
@@ -168,4 +169,4 @@ def test_the_startup_script_installs_the_wheel_within_the_bounds_of_the_images_t
     pinned = [] if image_tensorflow is None else [f"{image_tensorflow}==2.18.0"]
     assert install.split()[:4] == ["-m", "pip", "install", "--quiet"]
     assert install.split()[4].endswith("/trainjobs-0.1.0-py3-none-any.whl") and install.split()[5:] == pinned
-    assert run == "-m worker.agent --job-dir gs://b/jobs/j1 --task-index 0"
+    assert run == "-m agent --job-dir gs://b/jobs/j1 --task-index 0"

@@ -1,4 +1,4 @@
-"""The agent's longer runs, end to end against the GCS emulator, each `python -m worker.agent` in its
+"""The agent's longer runs, end to end against the GCS emulator, each `python -m agent` in its
 own process as the local provisioner starts it (helpers from test_agent): a job killed and resumed
 from its last checkpoint, two workers training together, the heartbeat and SIGTERM while training,
 and a mixed_float16 job. A module of its own so `make test`'s two workers can share the agent's runs.
@@ -91,7 +91,7 @@ def test_resumes_from_the_last_checkpoint_after_being_killed(bucket: str, slow_d
 
 
 def test_two_workers_train_together_and_only_the_chief_writes_artifacts(bucket: str, tmp_path: Path) -> None:
-    from trainjobs.ports import free_port
+    from trainjobs.loopback import free_port
 
     x, y = digits()
     dataset = stage(bucket, tmp_path, x, y, 10, val=359, shards=1)

@@ -18,7 +18,7 @@ from stack.embedded import GcsEmulator, start_gcs_emulator
 from tests.conftest import digits_spec, scaled
 from trainjobs.messages import AgentAssignment
 from trainjobs.spec import JobSpec
-from trainjobs.watchdog import request_stop
+from trainjobs.stop_request import request_stop
 
 BUCKET = "watchdog-test"
 REPO = Path(__file__).resolve().parents[1]
@@ -57,7 +57,7 @@ def _start_agent(emu: GcsEmulator, tmp_path: Path, **env: str) -> tuple[subproce
                  "TRAINJOBS_BUCKET": BUCKET, "TRAINJOBS_METADATA_URL": "off", "TF_CPP_MIN_LOG_LEVEL": "3",
                  "TRAINJOBS_HEARTBEAT_S": "1", **env}
     log = (tmp_path / "agent.out").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "worker.agent", "--job-dir", job_dir,
+    proc = subprocess.Popen([sys.executable, "-m", "agent", "--job-dir", job_dir,
                              "--work-dir", str(tmp_path / "work")], env=child_env, stdout=log, stderr=subprocess.STDOUT)
     return proc, job_dir
 
@@ -123,7 +123,7 @@ def test_a_sigterm_during_the_last_status_write_does_not_cut_it_off(monkeypatch:
     """The worker deletes a machine as soon as its chief reports; a SIGTERM that lands while an agent
     writes its own last status lets that write finish (bounded by the grace), where one before it
     stops the work."""
-    from worker.agent import __main__ as agent
+    from agent import __main__ as agent
 
     monkeypatch.setenv("TRAINJOBS_TERM_GRACE_S", "1e9")  # the grace timer must not end this process
     saved = signal.getsignal(signal.SIGTERM)
@@ -299,7 +299,7 @@ def test_a_sigterm_as_a_finished_agent_reports_still_leaves_a_final_status(bucke
            "TRAINJOBS_BUCKET": bucket, "TRAINJOBS_METADATA_URL": "off", "TF_CPP_MIN_LOG_LEVEL": "3",
            "PYTHONUNBUFFERED": "1", "TRAINJOBS_TERM_GRACE_S": str(scaled(120))}
     with (tmp_path / "agent.err").open("wb") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "worker.agent", "--job-dir", job_dir,
+        proc = subprocess.Popen([sys.executable, "-m", "agent", "--job-dir", job_dir,
                                  "--work-dir", str(tmp_path / "work")], env=env, stdout=write_end, stderr=err)
     out = os.fdopen(read_end, "rb", buffering=0)  # no read-ahead: what comes after stays in the pipe
     try:

@@ -89,7 +89,7 @@ def _serve(app) -> Iterator[str]:  # type: ignore[no-untyped-def]
     """`app` behind uvicorn on a free port, as in production."""
     import uvicorn
 
-    from trainjobs.ports import free_port
+    from trainjobs.loopback import free_port
 
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))

@@ -20,7 +20,7 @@ from service.db.models import ApiKey
 from service.db.projects import ensure_project, hash_key
 from service.db.session import get_engine, transaction
 from tests.conftest import make_key, scaled
-from trainjobs.ports import free_port
+from trainjobs.loopback import free_port
 
 MAX_FAILURES = 3
 BAD_KEY_TTL_S = scaled(3)

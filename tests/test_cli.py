@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from tests.conftest import outside_pytest_tmp, scaled
-from trainjobs.ports import free_port
+from trainjobs.loopback import free_port
 
 
 def cli(*args: str, env: dict[str, str], check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -305,7 +305,7 @@ def test_status_shows_phases_runtime_and_metrics_without_flags(stack, tmp_path):
 
 
 def test_status_shows_the_runtime_the_agent_chose_and_its_notes():
-    from trainjobs.terminal import job_detail, show
+    from trainjobs.client.terminal import job_detail, show
 
     job = {"id": "j1", "name": "n", "status": "RUNNING", "attempt": 1, "spec": {}, "progress": 0.5,
            "created_at": "2026-01-01T00:00:00+00:00", "running_at": "2026-01-01T00:00:05+00:00",
@@ -330,7 +330,7 @@ def capture_stdout() -> Iterator[io.StringIO]:
 
 
 def test_server_sent_events_are_parsed_with_ids_comments_and_multiline_data():
-    from trainjobs.client import StreamEvent, parse_sse
+    from trainjobs.client.api import StreamEvent, parse_sse
 
     raw = [": ping", "", "event: log", "id: 7", 'data: {"line":', 'data: "a"}', "", "event: end",
            'data: {"status": "SUCCEEDED"}', ""]
@@ -342,7 +342,7 @@ def test_json_log_lines_name_the_job_from_the_message_arguments():
     import logging
     import uuid
 
-    from trainjobs.log_format import JsonFormatter
+    from trainjobs.client.log_format import JsonFormatter
 
     job = uuid.uuid4()
     record = logging.LogRecord("trainjobs.worker", logging.INFO, __file__, 1, "job %s: %s -> %s", (job, "A", "B"), None)
@@ -559,7 +559,7 @@ def test_submit_retries_a_lost_answer_with_the_same_idempotency_key_and_makes_on
                                                                                       monkeypatch):
     from click.testing import CliRunner
 
-    from trainjobs.cli import main
+    from stack.cli import main
 
     proxy = AnswerLostOnce(api_url)
     try:

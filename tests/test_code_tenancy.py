@@ -28,10 +28,10 @@ from tests.test_end_to_end import local_stack, wait  # noqa: F401  (fixture)
 from trainjobs import storage
 from trainjobs.messages import AgentAssignment
 from trainjobs.spec import JobSpec
-from worker import storage_guard
-from worker.access_boundary import JobBoundary, Scope, access_boundary_rules, boundary_for
-from worker.credentials import TokenFileRefresher, write_token_file
-from worker.provisioners.local import agent_environment
+from worker.boundary import storage_guard
+from worker.boundary.access import JobBoundary, Scope, access_boundary_rules, boundary_for
+from worker.boundary.tokens import TokenFileRefresher, write_token_file
+from worker.local.provisioner import agent_environment
 
 JOB = "0b7f3f7e-5f0c-4d7e-9f51-0c2a52d4c001"
 OTHER_JOB = "6a1e9d42-1111-4c1e-8d7a-3b1c2d3e4f50"
@@ -329,7 +329,7 @@ class _StorageThatChanged(BaseHTTPRequestHandler):
 
 
 def test_client_refuses_a_downloaded_file_that_differs_from_the_listing(tmp_path):
-    from trainjobs.client import ArtifactIntegrityError, Client
+    from trainjobs.client.api import ArtifactIntegrityError, Client
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), _StorageThatChanged)
     threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -22,7 +22,7 @@ from tests.conftest import make_key, scaled
 from trainjobs import storage
 from trainjobs.source_rules import FETCH_ALLOW_HOSTS_ENV, HOST_DATA_DIRS_ENV, DataAccessRules
 from trainjobs.spec import DatasetSpec, JobSpec
-from worker.provisioner import DatasetError, StagingStopped
+from worker.ports import DatasetError, StagingStopped
 from worker.staging import StagedDataset, stage_dataset
 from worker.staging.budget import StagingLimits
 from worker.staging.tfrecord import frame
@@ -164,7 +164,7 @@ def test_host_paths_are_refused_at_submit_and_the_answer_says_nothing_about_exis
 def test_the_client_uploads_a_local_folder_so_no_host_path_is_needed(api, db, bucket, tmp_path):
     from PIL import Image
 
-    from trainjobs.client import Client
+    from trainjobs.client.api import Client
 
     for name, color in (("red", (255, 0, 0)), ("blue", (0, 0, 255))):
         (tmp_path / "shapes" / name).mkdir(parents=True)

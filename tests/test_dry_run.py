@@ -9,7 +9,7 @@ import yaml
 from click.testing import CliRunner
 
 from trainjobs.catalogue import GPU_TYPES, TPU_GENERATIONS
-from trainjobs.cli import main
+from stack.cli import main
 from trainjobs.machine_plan import hourly_price_usd
 from trainjobs.spec import JobSpec
 

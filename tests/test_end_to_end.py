@@ -17,8 +17,8 @@ from trainjobs.spec import JobSpec
 from worker.driver import DriverConfig
 from worker.gcs_channel import GcsJobChannel
 from worker.loop import Worker, WorkerConfig
-from worker.provisioner import LABEL_MANAGED, MachineRequest
-from worker.provisioners.local import LocalProvisioner
+from worker.ports import LABEL_MANAGED, MachineRequest
+from worker.local.provisioner import LocalProvisioner
 from worker.staging_adapter import GcsStager
 
 pytestmark = pytest.mark.tf
@@ -69,7 +69,7 @@ def test_digits_job_trains_and_its_saved_model_predicts_as_reported(api, local_s
     assert {"model.tflite", "metrics.json", "history.json"} <= paths
     assert any(p.startswith("saved_model/") for p in paths)
     # Download as `trainjobs artifacts --download` does (API links: the emulator's credentials cannot sign).
-    from trainjobs.client import Client
+    from trainjobs.client.api import Client
 
     out = tmp_path / "download"
     client = Client(api_url=str(api.base_url), api_key=api.headers["authorization"].split()[1])

@@ -44,11 +44,11 @@ def _train(strategy_name: str, steps: int, spe: int, resumed_at: int) -> dict[st
     import tensorflow as tf
 
     from trainjobs.spec import JobSpec
-    from worker.agent.devices import build_strategy
-    from worker.agent.input_wait import InputWaitMeter
-    from worker.agent.plan import Hardware, resolve_plan
-    from worker.agent.step_functions import install_step_functions
-    from worker.agent.train import EpochRecorder, fit
+    from agent.devices import build_strategy
+    from agent.input_wait import InputWaitMeter
+    from agent.plan import Hardware, resolve_plan
+    from agent.step_functions import install_step_functions
+    from agent.train import EpochRecorder, fit
 
     job = JobSpec.model_validate({"dataset": {"source": "sklearn:iris"}, "model": {"name": "mlp"},
                                   "training": {"epochs": EPOCHS, "global_batch_size": 4}})
@@ -75,7 +75,7 @@ def _train(strategy_name: str, steps: int, spe: int, resumed_at: int) -> dict[st
 
 
 def _child() -> None:
-    from worker.agent.devices import configure_local_devices
+    from agent.devices import configure_local_devices
 
     configure_local_devices(2)
     print(json.dumps([_train(*case) for case in CASES]))

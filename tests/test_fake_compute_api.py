@@ -16,10 +16,10 @@ from stack.fakecloud import FakeComputeApi
 from stack.fakecloud.compute_inventory import ComputeTiming
 from tests.conftest import scaled
 from trainjobs.spec import JobSpec
-from trainjobs.watchdog import delete_own_instance, delete_own_tpu_node
-from worker.cloud.config import GcpConfig
-from worker.provisioner import MachineRequest
-from worker.provisioners.gcp_gpu import GceVmProvisioner
+from agent.watchdog import delete_own_instance, delete_own_tpu_node
+from worker.gcp.config import GcpConfig
+from worker.ports import MachineRequest
+from worker.gcp.compute import GceVmProvisioner
 
 ZONE_PATH = "/compute/v1/projects/proj/zones/us-central1-a"
 IMAGE = {"boot": True, "initializeParams": {"sourceImage": "projects/p/global/images/i"}}
@@ -105,7 +105,7 @@ def test_a_vm_deletes_its_own_instance_with_what_the_metadata_server_tells_it(fa
 def test_a_vm_writes_a_guest_attribute_that_the_compute_api_reads(fake: FakeComputeApi) -> None:
     from google.api_core import exceptions as gexc
 
-    from worker.provisioners.gcp_gpu import compute_clients
+    from worker.gcp.compute import compute_clients
 
     body = vm(metadata={"items": [{"key": "enable-guest-attributes", "value": "TRUE"}]})
     assert httpx.post(f"{fake.url}{ZONE_PATH}/instances", json=body).status_code == 200
@@ -128,7 +128,7 @@ def test_set_metadata_needs_the_fingerprint_of_the_metadata_it_replaces(fake: Fa
     from google.api_core import exceptions as gexc
     from google.cloud import compute_v1
 
-    from worker.provisioners.gcp_gpu import compute_clients
+    from worker.gcp.compute import compute_clients
 
     assert httpx.post(f"{fake.url}{ZONE_PATH}/instances", json=vm(metadata={"items": [
         {"key": "a", "value": "1"}]})).status_code == 200

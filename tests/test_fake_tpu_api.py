@@ -14,10 +14,10 @@ from stack.fakecloud import FakeTpuApi
 from stack.fakecloud.tpu_inventory import Timing
 from tests.conftest import scaled
 from trainjobs.spec import JobSpec
-from trainjobs.watchdog import delete_own_tpu_node
-from worker.cloud.config import GcpConfig
-from worker.provisioner import MachineRequest
-from worker.provisioners.gcp_tpu import TpuVmProvisioner
+from agent.watchdog import delete_own_tpu_node
+from worker.gcp.config import GcpConfig
+from worker.ports import MachineRequest
+from worker.gcp.tpu import TpuVmProvisioner
 
 PARENT = "/v2/projects/proj/locations/us-central1-a"
 
@@ -107,7 +107,7 @@ def _put(fake: FakeTpuApi, node_id: str, host: int, value: str) -> httpx.Respons
 
 
 def test_each_host_writes_its_own_guest_attributes_and_the_tpu_api_reads_them_per_worker(fake: FakeTpuApi) -> None:
-    from worker.provisioners.gcp_tpu import tpu_client
+    from worker.gcp.tpu import tpu_client
 
     name = _node_with_hosts(fake, "n1", "v4-16")  # two hosts
     assert _put(fake, "n1", 0, "key-of-host-0").status_code == 200
@@ -133,7 +133,7 @@ def test_a_metadata_update_through_the_client_wakes_a_host_waiting_for_change(fa
     from google.cloud import tpu_v2
     from google.protobuf import field_mask_pb2
 
-    from worker.provisioners.gcp_tpu import tpu_client
+    from worker.gcp.tpu import tpu_client
 
     name = _node_with_hosts(fake, "n1", "v5litepod-8")
     meta, flavor = fake.metadata_url("n1", 0), {"Metadata-Flavor": "Google"}

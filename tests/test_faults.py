@@ -28,8 +28,8 @@ from trainjobs.messages import AgentReport, AgentState
 from trainjobs.spec import JobSpec
 from worker.driver import DriverConfig
 from worker.loop import Worker, WorkerConfig
-from worker.provisioner import DatasetError, MachineInfo, MachineRequest, MachineState, StagingStopped
-from worker.provisioners.memory import MemoryCloud, _FakeMachine, memory_stager
+from worker.ports import DatasetError, MachineInfo, MachineRequest, MachineState, StagingStopped
+from worker.memory_cloud import MemoryCloud, _FakeMachine, memory_stager
 
 S = JobStatus
 FAST = dict(lease_s=2.0, heartbeat_s=0.3, poll_s=0.2)

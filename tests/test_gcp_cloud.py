@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from trainjobs import storage
-from worker.cloud.bootstrap import build_agent_wheel, startup_script, upload_agent_wheel
-from worker.cloud.config import ConfigError, GcpConfig
+from worker.gcp.bootstrap import build_agent_wheel, startup_script, upload_agent_wheel
+from worker.gcp.config import ConfigError, GcpConfig
 
 
 def test_configuration_comes_from_trainjobs_gcp_variables() -> None:
@@ -49,9 +49,11 @@ def test_the_agent_wheel_holds_the_agent_and_its_dependencies_but_not_tensorflow
     with zipfile.ZipFile(BytesIO(data)) as wheel:
         files = set(wheel.namelist())
         metadata = wheel.read(next(f for f in files if f.endswith(".dist-info/METADATA"))).decode()
-    assert {"worker/__init__.py", "worker/agent/__main__.py", "trainjobs/spec.py"} <= files
-    assert not any(f.startswith(("service/", "stack/", "worker/provisioners/")) for f in files)
+    assert {"agent/__main__.py", "agent/watchdog.py", "trainjobs/spec.py", "trainjobs/stop_request.py"} <= files
+    assert not any(f.startswith(("service/", "stack/", "worker/", "migrations/", "trainjobs/client/")) for f in files)
     assert "Requires-Dist: google-cloud-storage" in metadata and "Requires-Dist: numpy" in metadata
+    # the client's dependencies stay off the VM
+    assert not any(f"Requires-Dist: {name}" in metadata for name in ("click", "rich", "pyyaml"))
     assert "tensorflow" not in metadata.lower()
 
 
@@ -60,7 +62,7 @@ def test_the_agent_wheel_installs_with_pip_and_imports(tmp_path: Path) -> None:
     (tmp_path / name).write_bytes(data)
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--target",
                     str(tmp_path / "site"), str(tmp_path / name)], check=True, timeout=300)
-    probe = subprocess.run([sys.executable, "-c", "import worker.agent.job, trainjobs.spec; print(worker.agent.job.__file__)"],
+    probe = subprocess.run([sys.executable, "-c", "import agent.job, trainjobs.spec; print(agent.job.__file__)"],
                            env={"PYTHONPATH": str(tmp_path / "site")}, cwd=tmp_path, capture_output=True, text=True,
                            timeout=120)
     assert probe.returncode == 0, probe.stderr
@@ -81,7 +83,7 @@ def test_the_startup_script_is_valid_bash_that_runs_the_agent_for_the_job(tmp_pa
     script = startup_script("gs://b/jobs/j'1", "gs://b/agent/abc/trainjobs-0.1.0-py3-none-any.whl")
     (tmp_path / "s.sh").write_text(script)
     subprocess.run(["bash", "-n", str(tmp_path / "s.sh")], check=True)
-    assert "-m worker.agent --job-dir \"$JOB_DIR\"" in script
+    assert "-m agent --job-dir \"$JOB_DIR\"" in script
     assert "JOB_DIR='gs://b/jobs/j'\"'\"'1'" in script  # quoted: a job dir cannot inject shell
 
 

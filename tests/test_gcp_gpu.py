@@ -19,16 +19,16 @@ from tests.conftest import scaled
 from tests.test_layers import SOURCES, _imports
 from trainjobs import storage
 from trainjobs.spec import JobSpec
-from worker.access_boundary import JobBoundary, Scope
-from worker.cloud.config import GcpConfig
-from worker.cloud.errors import MachineRefused
-from worker.provisioner import LABEL_JOB, MachineRequest, MachineState
-from worker.provisioners.gcp import GcpProvisioner
-from worker.provisioners.gcp_gpu import INSTANCE_STATES, GceVmProvisioner, cluster_uri, compute_clients
-from worker.provisioners.gcp_tpu import TpuVmProvisioner
+from worker.boundary.access import JobBoundary, Scope
+from worker.gcp.config import GcpConfig
+from worker.gcp.errors import MachineRefused
+from worker.ports import LABEL_JOB, MachineRequest, MachineState
+from worker.gcp.router import GcpProvisioner
+from worker.gcp.compute import INSTANCE_STATES, GceVmProvisioner, cluster_uri, compute_clients
+from worker.gcp.tpu import TpuVmProvisioner
 
 ZONE, FALLBACK = "us-central1-a", "us-central1-b"
-SCRIPT = "#!/bin/bash\nexec python3 -m worker.agent --job-dir gs://b/jobs/j\n"
+SCRIPT = "#!/bin/bash\nexec python3 -m agent --job-dir gs://b/jobs/j\n"
 JOB = "6f1c2a9e-0d4b-4c1e-9a7f-3b2d1e0f9a8c"
 
 
@@ -285,7 +285,7 @@ def test_the_gcp_provisioner_sends_tpu_jobs_to_cloud_tpu_and_the_rest_to_compute
 
 def test_only_the_compute_engine_provisioner_imports_the_compute_client() -> None:
     importers = {m for m in SOURCES for target, _ in _imports(SOURCES[m]) if target.startswith("google.cloud.compute")}
-    assert importers == {"worker.provisioners.gcp_gpu"}
+    assert importers == {"worker.gcp.compute"}
 
 
 def test_no_vm_of_a_set_carries_a_token_in_its_metadata_and_an_adopting_worker_keeps_them_coming(
@@ -293,7 +293,7 @@ def test_no_vm_of_a_set_carries_a_token_in_its_metadata_and_an_adopting_worker_k
     import json
     from datetime import UTC, datetime, timedelta
 
-    from worker.cloud.job_tokens import JobTokens
+    from worker.gcp.job_tokens import JobTokens
     from worker.gcs_channel import GcsJobChannel
 
     def Minter() -> Any:  # stands in for the token exchange: a token names the job it was minted for

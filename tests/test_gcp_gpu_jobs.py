@@ -16,9 +16,9 @@ from tests.conftest import wait_for_job as wait
 from tests.support.gcp import FALLBACK, ZONE, gpu_spec, make_gce, wait_for_vms  # noqa: F401 - a fixture
 from trainjobs import storage
 from trainjobs.spec import JobSpec
-from worker.cloud.reaper import reap_orphans
+from worker.reaper import reap_orphans
 from worker.gcs_channel import GcsJobChannel
-from worker.provisioner import MachineRequest
+from worker.ports import MachineRequest
 
 
 # --- the control plane, no training --------------------------------------------------------------

@@ -17,13 +17,13 @@ from stack.fakecloud import FakeTpuApi
 from stack.fakecloud.tpu_inventory import Timing
 from tests.conftest import scaled
 from trainjobs.spec import JobSpec
-from worker.cloud.config import GcpConfig
-from worker.cloud.errors import MachineRefused
-from worker.provisioner import LABEL_JOB, MachineRequest, MachineState
-from worker.provisioners.gcp_tpu import TpuVmProvisioner
+from worker.gcp.config import GcpConfig
+from worker.gcp.errors import MachineRefused
+from worker.ports import LABEL_JOB, MachineRequest, MachineState
+from worker.gcp.tpu import TpuVmProvisioner
 
 ZONE, FALLBACK = "us-central1-a", "us-central1-b"
-SCRIPT = "#!/bin/bash\nexec python3 -m worker.agent --job-dir gs://b/jobs/j\n"
+SCRIPT = "#!/bin/bash\nexec python3 -m agent --job-dir gs://b/jobs/j\n"
 JOB = "6f1c2a9e-0d4b-4c1e-9a7f-3b2d1e0f9a8c"
 
 

@@ -15,9 +15,9 @@ from tests.conftest import wait_for_job as wait
 from tests.conftest import scaled
 from tests.support.gcp import ZONE, GcpStack, make_gcp, tpu_spec, wait_for_node  # noqa: F401 - a fixture; GcpStack for importers
 from trainjobs.spec import JobSpec
-from worker.cloud.reaper import reap_orphans
+from worker.reaper import reap_orphans
 from worker.gcs_channel import GcsJobChannel
-from worker.provisioner import MachineRequest
+from worker.ports import MachineRequest
 
 
 def test_a_job_queued_for_capacity_waits_past_the_boot_timeout_then_fails_saying_so(
@@ -110,4 +110,4 @@ def test_a_tpu_job_trains_through_the_startup_script_and_its_node_is_deleted(api
     assert done["runtime"]["strategy"] == "mirrored" and done["runtime"]["precision"] == "mixed_bfloat16"
     assert gcp.fake.node_names() == []
     [create] = [r for r in gcp.fake.requests if r.method == "POST" and r.path.endswith("/nodes")]
-    assert "-m worker.agent --job-dir" in create.body["metadata"]["startup-script"]  # type: ignore[index]
+    assert "-m agent --job-dir" in create.body["metadata"]["startup-script"]  # type: ignore[index]

@@ -18,14 +18,14 @@ from stack.fakecloud.tpu_inventory import Timing
 from tests.conftest import digits_spec, scaled
 from trainjobs import storage
 from trainjobs.spec import JobSpec
-from worker.access_boundary import JobBoundary, Scope
-from worker.agent.token_refresh import refresh_once
-from worker.cloud.bootstrap import startup_script
-from worker.cloud.config import GcpConfig
-from worker.cloud.job_tokens import JobTokens, token_uri
+from worker.boundary.access import JobBoundary, Scope
+from agent.token_refresh import refresh_once
+from worker.gcp.bootstrap import startup_script
+from worker.gcp.config import GcpConfig
+from worker.gcp.job_tokens import JobTokens, token_uri
 from worker.gcs_channel import GcsJobChannel
-from worker.provisioner import MachineRequest
-from worker.provisioners.gcp_tpu import TpuVmProvisioner
+from worker.ports import MachineRequest
+from worker.gcp.tpu import TpuVmProvisioner
 
 ZONE = "us-central1-a"
 

@@ -4,8 +4,9 @@ brings what its layer imports.
     stack/                      composition: CLI server verbs, `up`, embedded PostgreSQL + emulator
     service/ (API)   worker/    beside each other; the API never imports worker/
     service/db/                 the data layer; the worker's only way into service/
-    trainjobs/                  shared core (spec, storage layout, messages, catalogue, uploads) and
-                                the client; the agent (worker/agent/) imports only the core
+    agent/                      the agent on the accelerator machine: imports only the core
+    trainjobs/client/           the client (Python client, CLI client verbs, terminal rendering)
+    trainjobs/                  shared core (spec, storage layout, messages, catalogue, uploads)
 
 Every import counts, also those inside functions: a lazy import is still an arrow.
 """
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("trainjobs", "service", "worker", "stack", "migrations")
+PACKAGES = ("trainjobs", "agent", "service", "worker", "stack", "migrations")
 
 CORE = "core"
 CLIENT = "client"
@@ -49,7 +50,7 @@ MAY_IMPORT: dict[str, set[str]] = {
 def layer_of(module: str) -> str:
     parts = module.split(".")
     match parts:
-        case ["trainjobs", "client" | "cli", *_]:
+        case ["trainjobs", "client", *_]:
             return CLIENT
         case ["trainjobs", *_]:
             return CORE
@@ -57,7 +58,7 @@ def layer_of(module: str) -> str:
             return DATA
         case ["service", *_]:
             return API
-        case ["worker", "agent", *_]:
+        case ["agent", *_]:
             return AGENT
         case ["worker", *_]:
             return WORKER
@@ -140,9 +141,10 @@ OPTIONAL = {"ai_edge_litert"}
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
 
-def _extra_imports(extra: str | None) -> set[str]:
-    """The import names a `pip install trainjobs[extra]` (None: no extra) makes available."""
-    requirements = PROJECT["dependencies"] + (PROJECT["optional-dependencies"][extra] if extra else [])
+def _extra_imports(extra: str | None, base: bool = True) -> set[str]:
+    """The import names a `pip install trainjobs[extra]` (None: no extra) makes available; with base=False,
+    those of the extra's own list alone (the agent's wheel requires just the `train` list)."""
+    requirements = (PROJECT["dependencies"] if base else []) + (PROJECT["optional-dependencies"][extra] if extra else [])
     names = set()
     for dist in _requirement_names(requirements):
         if dist == "trainjobs":  # trainjobs[server,train] inside another extra
@@ -154,20 +156,22 @@ def _extra_imports(extra: str | None) -> set[str]:
     return names
 
 
-# The extra that installs each layer. The shared core is imported by the server and by the agent,
-# so it may use only what both bring.
+# The extra that installs each layer. The shared core is imported by the server and by the agent, whose
+# wheel requires the `train` list alone (not the client's base dependencies): it may use only what both bring.
 LAYER_EXTRA = {CLIENT: None, DATA: "server", API: "server", WORKER: "server", MIGRATIONS: "server",
                AGENT: "train", STACK: "local"}
 
 
 def _allowed(layer: str) -> set[str]:
     if layer == CORE:
-        return _extra_imports("server") & _extra_imports("train")
+        return _extra_imports("server") & _extra_imports("train", base=False)
+    if layer == AGENT:
+        return _extra_imports("train", base=False)
     return _extra_imports(LAYER_EXTRA[layer])
 
 
 # Modules that come with another extra than their layer's: the Google Cloud provisioners need `gcp`.
-MODULE_EXTRA = {"worker.provisioners.gcp_": "gcp", "worker.cloud": "gcp"}
+MODULE_EXTRA = {"worker.gcp": "gcp"}
 
 
 def _allowed_for(module: str) -> set[str]:
@@ -189,7 +193,7 @@ def test_each_layer_imports_only_what_its_extra_installs() -> None:
 
 def test_only_the_cloud_tpu_provisioner_imports_the_cloud_tpu_client() -> None:
     importers = {m for m in SOURCES for target, _ in _imports(SOURCES[m]) if target.startswith("google.cloud.tpu")}
-    assert importers == {"worker.provisioners.gcp_tpu"}
+    assert importers == {"worker.gcp.tpu"}
 
 
 def _closure(roots: list[str]) -> set[str]:
@@ -206,7 +210,7 @@ def _closure(roots: list[str]) -> set[str]:
 
 def test_client_install_needs_only_the_base_dependencies() -> None:
     allowed = _extra_imports(None)
-    reached = _closure(["trainjobs.client", "trainjobs.cli"])
+    reached = _closure(["trainjobs.client.api", "trainjobs.client.cli"])
     assert {layer_of(m) for m in reached} <= {CORE, CLIENT}, sorted(reached)
     lacking = {f"{m}:{line}": t for m in reached for t, line in _third_party(m) if t.split(".")[0] not in allowed}
     assert not lacking, f"the client imports what a plain `pip install trainjobs` lacks: {lacking}"

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import scaled
-from worker.provisioners import local
-from worker.provisioners.local import LocalProvisioner
+from worker.local import provisioner as local
+from worker.local.provisioner import LocalProvisioner
 
 # A host that takes `cleanup_s` after SIGTERM to write its last word, as a loaded agent does.
 SLOW_HOST = """
@@ -74,13 +74,13 @@ def test_delete_kills_a_host_whose_cleanup_outlasts_the_grace(tmp_path: Path, mo
 
 @pytest.mark.parametrize(("value", "grace"), [("12.5", 12.5), ("", 30.0), ("soon", 30.0), ("-3", 0.0)])
 def test_term_grace_reads_the_agents_setting(value: str, grace: float) -> None:
-    from trainjobs.watchdog import term_grace_s
+    from trainjobs.stop_request import term_grace_s
 
     assert term_grace_s({"TRAINJOBS_TERM_GRACE_S": value}) == grace
 
 
 def test_an_agent_starts_as_a_process_of_its_own_when_the_zygote_is_gone(tmp_path: Path) -> None:
-    from worker.provisioners.zygote import Zygote, ZygoteUnavailable
+    from worker.local.zygote_client import Zygote, ZygoteUnavailable
 
     zygote = Zygote({"PATH": "/usr/bin:/bin"}, tmp_path / "zygote.log")
     os.kill(zygote.pid, signal.SIGKILL)
@@ -98,9 +98,9 @@ CREATOR = """
 import sys
 from pathlib import Path
 from trainjobs.spec import JobSpec
-from worker.access_boundary import JobBoundary, Scope
-from worker.provisioner import MachineRequest
-from worker.provisioners.local import LocalProvisioner
+from worker.boundary.access import JobBoundary, Scope
+from worker.ports import MachineRequest
+from worker.local.provisioner import LocalProvisioner
 root, job_id, bucket = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 spec = JobSpec.model_validate({"dataset": {"source": "sklearn:digits"}, "model": {"name": "mlp"}})
 boundary = JobBoundary(job_id, read=(), write=(Scope(bucket, f"jobs/{job_id}/"),))
@@ -122,7 +122,7 @@ def test_a_machine_whose_worker_was_killed_while_starting_it_is_listed_and_delet
         tmp_path: Path, bucket: str) -> None:
     import uuid
 
-    from worker.provisioner import LABEL_JOB, MachineState
+    from worker.ports import LABEL_JOB, MachineState
 
     root, job_id = tmp_path / "machines", str(uuid.uuid4())
     creator = subprocess.Popen([sys.executable, "-c", CREATOR, str(root), job_id, bucket])

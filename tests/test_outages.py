@@ -44,13 +44,13 @@ from tests.conftest import digits_spec, make_key, scaled
 from tests.support import eventually
 from trainjobs import storage
 from trainjobs.messages import AgentReport, AgentState
-from trainjobs.ports import free_port
+from trainjobs.loopback import free_port
 from trainjobs.spec import JobSpec
 from worker.driver import DriverConfig
 from worker.gcs_channel import GcsJobChannel
 from worker.loop import Worker, WorkerConfig
-from worker.provisioner import LABEL_JOB, MachineInfo, MachineRequest, MachineState
-from worker.provisioners.memory import MemoryCloud, memory_stager
+from worker.ports import LABEL_JOB, MachineInfo, MachineRequest, MachineState
+from worker.memory_cloud import MemoryCloud, memory_stager
 
 S = JobStatus
 OUTAGE_BUCKET = "outage-test"

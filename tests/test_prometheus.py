@@ -16,10 +16,10 @@ from tests.conftest import digits_spec
 from tests.support import eventually
 from tests.test_worker import make_worker, running_workers, submit, wait_for  # noqa: F401 - a fixture
 from trainjobs import storage
-from trainjobs.ports import free_port
+from trainjobs.loopback import free_port
 from trainjobs.spec import JobSpec
 from worker import metrics
-from worker.provisioners.memory import MemoryCloud
+from worker.memory_cloud import MemoryCloud
 
 
 def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -93,7 +93,7 @@ def test_worker_counts_claims_phases_and_machines(db, database_url, running_work
 
 
 def test_worker_counts_driver_errors_and_reaped_machines(db, database_url, running_workers):
-    from worker.provisioner import MachineRequest
+    from worker.ports import MachineRequest
 
     errors_before = worker_sample("trainjobs_worker_driver_errors_total", kind="error")
     reaped_before = worker_sample("trainjobs_worker_machines_reaped_total")

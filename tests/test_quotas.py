@@ -22,7 +22,7 @@ from service.db.session import get_engine, transaction
 from tests.conftest import digits_spec, make_key, scaled
 from worker.driver import DriverConfig
 from worker.loop import Worker, WorkerConfig
-from worker.provisioners.memory import MemoryCloud, memory_stager
+from worker.memory_cloud import MemoryCloud, memory_stager
 
 
 def gpus(count: int, **overrides: Any) -> dict[str, Any]:

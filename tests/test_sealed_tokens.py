@@ -20,16 +20,17 @@ from stack.fakecloud import FakeComputeApi, FakeTpuApi
 from stack.fakecloud.compute_inventory import ComputeTiming
 from stack.fakecloud.tpu_inventory import Timing
 from tests.conftest import scaled
-from trainjobs.sealed_token import SEALED_KEY, KeyPair, SealError, open_mine, open_sealed, recipients, seal, seal_all
+from trainjobs.sealed_token import KeyPair, SealError, open_mine, open_sealed, recipients, seal, seal_all
+from trainjobs.vm_metadata import SEALED_KEY
 from trainjobs.spec import JobSpec
-from worker.access_boundary import JobBoundary, Scope
-from worker.cloud.bootstrap import REPO_ROOT, startup_script
-from worker.cloud.config import GcpConfig
-from worker.cloud.job_tokens import JobTokens
-from worker.cloud.token_delivery import DueChecks, create_metadata, published_keys, sealed_value
-from worker.provisioner import MachineRequest
-from worker.provisioners.gcp_gpu import GceVmProvisioner, compute_clients
-from worker.provisioners.gcp_tpu import TpuVmProvisioner, tpu_client
+from worker.boundary.access import JobBoundary, Scope
+from worker.gcp.bootstrap import REPO_ROOT, startup_script
+from worker.gcp.config import GcpConfig
+from worker.gcp.job_tokens import JobTokens
+from worker.gcp.token_delivery import DueChecks, create_metadata, published_keys, sealed_value
+from worker.ports import MachineRequest
+from worker.gcp.compute import GceVmProvisioner, compute_clients
+from worker.gcp.tpu import TpuVmProvisioner, tpu_client
 
 TOKEN = json.dumps({"access_token": "ya29.job-token", "expiry": "2030-01-01T00:00:00+00:00"})
 
@@ -109,11 +110,11 @@ def _request(bucket: str, accelerator: dict[str, Any], workers: int = 1) -> Mach
 
 def _boot(tmp_path: Path, host: str, script: str, metadata_url: str) -> subprocess.Popen[str]:
     """The real startup script, as a VM host runs it at boot, against that host's metadata server. The
-    token step runs the real worker.agent.first_token; "the agent" prints the token file it was given."""
+    token step runs the real agent.first_token; "the agent" prints the token file it was given."""
     disk = tmp_path / host
     disk.mkdir()
     python = disk / "python"
-    python.write_text(f'#!/bin/bash\nif [ "$2" = worker.agent.first_token ]; then exec {sys.executable} "$@"; fi\n'
+    python.write_text(f'#!/bin/bash\nif [ "$2" = agent.first_token ]; then exec {sys.executable} "$@"; fi\n'
                       'echo "$TRAINJOBS_STORAGE_TOKEN_URI"; stat -c %a "$TRAINJOBS_STORAGE_TOKEN_FILE"\n'
                       'cat "$TRAINJOBS_STORAGE_TOKEN_FILE"\n')
     python.chmod(0o755)
@@ -246,7 +247,7 @@ def test_a_host_whose_token_never_comes_stops_its_boot_instead_of_waiting_foreve
             "metadata": create_metadata("n1")}
     assert httpx.post(f"{tpu.url}/v2/projects/proj/locations/{ZONE}/nodes?nodeId=n1", json=node).status_code == 200
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "worker.agent.first_token", "--metadata-url", tpu.metadata_url("n1", 0),
+    done = subprocess.run([sys.executable, "-m", "agent.first_token", "--metadata-url", tpu.metadata_url("n1", 0),
                            "--out", str(tmp_path / "token.json"), "--timeout-s", "1"],
                           capture_output=True, text=True, timeout=scaled(30), cwd=REPO_ROOT)
     assert done.returncode == 1 and "no storage token sealed to this host's key" in done.stderr

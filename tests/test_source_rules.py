@@ -13,7 +13,7 @@ from tests.test_data_tenancy import job, project_id, refusal
 from trainjobs import storage
 from trainjobs.source_rules import SOURCE_BUCKETS_ENV
 from trainjobs.spec import JobSpec
-from worker.provisioner import DatasetError
+from worker.ports import DatasetError
 from worker.staging_adapter import GcsStager
 
 OPERATORS = "operators-private"

@@ -23,11 +23,11 @@ from tests import guard_attacks
 from tests.conftest import make_key, scaled
 from tests.test_end_to_end import local_stack, wait  # noqa: F401  (fixture)
 from trainjobs import storage
-from worker import storage_guard
-from worker.access_boundary import JobBoundary, Scope
-from worker.guard_refusals import FORWARDED, REFUSALS, RefusalForwarder, RefusalLog
-from worker.provisioner import LABEL_JOB
-from worker.provisioners.local import LocalProvisioner
+from worker.boundary import storage_guard
+from worker.boundary.access import JobBoundary, Scope
+from worker.boundary.guard_refusals import FORWARDED, REFUSALS, RefusalForwarder, RefusalLog
+from worker.ports import LABEL_JOB
+from worker.local.provisioner import LocalProvisioner
 
 JOB = "0b7f3f7e-5f0c-4d7e-9f51-0c2a52d4c001"
 PROJECT_A = "11111111-1111-4111-8111-111111111111"

@@ -20,7 +20,7 @@ from trainjobs.messages import AgentAssignment
 from trainjobs.spec import SPEC_VERSION, JobSpec, parse_stored
 from worker.driver import DriverConfig
 from worker.loop import Worker, WorkerConfig
-from worker.provisioners.memory import MemoryCloud, memory_stager
+from worker.memory_cloud import MemoryCloud, memory_stager
 
 S = JobStatus
 

@@ -134,7 +134,7 @@ def test_a_queued_jobs_stream_polls_slowly(db, api, bucket, monkeypatch):
 
 
 def test_the_client_raises_the_revocation_instead_of_resuming_the_stream(db, api_url, bucket, monkeypatch):
-    from trainjobs.client import ApiError, Client
+    from trainjobs.client.api import ApiError, Client
 
     monkeypatch.setattr(streams, "QUEUED_POLL_S", 1.0)  # keeps the test short
     key = make_key(db, "alpha")

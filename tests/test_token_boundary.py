@@ -29,15 +29,15 @@ from trainjobs import storage
 from trainjobs.messages import AgentReport, AgentState
 from trainjobs.spec import JobSpec
 from worker import metrics
-from worker.access_boundary import JobBoundary, Scope, job_boundary
-from worker.cloud.config import GcpConfig
-from worker.cloud.job_tokens import JobTokens
+from worker.boundary.access import JobBoundary, Scope, job_boundary
+from worker.gcp.config import GcpConfig
+from worker.gcp.job_tokens import JobTokens
 from worker.gcs_channel import GcsJobChannel
-from worker.provisioner import MachineRequest
-from worker.provisioners.gcp import GcpProvisioner
-from worker.provisioners.gcp_gpu import GceVmProvisioner
-from worker.provisioners.gcp_tpu import TpuVmProvisioner
-from worker.provisioners.local import LocalProvisioner
+from worker.ports import MachineRequest
+from worker.gcp.router import GcpProvisioner
+from worker.gcp.compute import GceVmProvisioner
+from worker.gcp.tpu import TpuVmProvisioner
+from worker.local.provisioner import LocalProvisioner
 
 ZONE = "us-central1-a"
 OTHER_PROJECT, OTHER_JOB = "22222222-2222-4222-8222-222222222222", "6a1e9d42-1111-4c1e-8d7a-3b1c2d3e4f50"

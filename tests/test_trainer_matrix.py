@@ -122,7 +122,7 @@ def matrix_jobs(database_url: str, api_url: str, gcs_emulator: Any, tmp_path_fac
     from worker.driver import DriverConfig
     from worker.gcs_channel import GcsJobChannel
     from worker.loop import Worker, WorkerConfig
-    from worker.provisioners.local import LocalProvisioner
+    from worker.local.provisioner import LocalProvisioner
     from worker.staging_adapter import GcsStager
 
     tmp = tmp_path_factory.mktemp("matrix")

@@ -85,7 +85,7 @@ def test_upload_temporaries_are_swept_once_older_than_the_safe_age(api, bucket, 
 def test_a_running_worker_sweeps_upload_temporaries(bucket, db, database_url, monkeypatch):
     from service.db.session import get_engine
     from worker.loop import Worker, WorkerConfig
-    from worker.provisioners.memory import MemoryCloud, memory_stager
+    from worker.memory_cloud import MemoryCloud, memory_stager
 
     orphan = _leave_a_temporary(bucket)
     monkeypatch.setenv("TRAINJOBS_INCOMING_MAX_AGE_S", "0")  # every temporary counts as old

@@ -242,7 +242,7 @@ def test_a_plan_the_data_cannot_carry_fails_at_staging_without_a_machine(
 
     from worker.driver import DriverConfig
     from worker.loop import Worker, WorkerConfig
-    from worker.provisioners.memory import MemoryCloud
+    from worker.memory_cloud import MemoryCloud
     from worker.staging_adapter import GcsStager
 
     spec = _spec(training={"global_batch_size": 256}).model_dump(mode="json")  # iris trains on 120
@@ -277,7 +277,7 @@ def test_a_plan_the_data_cannot_carry_fails_at_staging_without_a_machine(
 def _cli_submit(spec_file: Path, api: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     from click.testing import CliRunner
 
-    from trainjobs.cli import main
+    from stack.cli import main
 
     monkeypatch.setenv("TRAINJOBS_API_URL", str(api.base_url))
     monkeypatch.setenv("TRAINJOBS_API_KEY", api.headers["authorization"].split()[1])
@@ -311,6 +311,6 @@ def test_a_relative_path_that_is_not_there_says_where_it_was_looked_for(
 
 @pytest.mark.parametrize("value", ["sklearn:digits", "gs://bucket/data/", "dataset:" + "a" * 64, "/srv/data/on/the/worker"])
 def test_sources_that_are_not_local_paths_are_sent_as_they_are(tmp_path: Path, value: str) -> None:
-    from trainjobs.local_paths import local_upload
+    from trainjobs.client.local_paths import local_upload
 
     assert local_upload(value, tmp_path, "dataset.source") is None

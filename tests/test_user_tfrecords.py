@@ -125,7 +125,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A small trained classifier of three well separated clusters, exported as a job exports it."""
     import keras
 
-    from worker.agent import export
+    from agent import export
 
     rng = np.random.default_rng(0)
     y = rng.integers(0, 3, 300)
@@ -163,7 +163,7 @@ def test_saved_model_classify_signature_returns_class_names(exported: dict[str, 
 
 @pytest.mark.parametrize("io_type", ["float32", "int8", "uint8"])
 def test_int8_tflite_keeps_float_io_unless_asked_and_predicts_either_way(exported: dict[str, Any], io_type: str) -> None:
-    from worker.agent.export import _interpreter, tflite_accuracy, to_tflite
+    from agent.export import _interpreter, tflite_accuracy, to_tflite
 
     options = TfliteExport(quantization="int8", calibration_examples=100, io_type=io_type)  # type: ignore[arg-type]
     flatbuffer = to_tflite(exported["dir"] / "saved_model", options, exported["x"][:100])

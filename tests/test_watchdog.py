@@ -8,7 +8,8 @@ from typing import Any
 
 from tests.conftest import scaled
 from trainjobs import storage
-from trainjobs.watchdog import Watchdog, request_stop
+from agent.watchdog import Watchdog
+from trainjobs.stop_request import request_stop
 
 
 class Clock:

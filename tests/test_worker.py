@@ -21,8 +21,8 @@ from worker import metrics
 from trainjobs.spec import JobSpec
 from worker.driver import DriverConfig
 from worker.loop import Worker, WorkerConfig
-from worker.provisioner import LABEL_JOB, DatasetError
-from worker.provisioners.memory import MemoryCloud, memory_stager
+from worker.ports import LABEL_JOB, DatasetError
+from worker.memory_cloud import MemoryCloud, memory_stager
 
 S = JobStatus
 FAST = dict(lease_s=2.0, heartbeat_s=0.3, poll_s=0.2)
@@ -270,7 +270,7 @@ def test_cost_limit_stops_an_expensive_job(db, database_url, running_workers):
 def test_a_worker_with_a_reaper_deletes_machines_whose_job_is_unknown(db, database_url, running_workers):
     """A machine labelled as ours whose job the database does not know (a worker died between create
     and record, then the job row was deleted) is deleted by the worker's reaper pass, not left billing."""
-    from worker.provisioner import MachineRequest
+    from worker.ports import MachineRequest
 
     cloud = MemoryCloud()
     stray = MachineRequest(str(uuid.uuid4()), 1, JobSpec.model_validate(digits_spec()), "mem://nowhere")

@@ -64,7 +64,7 @@ BUILTIN_PARAMS: dict[str, dict[str, Param]] = {
 
 # keras.applications: every architecture takes `dropout` (ours, before the classification head); the
 # rest are the constructors' own keywords that still mean something under include_top=False and
-# weights=None, which is how the agent builds them (worker/agent/models.py). The constructors' `name`,
+# weights=None, which is how the agent builds them (agent/models.py). The constructors' `name`,
 # `classes`, `classifier_activation`, `input_*`, `pooling`, `weights`, and MobileNetV3's `dropout_rate`
 # (only used by the top the agent leaves off) are not the user's.
 _ALPHA = Param(None, _positive_number)  # width multiplier

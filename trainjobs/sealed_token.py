@@ -23,11 +23,6 @@ from typing import Any
 
 VERSION = 1
 NAMESPACE, KEY = "trainjobs", "public-key"  # the guest attribute the VM publishes: trainjobs/public-key
-# Metadata: the machine's name, set at create (a VM that finds it waits for a sealed token, bound to that
-# name), and the envelopes, written by the worker once it has read the hosts' keys.
-MACHINE_KEY, SEALED_KEY = "trainjobs-token-for", "trainjobs-storage-token-sealed"
-# Guest attributes are off on Compute Engine unless the instance's metadata turns them on at create.
-GUEST_ATTRIBUTES_KEY = "enable-guest-attributes"
 _INFO = b"trainjobs sealed storage token v1 "
 
 

@@ -66,7 +66,7 @@ def client() -> Any:
 
 
 # On a job's machine: the file holding the job's downscoped access token, which the worker rewrites
-# before it expires (worker/credentials.py). The machine holds no other credentials.
+# before it expires (worker/boundary/tokens.py). The machine holds no other credentials.
 TOKEN_FILE_ENV = "TRAINJOBS_STORAGE_TOKEN_FILE"
 _TOKEN_MIN_LIFE = timedelta(minutes=5)  # google-auth refuses a token within 3m45s of its expiry
 

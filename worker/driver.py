@@ -32,10 +32,10 @@ from service.db.session import transaction
 from trainjobs.messages import AgentError, AgentReport, AgentState
 from trainjobs.spec import JobSpec, parse_stored
 from worker import metrics
-from worker.access_boundary import JobBoundary, job_boundary
+from worker.boundary.access import JobBoundary, job_boundary
 from worker.outages import is_outage
 from trainjobs.machine_plan import hourly_price_usd
-from worker.provisioner import (
+from worker.ports import (
     LABEL_ATTEMPT, LABEL_JOB, DatasetError, JobChannel, MachineRefused, MachineRequest, MachineState, NoCapacity,
     Provisioner, Stager,
     StagingStopped,

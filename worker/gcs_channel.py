@@ -15,7 +15,7 @@ from typing import Any
 from trainjobs import storage
 from trainjobs.messages import AgentAssignment, AgentError, AgentReport, AgentState
 from trainjobs.spec import JobSpec
-from trainjobs.watchdog import request_stop
+from trainjobs.stop_request import request_stop
 
 log = logging.getLogger("trainjobs.worker")
 

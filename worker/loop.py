@@ -31,7 +31,7 @@ from trainjobs.storage_limits import WORKER_LIMITS, limited_calls
 from trainjobs.uploads import sweep_incoming
 from worker import metrics
 from worker.driver import DriverConfig, JobDriver
-from worker.provisioner import JobChannel, Provisioner, Stager
+from worker.ports import JobChannel, Provisioner, Stager
 
 log = logging.getLogger("trainjobs.worker")
 
@@ -46,7 +46,7 @@ class WorkerConfig:
     # machine is watched again at once instead of after a queued job frees a slot. None: `concurrency`.
     takeover_slots: int | None = None
     # Clouds bill for what nobody watches: every this many seconds, delete machines labelled as ours
-    # whose job has ended or is unknown (worker/cloud/reaper.py). None: no reaper (local machines die
+    # whose job has ended or is unknown (worker/reaper.py). None: no reaper (local machines die
     # with their processes).
     reap_every_s: float | None = None
     # Every this many seconds, delete upload temporaries an API left when it was killed mid-upload
@@ -90,7 +90,7 @@ class Worker:
             t.start()
             self._threads.append(t)
         if self.config.reap_every_s is not None:
-            from worker.cloud.reaper import run_reaper
+            from worker.reaper import run_reaper
 
             t = threading.Thread(target=run_reaper, name="worker-reaper", daemon=True,
                                  args=(self.provisioner, self.factory, self.stopping, self.config.reap_every_s))

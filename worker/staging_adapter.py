@@ -11,7 +11,7 @@ from trainjobs import storage
 from trainjobs.source_rules import DataAccessRules, SourceRefused, check_source
 from trainjobs.spec import JobSpec
 from worker import metrics
-from worker.provisioner import DatasetError, StagingStopped
+from worker.ports import DatasetError, StagingStopped
 from worker.staging import stage_dataset
 from worker.staging.preflight import check_plan
 

@@ -10,7 +10,7 @@ was revoked or deleted (`key_revoked`), or the job wrote a document larger than 
 A stream holds nothing while it waits: it is an async generator that sleeps on the event loop, and
 each poll is one short transaction (the job's status, and every KEY_CHECK_S the caller's key) and
 one or two storage calls, run on a worker thread and let go at once. The agent uploads its log about
-once a second when it grew (worker/agent/status.py); each poll reads only the bytes past the cursor
+once a second when it grew (agent/status.py); each poll reads only the bytes past the cursor
 (ranged reads, at most a page of them), as whole lines, and metrics.json only when it changed. A
 queued job writes nothing, so its stream polls every QUEUED_POLL_S. A key holds at most
 TRAINJOBS_STREAMS_PER_KEY streams and a process TRAINJOBS_STREAMS_PER_PROCESS (stream_slots.py).

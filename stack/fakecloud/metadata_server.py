@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from trainjobs.sealed_token import GUEST_ATTRIBUTES_KEY
+from trainjobs.vm_metadata import GUEST_ATTRIBUTES_KEY
 
 MAX_WAIT_S = 300.0  # longest wait_for_change the fake holds a request open
 POLL_S = 0.05

@@ -17,13 +17,13 @@ from stack.fakecloud.compute_inventory import ComputeTiming
 from stack.fakecloud.tpu_inventory import Timing
 from tests.conftest import digits_spec, scaled
 from tests.support import eventually
-from trainjobs.ports import free_port
-from worker.cloud.config import GcpConfig
+from trainjobs.loopback import free_port
+from worker.gcp.config import GcpConfig
 from worker.driver import DriverConfig
 from worker.gcs_channel import GcsJobChannel
 from worker.loop import Worker, WorkerConfig
-from worker.provisioners.gcp_gpu import GceVmProvisioner
-from worker.provisioners.gcp_tpu import TpuVmProvisioner
+from worker.gcp.compute import GceVmProvisioner
+from worker.gcp.tpu import TpuVmProvisioner
 from worker.staging_adapter import GcsStager
 
 ZONE, FALLBACK = "us-central1-a", "us-central1-b"

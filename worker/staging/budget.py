@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from worker.provisioner import StagingStopped
+from worker.ports import StagingStopped
 from worker.staging.errors import DatasetError
 
 MAX_FILES_ENV = "TRAINJOBS_STAGING_MAX_FILES"

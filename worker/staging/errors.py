@@ -8,7 +8,7 @@ from __future__ import annotations
 
 # Staging implements the worker's Stager port and raises the port's own error: the driver catches
 # exactly what staging throws, with no translation between two classes of the same name.
-from worker.provisioner import DatasetError
+from worker.ports import DatasetError
 
 __all__ = ["DatasetError", "short"]
 

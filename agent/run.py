@@ -1,0 +1,222 @@
+"""One attempt of one job, start to finish: plan, data, model, resume, train, export.
+
+Called by __main__ after the local devices are configured and before any other TensorFlow work,
+because MultiWorkerMirroredStrategy and the TPU system must be set up first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import statistics
+import time
+from typing import Any
+
+from trainjobs import storage
+from trainjobs.messages import AgentReport
+from trainjobs.spec import TrainingSpec
+from agent import devices, export
+from agent.checkpoints import CheckpointSchedule, CheckpointStore
+from agent.data import LocalDataset, download_dataset, eval_dataset, read_arrays, train_dataset
+from agent.input_wait import InputWaitMeter
+from agent.job import AgentJob, WorkDir
+from agent.models import ModelInputs, build, builder_for
+from agent.optimizer import make_optimizer
+from agent.plan import RuntimePlan, TrainingPosition, resolve_plan, resume_from, strategy_to_build
+from agent.publisher import Publisher
+from agent.status import StatusReporter
+from agent.step_functions import install_step_functions
+from agent.tensorboard import ScalarLog
+from agent.train import EpochRecorder, fit
+
+log = logging.getLogger("trainjobs.agent")
+
+STATS_EXAMPLES = 4096  # training examples that fix the built-ins' normalization
+EVAL_EXAMPLES = 10_000  # validation examples scored on the exported models
+CHIEF_POLL_S = 1.0
+
+
+def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
+    import keras
+
+    spec = job.spec
+    hardware = devices.detect_hardware(spec)
+    strategy_name = strategy_to_build(spec, hardware)
+    strategy = devices.build_strategy(strategy_name, hardware)
+    log.info("job %s attempt %d task %d: %s over %d replica(s) on %s", job.job_id, job.attempt, job.task_index,
+             strategy_name, strategy.num_replicas_in_sync, hardware)
+
+    reporter.set_phase("downloading")
+    data = download_dataset(job.dataset_uri, work.data)
+    plan = resolve_plan(spec, hardware, strategy_name, strategy.num_replicas_in_sync, data.train.examples)
+    keras.mixed_precision.set_global_policy(plan.precision)
+    keras.utils.set_random_seed(spec.training.seed)
+
+    reporter.set_phase("building")
+    inputs = _model_inputs(spec.model.params, data, builtin=spec.model.module is None)
+    builder = builder_for(spec.model, work.user_model)
+    # Per-epoch uploads go through one background thread (agent/publisher.py); a job of one
+    # task skips a checkpoint that would overlap the previous one's upload.
+    publisher = Publisher()
+    store = CheckpointStore(work.checkpoints, job.paths.checkpoints, upload=job.is_chief, attempt=job.attempt,
+                            publisher=publisher, may_skip=spec.workers == 1)
+    model, checkpoint, saved_at = _compile_and_restore(builder, inputs, plan, spec.training, strategy, store)
+    repairs: list[str] = []
+    if strategy_name == "multi_worker_mirrored":
+        from agent.keras_compat import repair_multi_worker_fit
+
+        repairs = repair_multi_worker_fit(model, strategy)
+    train_function = install_step_functions(model, plan.steps_per_execution)
+    plan = resume_from(plan, saved_at)
+    plan = dataclasses.replace(
+        plan, jit_compile=bool(model.jit_compile), notes=data.staging_notes + plan.notes + tuple(repairs),
+        loss_scaling=isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer),
+    )
+    reporter.runtime = plan.as_dict() | {"dataset": data.summary()}
+    reporter.epoch = plan.initial_epoch
+    reporter.step_progress(plan.initial_epoch + plan.initial_step / plan.steps_per_epoch)
+    log.info("runtime plan: %s", json.dumps(reporter.runtime))
+
+    history = _previous_history(job.paths.metrics, plan.initial_epoch) if job.is_chief else []
+    tb = ScalarLog(work.tensorboard, job.paths.tensorboard) if job.is_chief else None
+    schedule = CheckpointSchedule(store, checkpoint, spec.training, plan)
+
+    def on_epoch(entry: dict[str, Any], at: TrainingPosition) -> None:
+        epoch = entry["epoch"]
+        history.append(entry)
+        log.info("epoch %d/%d: %s", epoch, plan.epochs, json.dumps(entry))
+        if job.is_chief:
+            # metrics.json before the checkpoint (the publisher keeps that order): a resumed run
+            # truncates history to the checkpoint, so the opposite order could lose an epoch's entry.
+            doc = _metrics_doc(job, plan, list(history))
+            publisher.put("metrics", lambda: storage.write_json(job.paths.metrics, doc))
+        schedule.after_epoch(at)
+        reporter.epoch_done(epoch, entry, write=False)
+        publisher.put("status", reporter.write)
+        if tb is not None:
+            tb.write(epoch, entry)
+            publisher.put("tensorboard", tb.upload)
+
+    meter = InputWaitMeter()
+    train = meter.wrap(train_dataset(data, plan.global_batch_size, spec.training.seed, spec.training.cache_dataset))
+    val = None
+    if data.validation is not None:
+        val = eval_dataset(data, plan.global_batch_size, plan.static_shapes, spec.training.cache_dataset)
+    reporter.set_phase("training")
+    recorder = EpochRecorder(plan, job.attempt, meter, train_function, on_epoch, schedule.after_call,
+                             reporter.step_progress)
+    fit(model, plan, train, val, recorder)
+    # The final checkpoint and metrics.json are in storage before the job can report success.
+    publisher.drain()
+    if tb is not None:
+        tb.close()
+        tb.upload()  # complete: a background upload may have caught the events file mid-write
+
+    if not job.is_chief:
+        # Export touches no collective op, so other workers have nothing to contribute to it. They
+        # stay up until the chief is done all the same: a machine counts as stopped once any of its
+        # hosts exits (local.py; a VM shuts down after its agent), and the worker would replace a
+        # machine whose chief is only exporting.
+        reporter.set_phase("waiting_for_chief")
+        _wait_for_chief(job)
+        return
+    reporter.set_phase("exporting")
+    _export(job, work, plan, data, builder, inputs, model, history)
+
+
+def _wait_for_chief(job: AgentJob) -> None:
+    """Until the chief reports this attempt finished. A chief that dies without a word stops the
+    machine, and the worker's delete ends this wait with SIGTERM."""
+    while True:
+        raw = storage.read_json(job.paths.status)
+        chief = AgentReport.model_validate(raw) if raw else None
+        if chief is not None and chief.attempt == job.attempt and chief.state.finished:
+            log.info("chief %s; leaving", chief.state)
+            return
+        time.sleep(CHIEF_POLL_S)
+
+
+def _compile_and_restore(builder: Any, inputs: ModelInputs, plan: RuntimePlan, training: TrainingSpec, strategy: Any,
+                         store: CheckpointStore) -> tuple[Any, Any, TrainingPosition]:
+    """The compiled model under the strategy, with the newest checkpoint (if any) loaded into it,
+    and where training stood when that checkpoint was taken."""
+    import keras
+    import tensorflow as tf
+
+    with strategy.scope():
+        model = build(builder, inputs)
+        model.compile(optimizer=make_optimizer(training, plan), loss=keras.losses.SparseCategoricalCrossentropy(),
+                      metrics=["accuracy"], steps_per_execution=plan.steps_per_execution)
+        if not model.built:
+            model.build((None, *inputs.input_shape))
+        # Built now, not lazily on the first step, so a checkpoint has variables to restore into.
+        model.optimizer.build(model.trainable_variables)
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+        saved_at = store.restore(checkpoint, plan.steps_per_epoch)
+    return model, checkpoint, saved_at
+
+
+def _export(job: AgentJob, work: WorkDir, plan: RuntimePlan, data: LocalDataset, builder: Any, inputs: ModelInputs,
+            model: Any, history: list[dict[str, Any]]) -> None:
+    paths, tflite_options = job.paths, job.spec.export.tflite
+    out = work.artifacts
+    out.mkdir(parents=True, exist_ok=True)
+    serving = export.float32_copy(builder, inputs, model)
+    export.save_model(serving, inputs.input_shape, out / "saved_model", data.labels)
+    export.write_labels(out / export.LABELS_NAME, data.labels)  # next to saved_model/ and model.tflite
+    # Without a validation split there is nothing to score: empty arrays give accuracy None.
+    val_x, val_y = read_arrays(data, data.validation or data.train, EVAL_EXAMPLES if data.validation else 0)
+    last = history[-1] if history else {}
+    final: dict[str, Any] = {k: last.get(k) for k in ("loss", "accuracy", "val_loss", "val_accuracy")}
+    final["saved_model_accuracy"] = export.saved_model_accuracy(out / "saved_model", val_x, val_y)
+    if tflite_options is not None:
+        calibration, _ = read_arrays(data, data.train, tflite_options.calibration_limit)
+        tflite = export.to_tflite(out / "saved_model", tflite_options, calibration)
+        (out / "model.tflite").write_bytes(tflite)
+        final.update(tflite_quantization=tflite_options.quantization, tflite_io_type=tflite_options.io_type,
+                     tflite_bytes=len(tflite),
+                     tflite_accuracy=export.tflite_accuracy(tflite, val_x, val_y))
+    final.update(_throughput(history, job.attempt))
+    final.update(eval_examples=int(len(val_y)), epochs=plan.epochs, initial_epoch=plan.initial_epoch,
+                 initial_step=plan.initial_step, optimizer_iterations=int(model.optimizer.iterations.numpy()),
+                 precision=plan.precision, replicas=plan.replicas, global_batch_size=plan.global_batch_size)
+    log.info("final metrics: %s", json.dumps(final))
+    (out / "metrics.json").write_text(json.dumps(final, indent=2))
+    (out / "history.json").write_text(json.dumps(history, indent=2))
+    manifest = export.artifact_manifest(out, paths.artifacts)
+    storage.upload_dir(out, paths.artifacts)
+    # Last, so its presence means every artifact it lists is in place.
+    storage.write_json(paths.artifact_manifest, manifest)
+
+
+def _model_inputs(params: dict[str, Any], data: LocalDataset, builtin: bool) -> ModelInputs:
+    mean = variance = None
+    if builtin:
+        x, _ = read_arrays(data, data.train, STATS_EXAMPLES)
+        axes = tuple(range(x.ndim - 1))
+        mean, variance = tuple(x.mean(axis=axes).tolist()), tuple(x.var(axis=axes).tolist())
+    return ModelInputs(data.feature_shape, data.num_classes, dict(params), mean, variance)
+
+
+def _previous_history(metrics_uri: str, initial_epoch: int) -> list[dict[str, Any]]:
+    if not initial_epoch:
+        return []
+    doc = storage.read_json(metrics_uri) or {}
+    return [e for e in doc.get("history", []) if e["epoch"] <= initial_epoch]
+
+
+def _metrics_doc(job: AgentJob, plan: RuntimePlan, history: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"job_id": job.job_id, "attempt": job.attempt, "epochs": plan.epochs,
+            "initial_epoch": plan.initial_epoch, "initial_step": plan.initial_step, "history": history}
+
+
+def _throughput(history: list[dict[str, Any]], attempt: int) -> dict[str, Any]:
+    """Medians over this attempt's epochs, leaving out its first (tracing and compilation) when it
+    trained more than one."""
+    ours = [e for e in history if e["attempt"] == attempt] or history
+    if len(ours) > 1:
+        ours = ours[1:]
+    if not ours:
+        return {}
+    return {k: statistics.median(e[k] for e in ours) for k in ("examples_per_sec", "step_time_ms", "input_wait_fraction")}

@@ -1,0 +1,123 @@
+"""model.fit with the bookkeeping around each call and epoch: metrics, checkpoints, status, TensorBoard."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import keras
+
+from agent.input_wait import InputWaitMeter
+from agent.plan import RuntimePlan, TrainingPosition
+from agent.step_functions import CountingTrainFunction
+
+log = logging.getLogger("trainjobs.agent")
+
+KERAS_METRICS = ("loss", "accuracy", "val_loss", "val_accuracy")
+
+
+class EpochRecorder(keras.callbacks.Callback):
+    """Tracks the training position, handing it to `on_call` after every train-function call, and
+    times the training part of each epoch (validation and mid-epoch checkpoints excluded) to hand
+    a finished history entry and the position to `on_epoch`. Keras calls on_test_begin when
+    validation starts, which ends the clock. Each entry also says how many train-function calls
+    the epoch took and how many steps they ran; the entry of an epoch resumed from a mid-epoch
+    checkpoint covers only the steps after `resumed_at_step`."""
+
+    def __init__(self, plan: RuntimePlan, attempt: int, meter: InputWaitMeter, train_function: CountingTrainFunction,
+                 on_epoch: Callable[[dict[str, Any], TrainingPosition], None],
+                 on_call: Callable[[TrainingPosition], None], on_progress: Callable[[float], None]):
+        super().__init__()
+        self.plan, self.attempt, self.meter, self.train_function = plan, attempt, meter, train_function
+        self.on_epoch, self.on_call, self.on_progress = on_epoch, on_call, on_progress
+        self.position = plan.start
+        self._epoch = self._first_step = self._global_at_begin = 0
+        self._began = self._train_ended = 0.0
+        self._waited = self._paused = 0.0
+        self._calls_before = self._steps_before = 0
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._epoch = epoch
+        # Only the epoch a mid-epoch checkpoint was taken in starts part-way (fit's batch indices
+        # then count from the resumed step).
+        self._first_step = self.plan.initial_step if epoch == self.plan.initial_epoch else 0
+        self._global_at_begin = self.position.global_step
+        self._train_ended = self._paused = 0.0
+        self.meter.reset()
+        self._calls_before, self._steps_before = self.train_function.calls, self.train_function.steps_run
+        self._began = time.perf_counter()
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        # `batch` is the index, in this fit call's epoch, of the last step Keras thinks the call ran:
+        # it counts whole executions, so the epoch's last, shorter call overshoots the epoch's end.
+        done = min(batch + 1, self.plan.steps_per_epoch - self._first_step)
+        step = self._first_step + done
+        self.position = TrainingPosition(self._epoch, step, self._global_at_begin + done)
+        self.on_progress(self._epoch + step / self.plan.steps_per_epoch)
+        began = time.perf_counter()
+        self.on_call(self.position)
+        self._paused += time.perf_counter() - began
+
+    def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self._stop_clock()
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._stop_clock()
+        logs = logs or {}
+        train_s = self._train_ended - self._began - self._paused
+        steps = self.plan.steps_per_epoch - self._first_step
+        examples = steps * self.plan.global_batch_size
+        entry: dict[str, Any] = {"epoch": epoch + 1, "attempt": self.attempt}
+        if self._first_step:
+            entry["resumed_at_step"] = self._first_step
+        entry.update({k: float(logs[k]) if k in logs else None for k in KERAS_METRICS})
+        entry.update({
+            "learning_rate": float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)),
+            "examples_per_sec": round(examples / train_s, 2),
+            "step_time_ms": round(1000 * train_s / steps, 3),
+            "input_wait_fraction": round(min(1.0, self._waited / train_s), 4),
+            "train_seconds": round(train_s, 3),
+            "epoch_seconds": round(time.perf_counter() - self._began, 3),
+            "executions": self.train_function.calls - self._calls_before,
+            "steps": self.train_function.steps_run - self._steps_before,
+        })
+        self.position = TrainingPosition(epoch + 1, 0, self.position.global_step)
+        self.on_epoch(entry, self.position)
+
+    def _stop_clock(self) -> None:
+        if not self._train_ended:
+            self._train_ended = time.perf_counter()
+            self._waited = self.meter.waited_s
+
+
+def fit(model: Any, plan: RuntimePlan, train_data: Any, val_data: Any | None, recorder: EpochRecorder) -> None:
+    """Train from the plan's start to `plan.epochs`. A start inside an epoch (a mid-epoch
+    checkpoint) takes two fit calls: the rest of that epoch, then the epochs after it.
+
+    Every fit call starts the input pipeline again from the spec's seed: the tf.data position is
+    not checkpointed, so a resumed job does not see the batches an uninterrupted one would have.
+    """
+    if plan.initial_epoch >= plan.epochs:
+        log.info("all %d epochs are already checkpointed; going straight to export", plan.epochs)
+        return
+    log.info("training epochs %d..%d: %d steps of %d examples, %d step(s) per execution",
+             plan.initial_epoch + 1, plan.epochs, plan.steps_per_epoch, plan.global_batch_size, plan.steps_per_execution)
+    common: dict[str, Any] = {
+        "validation_data": val_data,
+        "callbacks": [recorder],
+        "shuffle": False,  # the pipeline shuffles with the spec's seed
+        "verbose": 0,
+    }
+    first = plan.initial_epoch
+    if plan.initial_step:
+        log.info("resuming epoch %d at step %d: %d of its %d steps left", first + 1, plan.initial_step,
+                 plan.steps_per_epoch - plan.initial_step, plan.steps_per_epoch)
+        recorder.train_function.start_epochs(plan.steps_per_epoch - plan.initial_step)
+        model.fit(train_data, initial_epoch=first, epochs=first + 1,
+                  steps_per_epoch=plan.steps_per_epoch - plan.initial_step, **common)
+        first += 1
+    if first < plan.epochs:
+        recorder.train_function.start_epochs(plan.steps_per_epoch)
+        model.fit(train_data, initial_epoch=first, epochs=plan.epochs, steps_per_epoch=plan.steps_per_epoch, **common)

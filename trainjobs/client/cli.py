@@ -1,0 +1,376 @@
+"""The client verbs of `trainjobs`: submit, status, list, logs, metrics, cancel, artifacts.
+
+They need only the base install. The console script is stack/cli.py: its group holds these verbs and
+the server verbs (up, down, api, worker, db, keys, projects).
+
+Exit codes (README "Exit codes"): 0 succeeded (or the command did what was asked), 1 the job failed or
+the command could not do it, 2 usage error, 3 the job was cancelled, 130 interrupted (Ctrl-C; a job
+being followed keeps running).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from functools import wraps
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from trainjobs.client import terminal
+from trainjobs.states import TERMINAL, JobStatus
+
+EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED, EXIT_INTERRUPTED = 1, 2, 3, 130
+EXIT_FOR_STATUS = {"SUCCEEDED": 0, "FAILED": EXIT_FAILED, "CANCELLED": EXIT_CANCELLED}
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+# The client's verbs; the console script (stack/cli.py, the one place that defines it) adds them to its group.
+verbs = click.Group("verbs")
+
+
+def output_option(f: F) -> F:
+    """--output text|json on a read command, with --json kept as the old spelling of --output json."""
+    f = click.option("--json", "as_json", is_flag=True, help="same as --output json")(f)
+    f = click.option("-o", "--output", type=click.Choice(["text", "json"], case_sensitive=False), default="text",
+                     help="json: one object per line (per event when following)")(f)
+
+    @wraps(f)
+    def wrapper(*args: Any, output: str, as_json: bool, **kw: Any) -> Any:
+        return f(*args, as_json=as_json or output.lower() == "json", **kw)
+
+    return wrapper  # type: ignore[return-value]
+
+
+# --- client side ---------------------------------------------------------------------------------
+
+def _client() -> Any:
+    from trainjobs.client.api import Client
+
+    return Client()
+
+
+def _fail(exc: BaseException) -> None:
+    """One error message on stderr, once: the API's message and each field with its reason."""
+    from trainjobs.client.api import ApiError, ApiUnreachable
+
+    if isinstance(exc, ApiError):
+        head = exc.message
+        if exc.details and (first := f"{exc.details[0]['field']}: {exc.details[0]['reason']}") in head:
+            head = head[:head.index(first)].rstrip(" :;") or "invalid request"  # the details say it below
+        lines = [head] + [f"  {d['field']}: {d['reason']}" for d in exc.details]
+        raise click.ClickException("\n".join(lines))
+    if isinstance(exc, ApiUnreachable):
+        raise click.ClickException(str(exc))
+    raise click.ClickException(f"{type(exc).__name__}: {exc}")
+
+
+def _api_call(f: F) -> F:
+    """Errors from the API or the network become one message and exit code 1; Ctrl-C is 130."""
+    @wraps(f)
+    def wrapper(*args: Any, **kw: Any) -> Any:
+        try:
+            return f(*args, **kw)
+        except (click.ClickException, click.exceptions.Exit, SystemExit):
+            raise
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        except Exception as exc:  # noqa: BLE001 - every failure reaches the user as one line
+            _fail(exc)
+
+    return wrapper  # type: ignore[return-value]
+
+
+@verbs.command()
+@click.argument("spec_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--idempotency-key", help="resubmitting with the same key returns the first job; without one, "
+              "each run makes its own, which its retries after a lost answer reuse")
+@click.option("-f", "--follow", is_flag=True,
+              help="show live progress until the job ends; exit 0 SUCCEEDED, 1 FAILED, 3 CANCELLED")
+@click.option("--wait", is_flag=True, help="same as --follow")
+@click.option("--dry-run", is_flag=True, help="print the machines the job would create and their price; submit nothing")
+@output_option
+@_api_call
+def submit(spec_file: Path, idempotency_key: str | None, follow: bool, wait: bool, dry_run: bool, as_json: bool) -> None:
+    """Submit a job spec (YAML or JSON). Local files and folders it names are uploaded first."""
+    import yaml
+
+    spec = yaml.safe_load(spec_file.read_text())
+    if dry_run:
+        _dry_run(spec)
+        return
+    c = _client()
+    _upload_local_files(c, spec, spec_file.parent)
+    job = c.submit(spec, idempotency_key=idempotency_key)
+    if as_json:
+        terminal.emit_json(job)
+    else:
+        click.echo(terminal.one_line(job))
+    if follow or wait:
+        sys.exit(_follow_job(c, job, as_json))
+
+
+def _dry_run(raw: Any) -> None:
+    """Validated here, by the same model the API uses, and priced from the same catalogue as the worker:
+    no API call, nothing stored."""
+    import os
+
+    from pydantic import ValidationError
+
+    from trainjobs.machine_plan import plan_machines
+    from trainjobs.spec import JobSpec, describe_errors
+
+    try:
+        spec = JobSpec.model_validate(raw)
+    except ValidationError as exc:
+        problems = describe_errors([dict(e) for e in exc.errors()])
+        lines = ["the job spec is invalid"] + [f"  {d['field']}: {d['reason']}" for d in problems]
+        raise click.ClickException("\n".join(lines)) from exc
+    for line in plan_machines(spec).lines(os.environ.get("TRAINJOBS_GCP_ZONE")):
+        click.echo(line)
+    click.echo("dry run: nothing was submitted")
+
+
+def _upload_local_files(c: Any, spec: dict[str, Any], base: Path) -> None:
+    """A model module or dataset (file or folder) that is a path on this laptop is uploaded first, so
+    the job runs anywhere (relative paths are relative to the spec file; trainjobs/client/local_paths.py)."""
+    from trainjobs.client.local_paths import LocalPathError, local_upload
+
+    model, dataset = spec.get("model") or {}, spec.get("dataset") or {}
+    try:
+        module = local_upload(model.get("module"), base, "model.module")
+        source = local_upload(dataset.get("source"), base, "dataset.source")
+    except LocalPathError as exc:
+        raise click.ClickException(str(exc)) from None
+    if module is not None:
+        uploaded, model["module"] = model["module"], c.upload_module(module)
+        click.echo(f"uploaded model code {uploaded} -> {model['module']}", err=True)
+    if source is not None:
+        uploaded, dataset["source"] = dataset["source"], c.upload_dataset(source)["dataset"]
+        click.echo(f"uploaded dataset {uploaded} -> {dataset['source']}", err=True)
+
+
+def _stream_or_poll(c: Any, job_id: str, what: str, poll_s: float = 2.0) -> Iterator[Any]:
+    """The job's `what` ("logs" or "metrics") stream; against a server that does not stream, the same
+    events made by polling (new log text, new epochs, and `end` once the job is terminal)."""
+    from trainjobs.client.api import StreamEvent, StreamUnsupported
+
+    try:
+        yield from c.follow(job_id, what)
+        return
+    except StreamUnsupported:
+        pass
+    seen = 0
+    while True:
+        status = c.get(job_id)["status"]  # before reading, so nothing written before the end is missed
+        if what == "logs":
+            text = c.logs(job_id)
+            for line in text[seen:].splitlines():
+                yield StreamEvent("log", {"line": line}, None)
+            seen = len(text)
+        else:
+            epochs = c.metrics(job_id)
+            for rec in epochs[seen:]:
+                yield StreamEvent("metric", rec, None)
+            seen = len(epochs)
+        if status in TERMINAL:
+            yield StreamEvent("end", {"status": status}, None)
+            return
+        time.sleep(poll_s)
+
+
+def _follow_job(c: Any, job: dict[str, Any], as_json: bool) -> int:
+    """Follow a job to its end: epochs from the metrics stream (read in a thread), status and the
+    progress inside an epoch from reading the job each second. Ctrl-C stops following, not the job."""
+    from trainjobs.client.api import Client
+
+    events: queue.Queue[Any] = queue.Queue()
+
+    def read_stream(stream_client: Client) -> None:
+        try:
+            for ev in _stream_or_poll(stream_client, job["id"], "metrics"):
+                events.put(ev)
+        except Exception as exc:  # noqa: BLE001 - the main loop still ends the follow by polling
+            events.put(exc)
+
+    view: terminal.LiveView | None = None
+    last = None
+    # The job exists from here on: a Ctrl-C while the follow is still being set up says so too, not only
+    # one in the loop (making the stream's client loads the TLS certificates: 0.2 s on a busy 2-core machine).
+    try:
+        # The stream holds its connection for the whole job, so it gets a client of its own.
+        threading.Thread(target=read_stream, args=(Client(api_url=c.api_url),), name="metrics-stream",
+                         daemon=True).start()
+        view = None if as_json else terminal.LiveView(terminal.console())
+        while True:
+            job = c.get(job["id"])
+            state = (job["status"], job.get("progress"))
+            if view:
+                view.job(job)
+            elif state != last:
+                terminal.emit_json({"event": "status", "status": job["status"], "progress": job.get("progress")})
+            last = state
+            ended = _drain(events, view)
+            if job["status"] in TERMINAL and (ended or not _stream_alive(events)):
+                break
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        if view:
+            view.close()
+        click.echo(f"\nstopped following; job {job['id']} keeps running "
+                   f"(`trainjobs status {job['id']}`, `trainjobs cancel {job['id']}`)", err=True)
+        return EXIT_INTERRUPTED
+    if view:
+        view.close()
+    job = c.get(job["id"])
+    if as_json:
+        terminal.emit_json({"event": "end", "job": job})
+    else:
+        terminal.show(terminal.job_detail(job))
+        if job["status"] == "SUCCEEDED":
+            click.echo(f"artifacts: trainjobs artifacts {job['id']} --download DIR")
+    return EXIT_FOR_STATUS.get(job["status"], EXIT_FAILED)
+
+
+def _drain(events: queue.Queue[Any], view: terminal.LiveView | None) -> bool:
+    """Show what the stream brought since the last look; True once it said `end`."""
+    ended = False
+    while True:
+        try:
+            ev = events.get_nowait()
+        except queue.Empty:
+            return ended
+        if isinstance(ev, Exception):
+            logging.getLogger("trainjobs.client.cli").info("metrics stream stopped: %s", ev)
+            events.put(ev)  # remembered: the stream is gone, polling ends the follow
+            return ended
+        if ev.event == "metric":
+            if view:
+                view.metric(ev.data)
+            else:
+                terminal.emit_json({"event": "metric", **ev.data})
+        ended = ended or ev.event == "end"
+
+
+def _stream_alive(events: queue.Queue[Any]) -> bool:
+    return not any(isinstance(ev, Exception) for ev in list(events.queue))
+
+
+STATUS_CHOICE = click.Choice([s.value for s in JobStatus], case_sensitive=False)
+
+
+@verbs.command()
+@click.argument("job_id")
+@click.option("--events", is_flag=True, help="also print the state transitions")
+@output_option
+@_api_call
+def status(job_id: str, events: bool, as_json: bool) -> None:
+    """Show a job: status, phase timestamps, runtime, latest metrics."""
+    c = _client()
+    job = c.get(job_id)
+    found = c.events(job_id) if events else None
+    if as_json:
+        terminal.emit_json({**job, "events": found} if found is not None else job)
+    else:
+        terminal.show(terminal.job_detail(job, found))
+
+
+@verbs.command("list")
+@click.option("--status", "statuses", multiple=True, type=STATUS_CHOICE, help="only these statuses (repeatable)")
+@click.option("--label", "labels", multiple=True, help="key=value (repeatable; all must match)")
+@click.option("--limit", default=50, type=click.IntRange(1, 500))
+@output_option
+@_api_call
+def list_(statuses: tuple[str, ...], labels: tuple[str, ...], limit: int, as_json: bool) -> None:
+    """List jobs, newest first."""
+    bad = [lbl for lbl in labels if "=" not in lbl]
+    if bad:
+        raise click.BadParameter(f"{bad[0]!r} is not key=value", param_hint="--label")
+    page = _client().list(status=[s.upper() for s in statuses], labels=dict(lbl.split("=", 1) for lbl in labels),
+                          limit=limit)
+    if as_json:
+        terminal.emit_json(page)
+    else:
+        terminal.show(terminal.jobs_table(page["jobs"]))
+
+
+@verbs.command()
+@click.argument("job_id")
+@click.option("-f", "--follow", is_flag=True, help="keep printing lines as the job writes them, until it ends")
+@output_option
+@_api_call
+def logs(job_id: str, follow: bool, as_json: bool) -> None:
+    """Print the agent's log."""
+    c = _client()
+    if not follow:
+        for text in c.iter_logs(job_id):  # a page at a time: a long log is never held whole
+            terminal.emit_json({"text": text}) if as_json else click.echo(text, nl=False)
+        return
+    for ev in _stream_or_poll(c, job_id, "logs"):
+        if as_json:
+            terminal.emit_json({"event": ev.event, **ev.data})
+        elif ev.event == "log":
+            click.echo(ev.data.get("line", ""))
+        elif ev.event == "end":
+            click.echo(f"-- job ended {ev.data.get('status')}", err=True)
+
+
+@verbs.command()
+@click.argument("job_id")
+@click.option("-f", "--follow", is_flag=True, help="keep printing epochs as they finish, until the job ends")
+@output_option
+@_api_call
+def metrics(job_id: str, follow: bool, as_json: bool) -> None:
+    """Per-epoch metrics: loss, accuracy, validation, examples/s, step time, input-wait fraction."""
+    c = _client()
+    if not follow:
+        epochs = c.metrics(job_id)
+        if as_json:
+            for rec in epochs:
+                terminal.emit_json(rec)
+        else:
+            terminal.show(terminal.epochs_table(epochs))
+        return
+    for ev in _stream_or_poll(c, job_id, "metrics"):
+        if as_json:
+            terminal.emit_json({"event": ev.event, **ev.data})
+        elif ev.event == "metric":
+            click.echo(terminal.epoch_line(ev.data, None))
+        elif ev.event == "end":
+            click.echo(f"-- job ended {ev.data.get('status')}", err=True)
+
+
+@verbs.command()
+@click.argument("job_id")
+@output_option
+@_api_call
+def cancel(job_id: str, as_json: bool) -> None:
+    """Cancel a job (idempotent)."""
+    job = _client().cancel(job_id)
+    terminal.emit_json(job) if as_json else click.echo(terminal.one_line(job))
+
+
+@verbs.command()
+@click.argument("job_id")
+@click.option("--download", type=click.Path(file_okay=False, path_type=Path), help="fetch every artifact into DIR")
+@output_option
+@_api_call
+def artifacts(job_id: str, download: Path | None, as_json: bool) -> None:
+    """List (or download) a job's artifacts."""
+    c = _client()
+    listing = c.artifacts(job_id)
+    if as_json:
+        terminal.emit_json(listing)
+    else:
+        for item in listing["artifacts"]:
+            click.echo(f"{item['size']:>12}  {item['sha256'][:12]}  {item['path']}")
+    if download:
+        paths = c.download_artifacts(job_id, download)
+        click.echo(f"downloaded {len(paths)} file(s) to {download}", err=as_json)

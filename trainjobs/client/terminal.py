@@ -1,0 +1,248 @@
+"""What the CLI's client verbs print: the jobs table, a job's detail, per-epoch metrics, and the live
+view of a job being followed (a rich progress bar on a terminal, one line per change elsewhere).
+
+Only formatting lives here; talking to the API is trainjobs/client/api.py, the verbs are trainjobs/client/cli.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+UTC = timezone.utc  # datetime.UTC is 3.11+; the agent's wheel runs on the VM images' Python 3.10
+
+PHASES = (("created", "created_at"), ("staging", "staging_at"), ("provisioning", "provisioning_at"),
+          ("running", "running_at"), ("finished", "finished_at"))
+EPOCH_COLUMNS = (("epoch", "epoch", "{}"), ("loss", "loss", "{:.4f}"), ("accuracy", "accuracy", "{:.4f}"),
+                 ("val loss", "val_loss", "{:.4f}"), ("val acc", "val_accuracy", "{:.4f}"),
+                 ("examples/s", "examples_per_sec", "{:,.0f}"), ("step ms", "step_time_ms", "{:.1f}"),
+                 ("input wait", "input_wait_fraction", "{:.0%}"))
+
+
+def console(stderr: bool = False) -> Console:
+    """Colour and live display on a terminal; plain wide lines in a pipe or file, so nothing a script
+    reads is wrapped at 80 columns or carries escape codes."""
+    stream = sys.stderr if stderr else sys.stdout
+    tty = stream.isatty()
+    return Console(file=stream, width=None if tty else 200, no_color=not tty, highlight=False, soft_wrap=not tty)
+
+
+def show(renderable: Any) -> None:
+    """A table or text on stdout; in a pipe, without the spaces rich pads each line with."""
+    out = console()
+    if out.is_terminal:
+        out.print(renderable)
+        return
+    with out.capture() as captured:
+        out.print(renderable)
+    sys.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
+    sys.stdout.flush()
+
+
+def emit_json(obj: Any) -> None:
+    """One JSON object per line: what --output json prints, and what a stream prints per event."""
+    sys.stdout.write(json.dumps(obj, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def _at(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value) if value else None
+
+
+def age(value: str | None, now: datetime | None = None) -> str:
+    at = _at(value)
+    if at is None:
+        return "-"
+    return duration((now or datetime.now(UTC)) - at)
+
+
+def duration(delta: Any) -> str:
+    s = int(max(0, delta.total_seconds()))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def accelerator(job: dict[str, Any]) -> str:
+    acc = (job.get("spec") or {}).get("accelerator") or {"type": "cpu"}
+    if acc.get("type") == "tpu":
+        return f"tpu {acc.get('tpu_type')}" + (" spot" if acc.get("spot") else "")
+    if acc.get("type") == "gpu":
+        return f"gpu {acc.get('gpu_type')} x{acc.get('count', 1)}" + (" spot" if acc.get("spot") else "")
+    return f"cpu x{acc.get('replicas', 1)}"
+
+
+def val_metric(job: dict[str, Any]) -> str:
+    m = job.get("metrics") or {}
+    for key in ("val_accuracy", "val_loss", "accuracy", "loss"):
+        if isinstance(m.get(key), int | float):
+            return f"{key} {m[key]:.4f}"
+    return "-"
+
+
+def progress(job: dict[str, Any]) -> str:
+    return f"{job['progress'] * 100:.0f}%" if job.get("progress") is not None else "-"
+
+
+def one_line(job: dict[str, Any]) -> str:
+    """The job in one line: what `submit` and `cancel` print."""
+    err = f"  error: {job['error']}" if job.get("error") else ""
+    wait = f"  ({job['wait_reason']})" if job.get("wait_reason") else ""
+    return f"{job['id']}  {job['status']:<12} {progress(job):>4}  {job['name']}{wait}{err}"
+
+
+def jobs_table(jobs: list[dict[str, Any]]) -> Table | str:
+    if not jobs:
+        return "no jobs"
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for name in ("ID", "NAME", "STATUS", "ACCELERATOR", "PROGRESS", "AGE", "VAL METRIC"):
+        table.add_column(name, no_wrap=True)
+    now = datetime.now(UTC)
+    for job in jobs:
+        table.add_row(job["id"], job["name"], job["status"], accelerator(job), progress(job),
+                      age(job.get("created_at"), now), val_metric(job))
+    return table
+
+
+def job_detail(job: dict[str, Any], events: list[dict[str, Any]] | None = None) -> Table:
+    """`status`: what a person asks of a job, without flags: where it is, since when, how it runs, how
+    it is doing."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column()
+    grid.add_row("job", f"{job['id']}  {job['name']}")
+    status = f"{job['status']} (attempt {job['attempt']})"
+    if job.get("wait_reason"):
+        status += f": {job['wait_reason']}"
+    grid.add_row("status", status)
+    if job.get("error"):
+        grid.add_row("error", job["error"])
+    grid.add_row("accelerator", accelerator(job))
+    if job.get("labels"):
+        grid.add_row("labels", ", ".join(f"{k}={v}" for k, v in sorted(job["labels"].items())))
+    grid.add_row("progress", progress(job))
+    grid.add_row("phases", _phases(job))
+    if rt := job.get("runtime"):
+        grid.add_row("runtime", _runtime(rt))
+        for note in rt.get("notes") or []:
+            grid.add_row("", f"note: {note}")
+    if m := job.get("metrics"):
+        grid.add_row("metrics", "  ".join(f"{k} {_fmt(v)}" for k, v in m.items() if v is not None))
+    for e in events or []:
+        grid.add_row("event", f"{e['at']}  {e['from_status'] or '-':>12} -> {e['to_status']:<12} {e['reason']}")
+    return grid
+
+
+def _phases(job: dict[str, Any]) -> str:
+    """Each phase's start and how long it lasted (to the next phase, or until now)."""
+    reached = [(name, at) for name, key in PHASES if (at := _at(job.get(key))) is not None]
+    parts = []
+    for i, (name, at) in enumerate(reached):
+        if name == "finished":
+            parts.append(f"finished {at:%Y-%m-%d %H:%M:%S}")
+            continue
+        until = reached[i + 1][1] if i + 1 < len(reached) else datetime.now(UTC)
+        parts.append(f"{name} {at:%H:%M:%S} ({duration(until - at)})")
+    return ", ".join(parts)
+
+
+def _runtime(rt: dict[str, Any]) -> str:
+    parts = [f"strategy {rt.get('strategy')}", f"{rt.get('replicas')} replicas", f"precision {rt.get('precision')}",
+             f"global batch {rt.get('global_batch_size')}", f"learning rate {_fmt(rt.get('learning_rate'))}",
+             f"steps_per_execution {rt.get('steps_per_execution')}", f"{rt.get('steps_per_epoch')} steps/epoch"]
+    return ", ".join(parts)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}" if abs(v) < 1e-3 or abs(v) >= 1e5 else f"{v:.4f}".rstrip("0").rstrip(".")
+    return str(v)
+
+
+def epochs_table(epochs: list[dict[str, Any]]) -> Table | str:
+    if not epochs:
+        return "no epochs finished yet"
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for title, *_ in EPOCH_COLUMNS:
+        table.add_column(title.upper(), justify="right", no_wrap=True)
+    for rec in epochs:
+        table.add_row(*(fmt.format(rec[key]) if rec.get(key) is not None else "-" for _, key, fmt in EPOCH_COLUMNS))
+    return table
+
+
+def epoch_line(rec: dict[str, Any], epochs: int | None) -> str:
+    of = f"/{epochs}" if epochs else ""
+    cells = [f"{title} {fmt.format(rec[key])}" for title, key, fmt in EPOCH_COLUMNS[1:] if rec.get(key) is not None]
+    return f"epoch {rec.get('epoch')}{of}  " + "  ".join(cells)
+
+
+class LiveView:
+    """The view of a followed job. On a terminal: a progress bar with epoch, step, ETA, loss, accuracy,
+    examples/s and input wait, and a line per finished epoch above it. Elsewhere: a line per status
+    change and per epoch, nothing that redraws."""
+
+    def __init__(self, out: Console):
+        self.out = out
+        self.bar: Progress | None = None
+        self.task: TaskID | None = None
+        self.status: str | None = None
+        self.latest: dict[str, Any] = {}
+        self.epochs: int | None = None
+        if out.is_terminal:
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                                TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[stats]}"),
+                                console=out, transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task("waiting", total=1.0, stats="")
+
+    def job(self, job: dict[str, Any]) -> None:
+        """A fresh read of the job: status, progress, runtime."""
+        rt = job.get("runtime") or {}
+        self.epochs = rt.get("epochs") or (job.get("spec") or {}).get("training", {}).get("epochs") or self.epochs
+        if job["status"] != self.status:
+            self.status = job["status"]
+            reason = f"  ({job['wait_reason']})" if job.get("wait_reason") else ""
+            self.out.print(f"{time.strftime('%H:%M:%S')}  {job['status']}{reason}")
+        if self.bar is not None and self.task is not None:
+            done = float(job.get("progress") or 0.0)
+            self.bar.update(self.task, completed=done, description=self._where(done, rt), stats=self._stats())
+
+    def metric(self, rec: dict[str, Any]) -> None:
+        """A finished epoch."""
+        self.latest = rec
+        self.out.print(epoch_line(rec, self.epochs))
+        if self.bar is not None and self.task is not None:
+            self.bar.update(self.task, stats=self._stats())
+
+    def _where(self, done: float, rt: dict[str, Any]) -> str:
+        if not self.epochs or self.status != "RUNNING":
+            return self.status or ""
+        epoch = min(int(done * self.epochs), self.epochs - 1)
+        where = f"epoch {epoch + 1}/{self.epochs}"
+        if steps := rt.get("steps_per_epoch"):
+            step = round((done * self.epochs - epoch) * steps)
+            where += f" step {step}/{steps}"
+        return where
+
+    def _stats(self) -> str:
+        m = self.latest
+        cells = [(k, m.get(key), fmt) for k, key, fmt in (("loss", "loss", "{:.4f}"), ("acc", "accuracy", "{:.4f}"),
+                                                          ("ex/s", "examples_per_sec", "{:,.0f}"),
+                                                          ("input wait", "input_wait_fraction", "{:.0%}"))]
+        return "  ".join(f"{k} {fmt.format(v)}" for k, v, fmt in cells if v is not None)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None

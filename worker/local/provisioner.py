@@ -1,0 +1,355 @@
+"""The local provisioner: the fake cloud. A "machine" is one agent process per worker host, started
+with the same entry point a Cloud TPU VM runs, on CPU devices standing in for the accelerators.
+
+Stand-in hardware: a request for N accelerators per host (a TPU slice's replicas, N GPUs, or N CPU
+replicas) becomes N logical CPU devices (TRAINJOBS_LOCAL_DEVICES), capped at `devices`, so the
+agent trains the requested strategy as MirroredStrategy over them. `workers: K` starts K processes
+with TF_CONFIG on loopback ports: real MultiWorkerMirroredStrategy.
+
+The inventory is a JSON file per machine under `root`, carrying labels like a cloud's: any worker
+process on this host can list, adopt or delete what another (even a dead one) created. The file is
+written before anything of the machine starts and again as each process starts (its pid and start
+time), so a worker killed halfway leaves a record that names what it started; delete also stops any
+process still writing into the machine's directory, which covers the instant between a process's
+start and the record of it, and signals a recorded pid only while it is the same process (its start
+time), never one the kernel has since given the pid to.
+
+Agents are forked from a zygote that has imported TensorFlow, Keras and the agent once
+(`agent/zygote.py`), or started as processes of their own if it cannot serve
+(TRAINJOBS_LOCAL_ZYGOTE=0 turns it off).
+
+What a job's code reaches: an environment built from an allow-list (`agent_environment`), and
+storage only inside the job's boundary (`worker/boundary/access.py`): through a storage guard
+process per machine in front of the emulator, or with a downscoped token the worker keeps fresh
+in a file when the bucket is real. Both go when the machine is deleted. The processes still run as
+the worker's OS user; README "Security" says what that leaves open.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from trainjobs import storage
+from trainjobs.loopback import free_port
+from trainjobs.stop_request import term_grace_s
+from worker.boundary import storage_guard
+from worker.boundary.access import JobBoundary
+from worker.boundary.tokens import TokenFileRefresher, downscoped_minter
+from worker.boundary.guard_refusals import RefusalForwarder
+from worker.ports import LABEL_JOB, MachineInfo, MachineRequest, MachineState, NoCapacity
+from worker.local.zygote_client import Zygote, ZygoteUnavailable
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+log = logging.getLogger("trainjobs.worker")
+
+# What an agent inherits from the worker's environment. Everything else stays behind: the database
+# URL, API keys, cloud credentials, whatever the worker was started with.
+INHERITED = frozenset({"PATH", "HOME", "LANG", "TZ", "TRAINJOBS_HEARTBEAT_S", "TRAINJOBS_GCP_PROJECT",
+                       "TRAINJOBS_WATCHDOG_EVERY_S", "TRAINJOBS_WATCHDOG_UNREACHABLE_S", "TRAINJOBS_TERM_GRACE_S"})
+INHERITED_PREFIXES = ("LC_", "TF_")
+NOT_INHERITED = frozenset({"TF_CONFIG"})  # the provisioner writes the cluster a machine is part of
+
+
+DELETE_MARGIN_S = 5.0  # after the agents' own grace (trainjobs.stop_request.term_grace_s, which they inherit)
+
+
+def agent_environment(worker_env: Mapping[str, str], **settings: str) -> dict[str, str]:
+    """An agent's environment: the allow-listed part of the worker's, the repository on PYTHONPATH,
+    and `settings` (the machine's devices, its storage endpoint or token file, TF_CONFIG)."""
+    env = {k: v for k, v in worker_env.items()
+           if (k in INHERITED or k.startswith(INHERITED_PREFIXES)) and k not in NOT_INHERITED}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), worker_env.get("PYTHONPATH")]))
+    return {**env, **settings}
+
+
+class LocalProvisioner:
+    kind = "local"
+
+    def __init__(self, root: Path, devices: int = 8, slots: int = 2):
+        self.root, self.devices, self.slots = root, devices, slots
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._tokens: dict[str, TokenFileRefresher] = {}  # machine name -> its token file's refresher
+        self._zygote: Zygote | None = None  # started with the first machine
+        self._refusals = RefusalForwarder()  # the guards' refusals, into this worker's log
+
+    def create(self, request: MachineRequest) -> MachineInfo:
+        with self._lock:
+            if (existing := self._read(request.name)) is not None:
+                return self._info(existing)
+            busy = sum(1 for r in self._records() if self._alive(r))
+            if busy >= self.slots:
+                raise NoCapacity(f"all {self.slots} local machine slots are busy")
+            record = self._launch(request)
+            return self._info(record)
+
+    def _launch(self, request: MachineRequest) -> dict:
+        spec = request.spec
+        devices = max(1, min(spec.replicas_per_worker, self.devices))
+        hosts = spec.workers
+        ports = [free_port() for _ in range(hosts)] if hosts > 1 else []
+        logs = self.root / request.name
+        logs.mkdir(exist_ok=True)
+        record: dict = {"name": request.name, "labels": request.labels, "devices": devices, "created": time.time(),
+                        "logs": str(logs), "pids": [], "started": {}, "starting": True}
+        self._save(record)  # before anything starts: a worker killed from here on leaves this to delete by
+        try:
+            storage_env = self._storage_access(request.name, request.storage_boundary(), logs, record)
+            if "guard_pid" in record:
+                self._note_started(record, record["guard_pid"])
+            self._start_agents(request, devices, ports, logs, storage_env, record)
+        except BaseException:
+            for pid in record["pids"]:
+                _signal_group(pid, signal.SIGKILL)
+            self._stop_storage_access(request.name, record)
+            self._path(request.name).unlink(missing_ok=True)
+            raise
+        record["starting"] = False
+        self._save(record)
+        return record
+
+    def _start_agents(self, request: MachineRequest, devices: int, ports: list[int], logs: Path,
+                      storage_env: dict[str, str], record: dict) -> None:
+        for task in range(request.spec.workers):
+            # No metadata server here: the watchdog stops the process and has no node to delete.
+            env = agent_environment(os.environ, TRAINJOBS_LOCAL_DEVICES=str(devices), PYTHONUNBUFFERED="1",
+                                    TF_CPP_MIN_LOG_LEVEL="2", TRAINJOBS_METADATA_URL="off", **storage_env)
+            if ports:
+                env["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+                                               "task": {"type": "worker", "index": task}})
+            args = ["--job-dir", request.job_dir, "--task-index", str(task), "--work-dir", str(logs / f"disk-{task}")]
+            log_path = logs / f"task-{task}.log"
+            if (pid := self._fork_agent(args, env, log_path)) is not None:
+                self._note_started(record, pid, agent=True)
+                continue
+            with log_path.open("ab") as out:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "agent", *args],
+                    env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    start_new_session=True,  # its own process group: delete kills the whole machine
+                )
+            self._note_started(record, proc.pid, agent=True)
+            threading.Thread(target=proc.wait, daemon=True).start()  # reap, so an exited agent is not a zombie
+
+    def _fork_agent(self, args: list[str], env: dict[str, str], log_path: Path) -> int | None:
+        """An agent forked by the zygote (zygote.py), which has imported TensorFlow already; None when
+        there is none (TRAINJOBS_LOCAL_ZYGOTE=0, or it failed), and the agent starts on its own."""
+        if self._zygote is None:
+            if os.environ.get("TRAINJOBS_LOCAL_ZYGOTE", "1") == "0":
+                return None
+            self._zygote = Zygote(agent_environment(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2",
+                                                    TRAINJOBS_METADATA_URL="off"), self.root / "zygote.log")
+        try:
+            return self._zygote.spawn(args, env, log_path)
+        except ZygoteUnavailable:
+            return None
+
+    @property
+    def forked_agents(self) -> int:
+        """How many agents the zygote started (the rest started as processes of their own)."""
+        return self._zygote.forked if self._zygote is not None else 0
+
+    def close(self) -> None:
+        """Ends the zygote, if one was started; machines and their agents are left as they are."""
+        self._refusals.close()
+        if self._zygote is not None:
+            self._zygote.close()
+
+    def _storage_access(self, name: str, boundary: JobBoundary, machine_dir: Path, record: dict) -> dict[str, str]:
+        """Start what lets this machine reach its job's storage and nothing more; return the agent's
+        environment for it. Notes in `record` what delete must stop."""
+        emulator = os.environ.get("STORAGE_EMULATOR_HOST")
+        if emulator:
+            pid, port = storage_guard.launch(boundary, emulator, machine_dir,
+                                             env=agent_environment(os.environ))
+            record["guard_pid"] = pid
+            self._refusals.watch(name, machine_dir, _job_of(record))
+            return {"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}"}
+        token_file = machine_dir / "storage-token.json"
+        record.update(token_file=str(token_file), boundary=boundary.to_json())
+        self._refresh_token(name, token_file, boundary)
+        return {storage.TOKEN_FILE_ENV: str(token_file)}
+
+    def _stop_storage_access(self, name: str, record: dict) -> None:
+        if "guard_pid" in record:
+            _signal_group(record["guard_pid"], signal.SIGKILL)
+        # What its guard refused, if it had one, into our log before the machine's directory goes.
+        self._refusals.finish(name, Path(record["logs"]), _job_of(record))
+        if (refresher := self._tokens.pop(name, None)) is not None:
+            refresher.stop()
+
+    def _refresh_token(self, name: str, token_file: Path, boundary: JobBoundary) -> None:
+        refresher = TokenFileRefresher(token_file, downscoped_minter(boundary))
+        refresher.start()
+        self._tokens[name] = refresher
+
+    def get(self, request: MachineRequest) -> MachineInfo | None:
+        name = request.name
+        record = self._read(name)
+        if record and "token_file" in record and name not in self._tokens and self._alive(record):
+            # Adopted from a worker that died: its token file has no one keeping it fresh. The boundary
+            # is the request's (from the job's row), not one read back from the machine's record.
+            with self._lock:
+                if name not in self._tokens:
+                    self._refresh_token(name, Path(record["token_file"]), request.storage_boundary())
+        if record and "guard_pid" in record and not self._refusals.watching(name) and self._alive(record):
+            self._refusals.watch(name, Path(record["logs"]), _job_of(record))  # adopted
+        return self._info(record) if record else None
+
+    def delete(self, name: str) -> None:
+        record = self._read(name)
+        if record is None:
+            return
+        guard = record.get("guard_pid")
+        if guard is not None and not _same_process(record, guard):
+            del record["guard_pid"]  # gone, and its pid may be another process's by now
+        # The recorded agents that are still themselves, and whatever else writes into the machine's
+        # directory (an agent or guard started by a worker killed before it could record the pid).
+        agents = {p for p in record["pids"] if _same_process(record, p)}
+        agents |= set(_writing_into(Path(record["logs"]))) - {record.get("guard_pid")}
+        for pid in agents:
+            _signal_group(pid, signal.SIGTERM)
+        # As long as an agent gives its own cleanup (it exits by then whatever storage does), and a
+        # little more: a fixed 10 s here used to cut a loaded agent off before its last status write.
+        deadline = time.monotonic() + term_grace_s() + DELETE_MARGIN_S
+        while any(_pid_alive(p) for p in agents) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if left := sorted(p for p in agents if _pid_alive(p)):
+            # An agent killed here may not have written its last status: say so, status.json cannot (issue 19).
+            log.warning("machine %s: process(es) %s still running %.0fs after SIGTERM; killing them",
+                        name, left, term_grace_s() + DELETE_MARGIN_S)
+        for pid in agents:
+            _signal_group(pid, signal.SIGKILL)
+        self._stop_storage_access(name, record)  # after the agents' last words: their final status needs it
+        self._path(name).unlink(missing_ok=True)
+        shutil.rmtree(record["logs"], ignore_errors=True)  # the machine's disk goes with it, as a VM's does
+
+    def list(self, labels: dict[str, str]) -> builtins.list[MachineInfo]:
+        return [self._info(r) for r in self._records() if labels.items() <= r["labels"].items()]
+
+    # --- inventory ---
+
+    def _path(self, name: str) -> Path:
+        return self.root / f"{name}.json"
+
+    def _save(self, record: dict) -> None:
+        # Whole or not at all (a reader never sees half a record): written aside, then renamed over.
+        path = self._path(record["name"])
+        partial = path.with_suffix(".json.partial")
+        partial.write_text(json.dumps(record))
+        os.replace(partial, path)
+
+    def _note_started(self, record: dict, pid: int, agent: bool = False) -> None:
+        """Record a process of the machine the moment it has started, with its start time."""
+        record["started"][str(pid)] = _start_time(pid)
+        if agent:
+            record["pids"].append(pid)
+        self._save(record)
+
+    def _read(self, name: str) -> dict | None:
+        try:
+            record: dict = json.loads(self._path(name).read_text())
+            return record
+        except FileNotFoundError:
+            return None
+
+    def _records(self) -> builtins.list[dict]:
+        out = []
+        for p in self.root.glob("*.json"):
+            try:
+                out.append(json.loads(p.read_text()))
+            except (OSError, ValueError):
+                continue  # being written or deleted right now
+        return out
+
+    def _alive(self, record: dict) -> bool:
+        # A machine whose start was cut off (its worker died) never runs its job: not alive.
+        return not record.get("starting") and all(_pid_alive(p) and _same_process(record, p) for p in record["pids"])
+
+    def _info(self, record: dict) -> MachineInfo:
+        # A local machine is "up" while its agent processes run; once they exit it is STOPPED, like a
+        # VM whose startup script ended. The worker reads success or failure from GCS, not from here.
+        state = MachineState.READY if self._alive(record) else MachineState.STOPPED
+        return MachineInfo(record["name"], state, record["labels"], detail=f"logs in {record['logs']}")
+
+
+def _job_of(record: dict) -> str:
+    """The job a machine runs, as the worker labelled it (a machine made by hand: its name)."""
+    return str(record["labels"].get(LABEL_JOB, record["name"]))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _start_time(pid: int) -> int | None:
+    """When the process started, in clock ticks since boot (/proc/<pid>/stat, field 22): with the pid,
+    it names one process for good. None once it has gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _same_process(record: dict, pid: int) -> bool:
+    """pid is still the process the record noted (a record written before start times were kept
+    trusts the pid, as before)."""
+    started = record.get("started", {})
+    if str(pid) not in started:
+        return True
+    return started[str(pid)] is not None and _start_time(pid) == started[str(pid)]
+
+
+def _writing_into(directory: Path) -> builtins.list[int]:
+    """The processes whose stdout or stderr is a file in `directory`: every agent and guard of a
+    local machine writes its log there from its first instruction."""
+    inside = f"{directory.resolve()}{os.sep}"
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        for fd in (1, 2):
+            try:
+                if os.readlink(f"/proc/{entry}/fd/{fd}").startswith(inside):
+                    found.append(int(entry))
+                    break
+            except OSError:
+                continue  # gone, or not ours to look at
+    return found
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    """Signal the process group pid leads (agents and guards start sessions of their own), or the
+    process alone when it leads none (something a job's code started, found writing into the machine's
+    directory). Callers pass only pids they know to be the machine's."""
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+    except PermissionError:
+        pass
