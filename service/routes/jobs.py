@@ -20,7 +20,7 @@ from service.limits import JobSizeLimits, beyond_project_quota
 from service.schemas import (
     AUTHED, EventList, EventPublic, JobList, JobPublic, error_responses, job_public, json_response,
 )
-from service.sources import check_job_sources
+from service.source_checks import check_job_sources
 from trainjobs.spec import JobSpec, label_problem
 
 # Each route checks its key in the transaction it works in (project_transaction): one thread hop and
