@@ -23,6 +23,7 @@ from pathlib import Path
 from types import FrameType
 
 from trainjobs import storage
+from trainjobs.job_paths import JobPaths
 from trainjobs.messages import AgentError, AgentReport, AgentState
 from agent.watchdog import Watchdog, stop_this_machine
 from trainjobs.stop_request import term_grace_s
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         log.exception("cannot read the job")
         report = AgentReport(state=AgentState.FAILED, task_index=task_index, heartbeat_at=utc_now(),
                              error=AgentError(type=type(exc).__name__, message=str(exc), logs=list(tail.lines)))
-        storage.write_json(storage.JobPaths(args.job_dir.rstrip("/")).status, report.model_dump(mode="json"))
+        storage.write_json(JobPaths.of(args.job_dir).status, report.model_dump(mode="json"))
         return EXIT_FAILED
 
     start_token_refresh()  # on a cloud VM: the worker's newer storage tokens, before the first one expires

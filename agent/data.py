@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trainjobs import storage
+from trainjobs.job_paths import dataset_file, dataset_manifest
 
 SHUFFLE_BUFFER = 16_384
 
@@ -55,7 +56,7 @@ class LocalDataset:
 
 
 def download_dataset(dataset_uri: str, local_dir: Path) -> LocalDataset:
-    manifest = storage.read_json(f"{dataset_uri}/manifest.json")
+    manifest = storage.read_json(dataset_manifest(dataset_uri))
     if manifest is None:
         raise DataError(f"no manifest.json under {dataset_uri}")
     if manifest.get("format_version") != 1:
@@ -65,7 +66,7 @@ def download_dataset(dataset_uri: str, local_dir: Path) -> LocalDataset:
     for name, split in manifest["splits"].items():
         files = []
         for i, shard in enumerate(split["shards"]):
-            uri = shard if shard.startswith("gs://") else f"{dataset_uri}/{shard}"
+            uri = shard if shard.startswith("gs://") else dataset_file(dataset_uri, shard)
             local = local_dir / name / f"{i:05d}-{Path(shard).name}"
             jobs.append((uri, local))
             files.append(local)

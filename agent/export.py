@@ -19,6 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from trainjobs.job_paths import ARTIFACT_MANIFEST
 from trainjobs.spec import TfliteExport
 from agent.models import Builder, ModelInputs, build
 
@@ -151,7 +152,7 @@ def artifact_manifest(directory: Path, remote: str) -> list[dict[str, Any]]:
     entries = []
     for path in sorted(p for p in directory.rglob("*") if p.is_file()):
         rel = path.relative_to(directory).as_posix()
-        if rel == "manifest.json":
+        if rel == ARTIFACT_MANIFEST:
             continue
         entries.append({"path": rel, "size": path.stat().st_size, "sha256": _sha256(path), "uri": f"{remote}/{rel}"})
     return entries

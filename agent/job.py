@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainjobs import storage
+from trainjobs.job_paths import JobPaths
 from trainjobs.messages import AgentAssignment
 from trainjobs.spec import JobSpec
 
@@ -30,22 +31,21 @@ class AgentJob:
         return self.task_index == 0
 
     @property
-    def paths(self) -> storage.JobPaths:
-        return storage.JobPaths(self.job_dir)
+    def paths(self) -> JobPaths:
+        return JobPaths(self.job_dir)
 
     @property
     def status_uri(self) -> str:
-        # Only the chief owns status.json; other workers report beside it so the worker can see them.
-        return self.paths.status if self.is_chief else self.paths.key(f"status-{self.task_index}.json")
+        return self.paths.status_of(self.task_index)
 
     @property
     def log_uri(self) -> str:
-        return self.paths.key(f"logs/agent-{self.attempt}-{self.task_index}.log")
+        return self.paths.log(self.attempt, self.task_index)
 
 
 def load_job(job_dir: str, task_index: int) -> AgentJob:
     job_dir = job_dir.rstrip("/")
-    raw = storage.read_json(storage.JobPaths(job_dir).spec)
+    raw = storage.read_json(JobPaths(job_dir).spec)
     if raw is None:
         raise JobInputError(f"no spec.json under {job_dir}")
     assignment = AgentAssignment.model_validate(raw)

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from trainjobs import storage
+from trainjobs.job_paths import ARTIFACT_HISTORY, ARTIFACT_METRICS
 from trainjobs.messages import AgentReport
 from trainjobs.spec import TrainingSpec
 from agent import devices, export
@@ -182,8 +183,8 @@ def _export(job: AgentJob, work: WorkDir, plan: RuntimePlan, data: LocalDataset,
                  initial_step=plan.initial_step, optimizer_iterations=int(model.optimizer.iterations.numpy()),
                  precision=plan.precision, replicas=plan.replicas, global_batch_size=plan.global_batch_size)
     log.info("final metrics: %s", json.dumps(final))
-    (out / "metrics.json").write_text(json.dumps(final, indent=2))
-    (out / "history.json").write_text(json.dumps(history, indent=2))
+    (out / ARTIFACT_METRICS).write_text(json.dumps(final, indent=2))
+    (out / ARTIFACT_HISTORY).write_text(json.dumps(history, indent=2))
     manifest = export.artifact_manifest(out, paths.artifacts)
     storage.upload_dir(out, paths.artifacts)
     # Last, so its presence means every artifact it lists is in place.

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainjobs import storage
-from trainjobs.stop_request import CONTROL
+from trainjobs.job_paths import JobPaths
 from trainjobs.vm_metadata import COMPUTE_API_KEY, INSTANCE_KEY, METADATA_URL, NODE_NAME_KEY, TPU_API_KEY
 
 log = logging.getLogger("trainjobs.agent")
@@ -37,7 +37,7 @@ class Watchdog:
                  unreachable_s: float = 300.0, read: Callable[[str], Any] = storage.read_json,
                  clock: Callable[[], float] = time.monotonic, attempt: int = 1):
         self.attempt = attempt
-        self.control_uri = f"{job_dir.rstrip('/')}/{CONTROL}"
+        self.control_uri = JobPaths.of(job_dir).control
         self.on_stop, self.every_s, self.unreachable_s, self.read, self.clock = on_stop, every_s, unreachable_s, read, clock
         self.last_reached = clock()
         self.stop_requested: str | None = None

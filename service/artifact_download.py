@@ -18,6 +18,7 @@ from typing import Any
 from fastapi.responses import Response, StreamingResponse
 
 from service.errors import ApiError
+from trainjobs.job_paths import ARTIFACTS
 
 log = logging.getLogger("trainjobs.api")
 
@@ -80,5 +81,5 @@ def _checked_chunks(reader: Any, expected: dict[str, Any], where: str) -> Iterat
 
 def _refuse(where: str, why: str) -> None:
     log.error("artifact %s refused: %s", where, why)
-    raise ApiError(409, f"artifact {where.rsplit('/artifacts/', 1)[-1]} was changed after the job ended "
+    raise ApiError(409, f"artifact {where.rsplit(f'/{ARTIFACTS}/', 1)[-1]} was changed after the job ended "
                         f"({why}); it is not served", "artifact_changed")

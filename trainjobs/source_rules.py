@@ -31,6 +31,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from trainjobs import uploads
+from trainjobs.job_paths import DATASETS, JOBS, UPLOADS
 
 HOST_DATA_DIRS_ENV = "TRAINJOBS_HOST_DATA_DIRS"
 FETCH_ALLOW_HOSTS_ENV = "TRAINJOBS_FETCH_ALLOW_HOSTS"
@@ -148,15 +149,15 @@ def check_bucket_uri(uri: str, *, bucket: str, project_id: str, own_job: OwnJob 
     # turn our own prefix into another project's.
     dotted = any(part in (".", "..") for part in key.split("/"))
     allowed = not dotted and (
-        (top == "uploads" and (key.startswith(own_uploads) or key == own_uploads.rstrip("/")))
-        or (top == "jobs" and _is_uuid(first) and (own_job is None or own_job(first)))
+        (top == UPLOADS and (key.startswith(own_uploads) or key == own_uploads.rstrip("/")))
+        or (top == JOBS and _is_uuid(first) and (own_job is None or own_job(first)))
         # A staged dataset's address is the sha256 of its content: naming one means knowing the data.
-        or (top == "datasets" and _SHA256.fullmatch(first) is not None)
+        or (top == DATASETS and _SHA256.fullmatch(first) is not None)
     )
     if not allowed:
         where = f"gs://{bucket}/"
         raise SourceRefused(f"{_short(uri)}: in {where} a job may name only its own project's uploads "
-                            f"({where}uploads/<project>/...) and jobs ({where}jobs/<job id>/...)")
+                            f"({where}{UPLOADS}/<project>/...) and jobs ({where}{JOBS}/<job id>/...)")
 
 
 def _is_uuid(text: str) -> bool:

@@ -1,24 +1,11 @@
-"""Google Cloud Storage access and the job directory layout.
+"""Google Cloud Storage access.
 
 Everything that crosses between the worker, the agent on the accelerator VM and the API goes
 through GCS with the real `google-cloud-storage` client. TensorFlow's own `gs://` filesystem ignores
 `STORAGE_EMULATOR_HOST`, so nothing here hands a `gs://` path to TensorFlow: the agent downloads
 shards to local disk and uploads what it writes. Tests and production run the same code.
 
-Layout of one job, `gs://BUCKET/jobs/<job id>/`:
-
-    spec.json                 the validated spec plus the worker's plan (dataset manifest URI, attempt)
-    status.json               the agent's state: starting|running|succeeded|failed, heartbeat, progress,
-                              runtime choices (strategy, replicas, precision, batch, lr), error
-    metrics.json              per-epoch metrics so far (rewritten each epoch)
-    logs/agent-<attempt>-<task>.log
-    checkpoints/              tf.train.Checkpoint files, mirrored from the agent's disk
-    tensorboard/              TensorBoard event files
-    artifacts/manifest.json   every artifact: path, size, sha256
-    artifacts/saved_model/    artifacts/model.tflite  artifacts/metrics.json  artifacts/history.json
-
-Datasets live apart from jobs, content-addressed: `gs://BUCKET/datasets/<sha256>/manifest.json`
-and `.../shards/*.tfrecord`.
+The layout of what is kept there (jobs, datasets, uploads) is trainjobs/job_paths.py.
 """
 
 from __future__ import annotations
@@ -26,21 +13,17 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from trainjobs.job_paths import DEFAULT_BUCKET as DEFAULT_BUCKET, bucket_name as bucket_name, within_job
+# TEMPORARY: tests written before job_paths.py still read these here; they go once the tests use job_paths.
+from trainjobs.job_paths import JobPaths as JobPaths, dataset_uri as dataset_uri
 from trainjobs.storage_limits import honours_call_limits
 
 UTC = timezone.utc  # datetime.UTC is 3.11+; the agent's wheel runs on the VM images' Python 3.10
-
-DEFAULT_BUCKET = "trainjobs-local"
-
-
-def bucket_name() -> str:
-    return os.environ.get("TRAINJOBS_BUCKET", DEFAULT_BUCKET)
 
 
 @lru_cache(maxsize=4)
@@ -151,9 +134,7 @@ class ObjectTooLarge(Exception):
 
 def _within_job(uri: str) -> str:
     """'gs://b/jobs/<id>/status.json' -> 'status.json': the name its job's owner knows it by."""
-    _, key = split_uri(uri)
-    parts = key.split("/", 2)
-    return parts[2] if len(parts) == 3 and parts[0] == "jobs" else uri
+    return within_job(split_uri(uri)[1]) or uri
 
 
 def _mib(n: int) -> str:
@@ -232,53 +213,3 @@ def upload_dir(local_dir: Path, prefix_uri: str, workers: int = 8) -> list[str]:
             max_workers=workers, worker_type=transfer_manager.THREAD, raise_exception=True,
         )
     return [f"gs://{name}/{prefix}{f}" for f in files]
-
-
-@dataclass(frozen=True)
-class JobPaths:
-    """The `gs://` URIs of one job's directory (see the module docstring)."""
-
-    root: str  # gs://bucket/jobs/<id>
-
-    @classmethod
-    def for_job(cls, job_id: str, bucket: str | None = None) -> JobPaths:
-        return cls(f"gs://{bucket or bucket_name()}/jobs/{job_id}")
-
-    def key(self, rel: str) -> str:
-        return f"{self.root}/{rel}"
-
-    @property
-    def spec(self) -> str:
-        return self.key("spec.json")
-
-    @property
-    def status(self) -> str:
-        return self.key("status.json")
-
-    @property
-    def metrics(self) -> str:
-        return self.key("metrics.json")
-
-    @property
-    def logs(self) -> str:
-        return self.key("logs")
-
-    @property
-    def checkpoints(self) -> str:
-        return self.key("checkpoints")
-
-    @property
-    def tensorboard(self) -> str:
-        return self.key("tensorboard")
-
-    @property
-    def artifacts(self) -> str:
-        return self.key("artifacts")
-
-    @property
-    def artifact_manifest(self) -> str:
-        return self.key("artifacts/manifest.json")
-
-
-def dataset_uri(sha256: str, bucket: str | None = None) -> str:
-    return f"gs://{bucket or bucket_name()}/datasets/{sha256}"

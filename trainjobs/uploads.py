@@ -22,7 +22,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import PurePosixPath
 from typing import Any, BinaryIO, Literal
 
-from trainjobs import storage
+from trainjobs import job_paths, storage
 
 UploadKind = Literal["dataset", "module"]
 
@@ -36,8 +36,8 @@ SUFFIXES: dict[UploadKind, tuple[str, ...]] = {
 }
 MAX_MODULE_BYTES = 50 << 20  # code, not weights
 DEFAULT_MAX_DATASET_BYTES = 20 << 30  # TRAINJOBS_MAX_UPLOAD_BYTES overrides it
-UPLOADS = "uploads/"
-INCOMING = "uploads/.incoming/"  # never a project id (those are UUIDs), so never anyone's upload
+UPLOADS = f"{job_paths.UPLOADS}/"
+INCOMING = f"{job_paths.INCOMING}/"  # the temporaries (job_paths.py)
 # A temporary appears when its last byte is committed and is rewritten and deleted seconds later; one
 # this old is an API's that was killed in between. TRAINJOBS_INCOMING_MAX_AGE_S overrides it.
 DEFAULT_INCOMING_MAX_AGE_S = 3600.0

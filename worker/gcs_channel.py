@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from trainjobs import storage
+from trainjobs.job_paths import JobPaths
 from trainjobs.messages import AgentAssignment, AgentError, AgentReport, AgentState
 from trainjobs.spec import JobSpec
 from trainjobs.stop_request import request_stop
@@ -24,8 +25,8 @@ class GcsJobChannel:
     def __init__(self, bucket: str | None = None):
         self.bucket = bucket
 
-    def _paths(self, job_id: str) -> storage.JobPaths:
-        return storage.JobPaths.for_job(job_id, self.bucket)
+    def _paths(self, job_id: str) -> JobPaths:
+        return JobPaths.for_job(job_id, self.bucket)
 
     def job_dir(self, job_id: str) -> str:
         return self._paths(job_id).root
@@ -59,7 +60,7 @@ class GcsJobChannel:
     def final_metrics(self, job_id: str) -> dict[str, Any] | None:
         """None when the file is missing or over its cap: the driver keeps the last epoch's metrics
         from status.json instead."""
-        uri = self._paths(job_id).key("artifacts/metrics.json")
+        uri = self._paths(job_id).final_metrics
         try:
             metrics = storage.read_json_bounded(uri, storage.STATUS_MAX_BYTES)
         except storage.ObjectTooLarge as exc:

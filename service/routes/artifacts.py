@@ -20,19 +20,20 @@ from service.errors import ApiError
 from service.routes import streams
 from service.schemas import AUTHED, ArtifactList, ArtifactPublic, JobLogs, error_responses
 from trainjobs import storage
+from trainjobs.job_paths import ARTIFACT_MANIFEST, JobPaths
 
 router = APIRouter(prefix="/v1/jobs", tags=["artifacts"])
 SIGNED_URL_TTL = timedelta(minutes=15)
 
 
-def _paths(factory: Factory, project: uuid.UUID, job_id: uuid.UUID) -> storage.JobPaths:
+def _paths(factory: Factory, project: uuid.UUID, job_id: uuid.UUID) -> JobPaths:
     with transaction(factory) as session:
         if data.get_job(session, project, job_id) is None:
             raise ApiError(404, f"job {job_id} not found")
-    return storage.JobPaths.for_job(str(job_id))
+    return JobPaths.for_job(str(job_id))
 
 
-def _artifacts(factory: Factory, project: uuid.UUID, job_id: uuid.UUID) -> tuple[storage.JobPaths, list[dict[str, Any]]]:
+def _artifacts(factory: Factory, project: uuid.UUID, job_id: uuid.UUID) -> tuple[JobPaths, list[dict[str, Any]]]:
     """The job's paths and its artifacts as the worker copied them from the agent's manifest when the
     job succeeded (none before): the job's code cannot change that copy; what it could change in
     storage is checked against it (service/artifact_download.py)."""
@@ -41,7 +42,7 @@ def _artifacts(factory: Factory, project: uuid.UUID, job_id: uuid.UUID) -> tuple
         if job is None:
             raise ApiError(404, f"job {job_id} not found")
         items = list(job.artifacts or [])
-    return storage.JobPaths.for_job(str(job_id)), items
+    return JobPaths.for_job(str(job_id)), items
 
 
 def safe_artifact_path(path: str) -> str:
@@ -52,15 +53,15 @@ def safe_artifact_path(path: str) -> str:
     return norm
 
 
-def _signer(paths: storage.JobPaths) -> Callable[[str], str] | None:
+def _signer(paths: JobPaths) -> Callable[[str], str] | None:
     """Signed V4 URLs when the credentials can sign (a service account key, or IAM signBlob);
     None when they cannot (the emulator's anonymous credentials, user credentials)."""
     def sign(rel: str) -> str:
-        url: str = storage.blob(paths.key(f"artifacts/{rel}")).generate_signed_url(
+        url: str = storage.blob(paths.artifact(rel)).generate_signed_url(
             version="v4", expiration=SIGNED_URL_TTL, method="GET")
         return url
     try:
-        sign("manifest.json")
+        sign(ARTIFACT_MANIFEST)
     except Exception:  # AttributeError / google.auth errors: these credentials cannot sign
         return None
     return sign
@@ -75,7 +76,7 @@ def list_artifacts(job_id: uuid.UUID, project: ProjectId, factory: Factory) -> A
         rel = safe_artifact_path(item["path"])
         url = sign(rel) if sign else f"/v1/jobs/{job_id}/artifacts/{rel}"
         out.append(ArtifactPublic(path=rel, size=item["size"], sha256=item["sha256"],
-                                  uri=paths.key(f"artifacts/{rel}"), download_url=url))
+                                  uri=paths.artifact(rel), download_url=url))
     return ArtifactList(artifacts=out, signed=sign is not None)
 
 
@@ -87,7 +88,7 @@ def download_artifact(job_id: uuid.UUID, path: str, project: ProjectId, factory:
     paths, items = _artifacts(factory, project, job_id)
     if (item := next((i for i in items if i["path"] == rel), None)) is None:
         raise ApiError(404, f"job {job_id} has no artifact {rel!r}")
-    return verified_download(storage.blob(paths.key(f"artifacts/{rel}")), item, posixpath.basename(rel))
+    return verified_download(storage.blob(paths.artifact(rel)), item, posixpath.basename(rel))
 
 
 # ?follow=true answers with server-sent events until the job ends (service/routes/streams.py). It is

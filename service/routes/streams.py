@@ -39,6 +39,7 @@ from service.db.session import transaction
 from service.errors import error_response
 from service.stream_slots import RETRY_AFTER_S, SLOTS, Slot, TooManyStreams
 from trainjobs import storage
+from trainjobs.job_paths import JobPaths
 from trainjobs.states import JobStatus
 
 log = logging.getLogger("trainjobs.api")
@@ -234,8 +235,8 @@ def follow(factory: sessionmaker[Session], who: Follower, tail: Tail) -> Respons
 
 
 def follow_logs(factory: sessionmaker[Session], who: Follower, cursor: str | None) -> Response:
-    return follow(factory, who, LogTail(storage.JobPaths.for_job(str(who.job_id)).logs, cursor))
+    return follow(factory, who, LogTail(JobPaths.for_job(str(who.job_id)).logs, cursor))
 
 
 def follow_metrics(factory: sessionmaker[Session], who: Follower, cursor: str | None) -> Response:
-    return follow(factory, who, MetricTail(storage.JobPaths.for_job(str(who.job_id)).metrics, cursor))
+    return follow(factory, who, MetricTail(JobPaths.for_job(str(who.job_id)).metrics, cursor))

@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainjobs import storage
+from trainjobs.job_paths import DATASETS, dataset_manifest
 from trainjobs.messages import AgentAssignment
 from trainjobs.spec import JobSpec
 
 _MODULE_FILES = (".py", ".zip", ".tar.gz", ".tgz")
-_STAGED = re.compile(r"datasets/[0-9a-f]{64}/?")  # storage.dataset_uri: only staging writes under datasets/
+_STAGED = re.compile(rf"{DATASETS}/[0-9a-f]{{64}}/?")  # job_paths.dataset_uri: only staging writes under datasets/
 MAX_RULES = 10  # a Credential Access Boundary holds at most 10 rules
 MAX_EXPRESSION = 2048  # characters in one rule's condition
 
@@ -101,7 +102,7 @@ def job_boundary(job_id: str, spec: JobSpec, dataset_uri: str | None, job_dir: s
     manifest = None
     if dataset_uri is not None and dataset_uri.startswith("gs://"):
         _check_staged(job_id, dataset_uri, job_dir)
-        manifest = storage.read_json(f"{dataset_uri.rstrip('/')}/manifest.json")
+        manifest = storage.read_json(dataset_manifest(dataset_uri))
         if manifest is None:
             raise LookupError(f"job {job_id}: the staged dataset {dataset_uri} has no manifest")
     assignment = AgentAssignment(job_id=job_id, attempt=1, spec=spec, dataset_uri=dataset_uri or "")

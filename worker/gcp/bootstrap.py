@@ -18,6 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from trainjobs import storage
+from trainjobs.job_paths import STORAGE_TOKEN, agent_wheel_uri
 from trainjobs.vm_metadata import MACHINE_KEY
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -73,7 +74,7 @@ def build_agent_wheel() -> tuple[str, bytes]:
 def upload_agent_wheel(bucket: str) -> str:
     """gs:// URI of this code's agent wheel, uploaded if the bucket lacks it. Once per process and bucket."""
     name, data = build_agent_wheel()
-    uri = f"gs://{bucket}/agent/{hashlib.sha256(data).hexdigest()}/{name}"
+    uri = agent_wheel_uri(bucket, hashlib.sha256(data).hexdigest(), name)
     blob = storage.blob(uri)
     if not blob.exists():
         blob.upload_from_string(data, content_type="application/zip")
@@ -120,7 +121,7 @@ if curl -sf --retry 5 -H 'Metadata-Flavor: Google' "$METADATA/instance/attribute
   TOKEN_DIR="$(mktemp -d)"
   "$PYTHON" -m agent.first_token --metadata-url "$METADATA" --out "$TOKEN_DIR/storage-token.json"
   export TRAINJOBS_STORAGE_TOKEN_FILE="$TOKEN_DIR/storage-token.json"
-  export TRAINJOBS_STORAGE_TOKEN_URI="$JOB_DIR/_credentials/storage-token.json"
+  export TRAINJOBS_STORAGE_TOKEN_URI="$JOB_DIR/{STORAGE_TOKEN}"
 fi
 {cluster}exec "$PYTHON" -m agent --job-dir "$JOB_DIR" --task-index "$TASK"
 """

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainjobs import storage
+from trainjobs.job_paths import JobPaths
 from trainjobs.catalogue import bundled_gpus, cpu_machine_type, default_gpu_machine_type
 from trainjobs.spec import CpuAccelerator, GpuAccelerator, TpuAccelerator
 from trainjobs.vm_metadata import (COMPUTE_API_KEY, HOST_KEY, INSTANCE_KEY, JOB_DIR_KEY, MACHINE_KEY, SEALED_KEY,
@@ -91,7 +92,7 @@ def compute_clients(config: GcpConfig) -> ComputeClients:
 
 
 def cluster_uri(job_dir: str, attempt: int) -> str:
-    return f"{job_dir.rstrip('/')}/cluster/attempt-{attempt}.json"
+    return JobPaths.of(job_dir).cluster(attempt)
 
 
 def agent_startup_script(request: MachineRequest) -> str:

@@ -18,17 +18,16 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from trainjobs import storage
+from trainjobs.job_paths import JobPaths
 from worker.boundary.access import JobBoundary
 from worker.boundary.tokens import Minter, TokenFileRefresher, downscoped_minter
 from worker.ports import MachineRequest
 
 log = logging.getLogger("trainjobs.worker")
 
-TOKEN_OBJECT = "_credentials/storage-token.json"
-
 
 def token_uri(job_dir: str) -> str:
-    return f"{job_dir.rstrip('/')}/{TOKEN_OBJECT}"
+    return JobPaths.of(job_dir).storage_token
 
 
 def token_json(token: str, expiry: datetime) -> dict[str, str]:

@@ -24,7 +24,6 @@ from typing import Any
 
 from worker.staging.options import ConversionOptions
 
-MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
 
 

@@ -7,12 +7,11 @@ from pathlib import Path
 
 import numpy as np
 
+from trainjobs.job_paths import DATASET_SHARDS
 from worker.staging.examples import Examples
 from worker.staging.manifest import Split
 from worker.staging.options import SHUFFLE_SEED, ConversionOptions
 from worker.staging.tfrecord import write_examples
-
-SHARD_DIR = "shards"
 
 
 def split_indices(n: int, validation_split: float) -> dict[str, np.ndarray]:
@@ -24,14 +23,14 @@ def split_indices(n: int, validation_split: float) -> dict[str, np.ndarray]:
 
 def write_splits(examples: Examples, options: ConversionOptions, out_dir: Path) -> dict[str, Split]:
     """Write shards/<split>-NNNNN-of-MMMMM.tfrecord under out_dir; paths in the result are relative to it."""
-    (out_dir / SHARD_DIR).mkdir(parents=True, exist_ok=True)
+    (out_dir / DATASET_SHARDS).mkdir(parents=True, exist_ok=True)
     splits: dict[str, Split] = {}
     for name, rows in split_indices(len(examples.y), options.validation_split).items():
         count = math.ceil(len(rows) / options.shard_examples)
         shards = []
         for k in range(count):
             part = rows[k * options.shard_examples : (k + 1) * options.shard_examples]
-            rel = f"{SHARD_DIR}/{name}-{k:05d}-of-{count:05d}.tfrecord"
+            rel = f"{DATASET_SHARDS}/{name}-{k:05d}-of-{count:05d}.tfrecord"
             write_examples(out_dir / rel, examples.x[part], examples.y[part])
             shards.append(rel)
         counts = np.bincount(examples.y[rows], minlength=examples.num_classes)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from trainjobs import storage
+from trainjobs.job_paths import dataset_manifest, dataset_uri
 from trainjobs.source_rules import DataAccessRules
 from trainjobs.spec import DatasetSpec
 from worker.staging.budget import StagingBudget, StagingLimits
@@ -18,7 +19,7 @@ from worker.staging.content_hash import dataset_sha256
 from worker.staging.gcs_source import GcsSource
 from worker.staging.in_place import scan_in_place
 from worker.staging.example_proto import NotOurSchema
-from worker.staging.manifest import MANIFEST_NAME, Provenance, build_manifest
+from worker.staging.manifest import Provenance, build_manifest
 from worker.staging.options import ConversionOptions
 from worker.staging.shards import write_splits
 from worker.staging.sources import SourceAccess, open_source
@@ -36,7 +37,7 @@ class StagedDataset:
 
     @property
     def manifest_uri(self) -> str:
-        return f"{self.uri}/{MANIFEST_NAME}"
+        return dataset_manifest(self.uri)
 
 
 def stage_dataset(ds: DatasetSpec, *, project_id: str, work_dir: Path, bucket: str | None = None,
@@ -60,8 +61,8 @@ def stage_dataset(ds: DatasetSpec, *, project_id: str, work_dir: Path, bucket: s
         source = open_source(ds.source, bucket=bucket, scratch=scratch, access=access)
         budget.check_stop()
         sha = dataset_sha256(ds.format, options, source.files())
-        uri = storage.dataset_uri(sha, bucket)
-        existing = storage.read_json(f"{uri}/{MANIFEST_NAME}")
+        uri = dataset_uri(sha, bucket)
+        existing = storage.read_json(dataset_manifest(uri))
         if existing is not None:
             log.info("dataset %s is already staged at %s", ds.source, uri)
             return StagedDataset(uri, sha, existing, 0)
@@ -94,7 +95,7 @@ def stage_dataset(ds: DatasetSpec, *, project_id: str, work_dir: Path, bucket: s
         )
         # Last, and only after every shard: a manifest is the promise that the dataset is complete.
         # Two workers staging the same content write identical bytes, so the race is harmless.
-        storage.write_json(f"{uri}/{MANIFEST_NAME}", manifest)
+        storage.write_json(dataset_manifest(uri), manifest)
     log.info("staged %s as %s: %s in %.1f s", ds.source, uri,
              {k: v.examples for k, v in splits.items()}, time.monotonic() - started)
     return StagedDataset(uri, sha, manifest, uploaded + 1, uploaded_bytes)
