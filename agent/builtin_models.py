@@ -1,33 +1,36 @@
 """The built-in models, sized by model.params. Each one starts with a Normalization layer fixed to
 the training data's per-channel statistics, so raw staged features (pixels 0..255, digits 0..16)
-train without the user rescaling them."""
+train without the user rescaling them.
+
+Which built-ins exist, the params each takes and their defaults, and the features each needs are the
+core's table (trainjobs/model_params.py), which the API checks at submit; this module only builds them.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from trainjobs.model_params import BUILTIN_PARAMS, with_defaults
-from agent.models import ModelError, ModelInputs
+from trainjobs.model_params import BUILTIN_IMAGE_MODELS, features_problem, unknown_param, with_defaults
+from agent.model_inputs import Builder, ModelError, ModelInputs
 
 
 def _params(name: str, given: dict[str, Any]) -> dict[str, Any]:
-    # The API refuses unknown params at submit (trainjobs/model_params.py); a job stored before that
-    # check may still carry one, and still fails here, before any training, as it always did.
-    unknown = set(given) - set(BUILTIN_PARAMS[name])
-    if unknown:
-        raise ModelError(f"model.params {sorted(unknown)} mean nothing to {name}; it takes {sorted(BUILTIN_PARAMS[name])}")
+    # The API refuses unknown params at submit; a job stored before that check may still carry one, and
+    # still fails here, before any training, as it always did.
+    if unknown := unknown_param(name, given):
+        raise ModelError(f"model.params.{unknown[0]}: {unknown[1]}")
     return with_defaults(name, given)
 
 
-def _normalized_input(inputs: ModelInputs, need_image: str | None = None) -> tuple[Any, Any]:
+def _normalized_input(inputs: ModelInputs, name: str) -> tuple[Any, Any]:
     import keras
 
     shape = inputs.input_shape
+    if problem := features_problem(name, shape):
+        raise ModelError(problem)
     x = inp = keras.Input(shape, name="features")
-    if need_image and len(shape) == 2:
-        x = keras.layers.Reshape((*shape, 1))(x)
-    elif need_image and len(shape) != 3:
-        raise ModelError(f"{need_image} needs image features (height, width[, channels]), got shape {list(shape)}; use mlp")
+    if name in BUILTIN_IMAGE_MODELS and len(shape) == 2:
+        x = keras.layers.Reshape((*shape, 1))(x)  # an image without channels: give it one
     if inputs.mean is not None and inputs.variance is not None:
         x = keras.layers.Normalization(mean=list(inputs.mean), variance=list(inputs.variance), name="normalize")(x)
     return inp, x
@@ -46,7 +49,7 @@ def mlp(inputs: ModelInputs) -> Any:
 
     p = _params("mlp", inputs.params)
     units = p["hidden_units"] if isinstance(p["hidden_units"], list) else [p["hidden_units"]]
-    inp, x = _normalized_input(inputs)
+    inp, x = _normalized_input(inputs, "mlp")
     x = keras.layers.Flatten()(x)
     for n in units:
         x = keras.layers.Dense(int(n), activation="relu")(x)
@@ -57,7 +60,7 @@ def cnn(inputs: ModelInputs) -> Any:
     import keras
 
     p = _params("cnn", inputs.params)
-    inp, x = _normalized_input(inputs, need_image="cnn")
+    inp, x = _normalized_input(inputs, "cnn")
     for f in p["filters"]:
         x = keras.layers.Conv2D(int(f), int(p["kernel_size"]), padding="same", activation="relu")(x)
         if min(x.shape[1], x.shape[2]) >= 2:
@@ -73,7 +76,7 @@ def resnet(inputs: ModelInputs) -> Any:
     from keras import layers
 
     p = _params("resnet", inputs.params)
-    inp, x = _normalized_input(inputs, need_image="resnet")
+    inp, x = _normalized_input(inputs, "resnet")
     x = layers.Conv2D(int(p["filters"][0]), 3, padding="same", use_bias=False)(x)
     for stage, f in enumerate(int(f) for f in p["filters"]):
         for block in range(int(p["blocks_per_stage"])):
@@ -87,3 +90,7 @@ def resnet(inputs: ModelInputs) -> Any:
     x = layers.Activation("relu")(layers.BatchNormalization()(x))
     x = layers.GlobalAveragePooling2D()(x)
     return keras.Model(inp, _head(x, inputs, float(p["dropout"])), name="resnet")
+
+
+# By the table's names: tests/unit/test_model_table.py checks every built-in the table names has a builder.
+BUILTIN_BUILDERS: dict[str, Builder] = {"mlp": mlp, "cnn": cnn, "resnet": resnet}

@@ -13,44 +13,27 @@ import importlib
 import importlib.util
 import re
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trainjobs import storage
-from trainjobs.spec import BUILTIN_MODELS, ModelSpec
+from trainjobs.model_params import features_problem
+from trainjobs.spec import ModelSpec
+from agent.builtin_models import BUILTIN_BUILDERS
+from agent.model_inputs import Builder, ModelError, ModelInputs
+
+__all__ = ["Builder", "ModelError", "ModelInputs", "build", "builder_for"]
 
 # keras.applications refuse inputs below these sides (weights=None still checks); default 32.
 _APPLICATION_MIN_SIDE = {"InceptionV3": 75, "InceptionResNetV2": 75, "Xception": 71}
-
-
-class ModelError(Exception):
-    """The model could not be built; the message says why, for the user."""
-
-
-@dataclass(frozen=True)
-class ModelInputs:
-    input_shape: tuple[int, ...]
-    num_classes: int
-    params: dict[str, Any] = field(default_factory=dict)
-    # Per-channel statistics of the training data, for the built-ins' Normalization layer.
-    mean: tuple[float, ...] | None = None
-    variance: tuple[float, ...] | None = None
-
-
-Builder = Callable[[ModelInputs], Any]
 
 
 def builder_for(model: ModelSpec, user_model_dir: Path) -> Builder:
     if model.module is not None:
         return _user_builder(model.module, model.function, user_model_dir)
     assert model.name is not None
-    if model.name in BUILTIN_MODELS:
-        from agent import builtin_models
-
-        builder: Builder = getattr(builtin_models, model.name)
-        return builder
+    if (builtin := BUILTIN_BUILDERS.get(model.name)) is not None:
+        return builtin
     return _application_builder(model.name)
 
 
@@ -78,8 +61,8 @@ def _application_builder(name: str) -> Builder:
     def build_application(inputs: ModelInputs) -> Any:
         params = dict(inputs.params)
         dropout = float(params.pop("dropout", 0.0))
-        if len(inputs.input_shape) != 3:
-            raise ModelError(f"{name} needs image features (height, width, channels), got shape {list(inputs.input_shape)}")
+        if problem := features_problem(name, inputs.input_shape):
+            raise ModelError(problem)
         h, w, c = inputs.input_shape
         x = inp = keras.Input(inputs.input_shape)
         side = _APPLICATION_MIN_SIDE.get(name, 32)

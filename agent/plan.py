@@ -2,7 +2,9 @@
 
 Pure: imports neither TensorFlow nor Keras, so the rules are tested without starting either. The
 strategy object itself is built in `devices.py`; this module decides its name and everything that
-follows from the replica count it reports.
+follows from the replica count it reports. The rules themselves (the default batch, its split over the
+replicas, the batch against the data, learning-rate scaling, `precision: auto`) are the ones the API,
+staging and the dry run apply to the replicas the spec asks for: trainjobs/spec/derived.py.
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from trainjobs.spec import JobSpec, TpuAccelerator
+from trainjobs.spec.derived import (
+    batch_fits_problem, batch_split_problem, global_batch_size, resolve_precision, scaled_learning_rate,
+)
 
 HardwareKind = Literal["tpu", "gpu", "cpu"]
 
@@ -90,18 +95,6 @@ def strategy_to_build(spec: JobSpec, hardware: Hardware) -> str:
     return wanted
 
 
-def resolve_precision(spec: JobSpec, hardware: Hardware) -> str:
-    if spec.precision != "auto":
-        return spec.precision
-    if hardware.kind == "tpu":
-        return "mixed_bfloat16"
-    if hardware.kind == "gpu":
-        # Tensor cores make float16 pay from Volta (7.0) on; older cards are faster in float32.
-        cc = hardware.gpu_compute_capability
-        return "mixed_float16" if cc is not None and cc >= 7.0 else "float32"
-    return "float32"
-
-
 def resolve_plan(spec: JobSpec, hardware: Hardware, strategy: str, replicas: int, train_examples: int,
                  initial_epoch: int = 0) -> RuntimePlan:
     """Everything that depends on the replica count the built strategy reports."""
@@ -113,15 +106,12 @@ def resolve_plan(spec: JobSpec, hardware: Hardware, strategy: str, replicas: int
     if replicas != spec.num_replicas:
         notes.append(f"{spec.num_replicas} replicas asked for, {replicas} on this machine")
 
-    if t.global_batch_size is not None:
-        global_batch = t.global_batch_size
-        if global_batch % replicas:
-            raise PlanError(f"global batch {global_batch} does not divide over the {replicas} replicas this machine has")
-    else:
-        global_batch = (t.per_replica_batch_size or 32) * replicas
+    global_batch = global_batch_size(t, replicas)
+    if problem := batch_split_problem(global_batch, replicas):
+        raise PlanError(f"{problem} (the replicas this machine has)")
+    if problem := batch_fits_problem(global_batch, train_examples):
+        raise PlanError(problem)
     steps = train_examples // global_batch
-    if steps < 1:
-        raise PlanError(f"global batch {global_batch} is larger than the training split ({train_examples} examples)")
 
     # One call cannot cross an epoch boundary (callbacks, validation and checkpoints run there).
     if spec.steps_per_execution == "auto":
@@ -141,12 +131,12 @@ def resolve_plan(spec: JobSpec, hardware: Hardware, strategy: str, replicas: int
         local_devices=hardware.local_devices,
         workers=spec.workers,
         replicas=replicas,
-        precision=resolve_precision(spec, hardware),
+        precision=resolve_precision(spec.precision, hardware.kind, hardware.gpu_compute_capability),
         global_batch_size=global_batch,
         per_replica_batch_size=global_batch // replicas,
         steps_per_epoch=steps,
         steps_per_execution=spe,
-        learning_rate=spec.scaled_learning_rate(global_batch),
+        learning_rate=scaled_learning_rate(t, global_batch),
         warmup_steps=round(t.warmup_epochs * steps),
         epochs=t.epochs,
         initial_epoch=initial_epoch,

@@ -1,6 +1,7 @@
 """The machines we can provision, and what each costs: one table, read by the spec validator
-(which types and counts exist), the agent (compute capability decides `precision: auto`), the GCP
-provisioner (the VM shape of a CPU job) and the worker (limits.max_cost_usd).
+(which types and counts exist, which precisions a GPU computes in), the facts derived from a spec
+(trainjobs/spec/derived.py: replicas, hosts, machine types, price, `precision: auto`) and the GCP
+provisioner (the VM shape of a job).
 
 Prices are rough on-demand list prices in USD per hour for us-central1, deliberately conservative
 (on-demand even for spot). Every machine a job can get has one, CPU VMs included: a $0 CPU price once
@@ -33,6 +34,29 @@ TPU_GENERATIONS: dict[str, TpuGeneration] = {
 }
 
 
+def tpu_generation(tpu_type: str) -> TpuGeneration:
+    """The generation of an accelerator type the spec accepted (v4-8 -> v4)."""
+    return TPU_GENERATIONS[tpu_type.rsplit("-", 1)[0]]
+
+
+def _tpu_units(tpu_type: str) -> int:
+    return int(tpu_type.rsplit("-", 1)[1])
+
+
+def tpu_replicas(tpu_type: str) -> int:
+    """TPUStrategy's replicas over the whole slice."""
+    return _tpu_units(tpu_type) // tpu_generation(tpu_type).units_per_replica
+
+
+def tpu_hosts(tpu_type: str) -> int:
+    """The TPU VMs of the slice: a host drives replicas_per_host replicas."""
+    return max(1, tpu_replicas(tpu_type) // tpu_generation(tpu_type).replicas_per_host)
+
+
+def tpu_chips(tpu_type: str) -> int:
+    return _tpu_units(tpu_type) // tpu_generation(tpu_type).units_per_chip
+
+
 @dataclass(frozen=True)
 class GpuType:
     compute_capability: float  # CUDA's; decides `precision: auto`
@@ -52,6 +76,11 @@ GPU_TYPES: dict[str, GpuType] = {
     "nvidia-h100-mega-80gb": GpuType(9.0, (8,), 11.6),
     "nvidia-h200-141gb": GpuType(9.0, (8,), 13.0),
 }
+
+# The compute capabilities that decide a GPU's precision (CUDA's numbering).
+FLOAT16_MIN_CC = 6.0  # float16 arithmetic at all (Pascal): mixed_float16 is refused below it
+FLOAT16_FAST_CC = 7.0  # tensor cores (Volta): from here mixed_float16 beats float32, so `precision: auto` picks it
+BFLOAT16_MIN_CC = 8.0  # bfloat16 (Ampere): mixed_bfloat16 is refused below it
 
 
 # The machine type Compute Engine pairs with each GPU type and count when the spec names none: the
@@ -89,11 +118,6 @@ def bundled_gpus(machine_type: str) -> tuple[str, int] | None:
             if name == machine_type:
                 return gpu_type, count
     return None
-
-
-def tpu_chips(tpu_type: str) -> int:
-    gen, n = tpu_type.rsplit("-", 1)
-    return int(n) // TPU_GENERATIONS[gen].units_per_chip
 
 
 # A CPU job on a gcp worker gets an n2-standard VM with two vCPUs per replica, the smallest size that

@@ -1,14 +1,15 @@
-"""What a job would create and what it costs per hour, from the spec and the one accelerator catalogue:
-`trainjobs submit --dry-run` prints it without calling the API."""
+"""What a job would create and what it costs per hour, as `trainjobs submit --dry-run` prints it without
+calling the API. The facts (hosts, machine types, the price) are the ones the worker and the provisioners
+use: trainjobs/spec/derived.py."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainjobs.catalogue import (
-    GPU_TYPES, TPU_GENERATIONS, cpu_machine_type, cpu_usd_per_hour, default_gpu_machine_type, tpu_chips,
-)
 from trainjobs.spec import CpuAccelerator, GpuAccelerator, JobSpec, TpuAccelerator
+from trainjobs.spec.derived import hosts, hourly_price_usd, job_accelerators, vm_machine_type
+
+__all__ = ["MachinePlan", "hourly_price_usd", "plan_machines"]  # hourly_price_usd: the worker's and the tests' import
 
 
 @dataclass(frozen=True)
@@ -31,38 +32,16 @@ class MachinePlan:
         ]
 
 
-def hourly_price_usd(spec: JobSpec) -> float:
-    """On-demand list price of all the job's machines per hour, from the one catalogue: the dry run prints
-    it and the worker enforces limits.max_cost_usd with it.
-
-    The price of the machines the spec asks for on Google Cloud, whichever provisioner runs the job. The
-    dry run cannot know the deployment (it calls no API), and the local stack stands in for the cloud: a
-    local job costs nothing, but its max_cost_usd stops it when the same job on a gcp worker would be
-    stopped, as it already did for GPU and TPU specs run locally."""
-    acc = spec.accelerator
-    match acc:
-        case TpuAccelerator():
-            generation = acc.tpu_type.rsplit("-", 1)[0]
-            return TPU_GENERATIONS[generation].usd_per_chip_hour * tpu_chips(acc.tpu_type)
-        case GpuAccelerator():
-            return GPU_TYPES[acc.gpu_type].usd_per_gpu_hour * acc.count * spec.workers
-        case CpuAccelerator():
-            return cpu_usd_per_hour(acc.replicas) * spec.workers
-
-
 def plan_machines(spec: JobSpec) -> MachinePlan:
     acc, price = spec.accelerator, hourly_price_usd(spec)
+    per_vm = " each" if spec.workers > 1 else ""
     match acc:
         case TpuAccelerator():
-            chips = tpu_chips(acc.tpu_type)
-            return MachinePlan("Cloud TPU", f"{acc.tpu_type} ({chips} chips)", acc.hosts, acc.runtime_version, acc.spot,
-                               price)
+            return MachinePlan("Cloud TPU", f"{acc.tpu_type} ({job_accelerators(spec)} chips)", hosts(spec),
+                               acc.runtime_version, acc.spot, price)
         case GpuAccelerator():
-            machine = acc.machine_type or default_gpu_machine_type(acc.gpu_type, acc.count)
-            per_vm = " each" if spec.workers > 1 else ""
-            return MachinePlan("Compute Engine GPU VM", f"{acc.count} x {acc.gpu_type}, {machine}{per_vm}", spec.workers,
-                               None, acc.spot, price)
+            return MachinePlan("Compute Engine GPU VM", f"{acc.count} x {acc.gpu_type}, {vm_machine_type(acc)}{per_vm}",
+                               hosts(spec), None, acc.spot, price)
         case CpuAccelerator():
-            per_vm = " each" if spec.workers > 1 else ""
-            return MachinePlan("CPU", f"{acc.replicas} replica(s), {cpu_machine_type(acc.replicas)} on GCP{per_vm}",
-                               spec.workers, None, False, price)
+            return MachinePlan("CPU", f"{acc.replicas} replica(s), {vm_machine_type(acc)} on GCP{per_vm}",
+                               hosts(spec), None, False, price)

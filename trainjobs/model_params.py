@@ -1,7 +1,9 @@
-"""Which `model.params` each built-in model and keras.applications architecture takes: one table, read by
-the spec validator (a 422 at submit naming `model.params.<name>`) and by the agent's builders (the
-defaults they build with). Before this table the names lived only in the agent, so a typo passed
-submit, staging and provisioning and failed on the paid machine (issue 19).
+"""The models trainjobs builds itself: the built-ins (mlp, cnn, resnet) and the keras.applications
+architectures, which `model.params` each takes and the features each needs. One table, read by the spec
+validator (a 422 at submit naming `model.params.<name>`), staging's preflight (features of the wrong
+shape fail before a machine is paid for) and the agent's builders (the defaults they build with, and the
+same checks for a job stored before them). Before this table the names lived only in the agent, so a
+typo passed submit, staging and provisioning and failed on the paid machine (issue 19).
 
 Pure data and checks: no Keras here, so the API can read it. tests/test_user_models.py checks the
 keras.applications rows against the pinned Keras's own signatures.
@@ -61,6 +63,21 @@ BUILTIN_PARAMS: dict[str, dict[str, Param]] = {
     "resnet": {"filters": Param([16, 32, 64], _positive_ints), "blocks_per_stage": Param(1, _positive_int),
                "dropout": _DROPOUT},
 }
+BUILTIN_MODELS = tuple(BUILTIN_PARAMS)
+# The built-ins that convolve: their features are an image, (height, width) or (height, width, channels).
+BUILTIN_IMAGE_MODELS = ("cnn", "resnet")
+
+# keras.applications architectures in the pinned Keras (3.15); tests/test_user_models.py checks this
+# list against Keras itself, so a Keras upgrade that drops one fails CI rather than a user's job. Their
+# features are an image with channels: (height, width, channels).
+KERAS_APPLICATIONS = (
+    "ConvNeXtBase", "ConvNeXtLarge", "ConvNeXtSmall", "ConvNeXtTiny", "ConvNeXtXLarge", "DenseNet121", "DenseNet169",
+    "DenseNet201", "EfficientNetB0", "EfficientNetB1", "EfficientNetB2", "EfficientNetB3", "EfficientNetB4",
+    "EfficientNetB5", "EfficientNetB6", "EfficientNetB7", "EfficientNetV2B0", "EfficientNetV2B1", "EfficientNetV2B2",
+    "EfficientNetV2B3", "EfficientNetV2L", "EfficientNetV2M", "EfficientNetV2S", "InceptionResNetV2", "InceptionV3",
+    "MobileNet", "MobileNetV2", "MobileNetV3Large", "MobileNetV3Small", "NASNetLarge", "NASNetMobile", "ResNet101",
+    "ResNet101V2", "ResNet152", "ResNet152V2", "ResNet50", "ResNet50V2", "VGG16", "VGG19", "Xception",
+)
 
 # keras.applications: every architecture takes `dropout` (ours, before the classification head); the
 # rest are the constructors' own keywords that still mean something under include_top=False and
@@ -96,17 +113,37 @@ def did_you_mean(word: str, names: list[str]) -> str | None:
     return found[0] if found else None
 
 
-def params_problem(model_name: str, params: dict[str, Any]) -> tuple[str, str] | None:
-    """(param name, reason) for the first param `model_name` does not take or cannot use, else None."""
+def unknown_param(model_name: str, params: dict[str, Any]) -> tuple[str, str] | None:
+    """(param name, reason) for the first param `model_name` does not take, else None."""
     takes = params_of(model_name)
-    for key, value in params.items():
+    for key in params:
         if key not in takes:
             reason = f"{model_name} takes no param {key!r}; it takes {', '.join(sorted(takes))}"
             if hint := did_you_mean(key, sorted(takes)):
                 reason += f"; did you mean {hint!r}?"
             return key, reason
+    return None
+
+
+def params_problem(model_name: str, params: dict[str, Any]) -> tuple[str, str] | None:
+    """(param name, reason) for the first param `model_name` does not take or cannot use, else None."""
+    takes = params_of(model_name)
+    for key, value in params.items():
+        if key not in takes:
+            return unknown_param(model_name, {key: value})
         if (problem := takes[key].problem(value)) is not None:
             return key, f"{model_name}'s {key} is {problem}, not {value!r}"
+    return None
+
+
+def features_problem(model_name: str, shape: list[int] | tuple[int, ...]) -> str | None:
+    """Why `model_name` cannot take features of this shape (one example's, without the batch), else None.
+    Staging checks it before a machine is paid for; the agent's builders for a job staged before."""
+    if model_name in BUILTIN_IMAGE_MODELS and len(shape) not in (2, 3):
+        return (f"model {model_name} needs image features (height, width[, channels]), the data's are {list(shape)}; "
+                "use mlp, or give the data an image shape (dataset.options.image_shape for TFRecords)")
+    if model_name not in BUILTIN_PARAMS and len(shape) != 3:  # a keras.applications architecture
+        return f"keras.applications.{model_name} needs image features (height, width, channels), the data's are {list(shape)}"
     return None
 
 

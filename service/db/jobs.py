@@ -36,7 +36,7 @@ def create_job(
     accelerators: int = 0,
 ) -> tuple[Row[Any], bool]:
     """Insert a queued job; with an idempotency key, return the first job made with it instead.
-    `accelerators` is what it will count against its project's quota (quotas.job_accelerators).
+    `accelerators` is what it will count against its project's quota (trainjobs.spec.derived.job_accelerators).
     Returns (job, created): job is a row of PUBLIC_COLUMNS plus, for a created job, `ahead_jobs` and
     `ahead_accelerators` (quotas.Ahead: the project's queued jobs before it)."""
     if idempotency_key is not None and (job := _job_for_key(session, project_id, idempotency_key, request_hash)):

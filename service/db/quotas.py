@@ -19,8 +19,6 @@ from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
 from service.db.models import Project
-from trainjobs.catalogue import tpu_chips
-from trainjobs.spec import GpuAccelerator, JobSpec, TpuAccelerator
 from trainjobs.states import JobStatus
 
 HOLDING = (JobStatus.STAGING, JobStatus.PROVISIONING, JobStatus.RUNNING, JobStatus.RECOVERING, JobStatus.CANCELLING)
@@ -58,17 +56,6 @@ class QuotaDefaults:
         # Read on every call, not cached: an operator's change applies at the next claim.
         return cls(env_int("TRAINJOBS_DEFAULT_MAX_RUNNING_JOBS", 8),
                    env_int("TRAINJOBS_DEFAULT_MAX_ACCELERATORS", 64))
-
-
-def job_accelerators(spec: JobSpec) -> int:
-    """What a job counts against max_accelerators: TPU chips, or GPUs on every worker. CPU replicas
-    count 0: they are bounded per job by TRAINJOBS_MAX_CPU_REPLICAS and per project by the job quota."""
-    acc = spec.accelerator
-    if isinstance(acc, TpuAccelerator):
-        return tpu_chips(acc.tpu_type)
-    if isinstance(acc, GpuAccelerator):
-        return acc.count * spec.workers
-    return 0
 
 
 @dataclass(frozen=True)

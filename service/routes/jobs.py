@@ -22,6 +22,7 @@ from service.schemas import (
 )
 from service.source_checks import check_job_sources
 from trainjobs.spec import JobSpec, label_problem
+from trainjobs.spec.derived import job_accelerators
 
 # Each route checks its key in the transaction it works in (project_transaction): one thread hop and
 # one transaction per request, on the API's few database threads, first come first served
@@ -51,7 +52,7 @@ def _submit(spec: JobSpec, secret: str, factory: SessionFactory, idempotency_key
     # What a replay is compared by, as stored: keep its form. Only a keyed submit can be replayed.
     request_hash = b"" if idempotency_key is None else \
         hashlib.sha256(json.dumps(body, sort_keys=True).encode()).digest()
-    accelerators = quotas.job_accelerators(spec)
+    accelerators = job_accelerators(spec)
     try:
         with project_transaction(factory, secret) as (project, session):
             check_job_sources(session, project, spec)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainjobs.spec import KERAS_APPLICATIONS, JobSpec
+from trainjobs.model_params import features_problem
+from trainjobs.spec import JobSpec
+from trainjobs.spec.derived import batch_fits_problem
 from worker.staging.errors import DatasetError
 
 # Fewer representative examples than this give int8 ranges from noise.
@@ -30,18 +32,10 @@ def plan_problems(spec: JobSpec, manifest: dict[str, Any]) -> list[str]:
     shape = [int(d) for d in manifest["feature"]["shape"]]
     problems = []
 
-    batch = spec.global_batch_size
-    if batch > train:
-        problems.append(f"the global batch of {batch} is larger than the training split ({train} examples); "
-                        "lower training.per_replica_batch_size or global_batch_size")
-
-    model = spec.model.name
-    if model in ("cnn", "resnet") and len(shape) not in (2, 3):
-        problems.append(f"model {model} needs image features (height, width[, channels]), the data's are {shape}; "
-                        "use mlp, or give the data an image shape (dataset.options.image_shape for TFRecords)")
-    elif model in KERAS_APPLICATIONS and len(shape) != 3:
-        problems.append(f"keras.applications.{model} needs image features (height, width, channels), the data's "
-                        f"are {shape}")
+    if problem := batch_fits_problem(spec.global_batch_size, train):
+        problems.append(problem)
+    if spec.model.name is not None and (problem := features_problem(spec.model.name, shape)):
+        problems.append(problem)
 
     tflite = spec.export.tflite
     if tflite is not None and tflite.quantization == "int8":

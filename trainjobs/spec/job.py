@@ -1,0 +1,105 @@
+"""The job spec as a whole: its sections, the rules that read several of them, its version, and how a
+stored spec is read back.
+
+At submit (the API, the CLI's dry run) every rule applies and the spec is stamped with `SPEC_VERSION`,
+the rules it was accepted under. A stored spec (the worker's driver, the agent's spec.json) is read with
+`parse_stored`, without the submit-only rules (trainjobs/spec/strict.py says why).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from trainjobs.spec.accelerator import Accelerator, CpuAccelerator
+from trainjobs.spec.dataset import DatasetSpec
+from trainjobs.spec.derived import global_batch_size, num_replicas, replicas_per_worker, resolve_strategy
+from trainjobs.spec.distribution import Precision, Strategy, check_consistency
+from trainjobs.spec.export import ExportSpec
+from trainjobs.spec.labels import labels_problem
+from trainjobs.spec.limits import LimitsSpec
+from trainjobs.spec.model import ModelSpec
+from trainjobs.spec.strict import STORED, Int, StrictModel, fail, submitting
+from trainjobs.spec.training import TrainingSpec
+
+# The spec rules a stored job was accepted under. 1: every job stored before versions were written;
+# 2: built-in models' params checked at submit.
+SPEC_VERSION = 2
+
+
+class JobSpec(StrictModel):
+    name: str = Field(default="job", pattern=r"^[A-Za-z0-9][A-Za-z0-9._ -]{0,127}$")
+    accelerator: Accelerator = CpuAccelerator(type="cpu")
+    workers: Int = Field(default=1, ge=1, le=64, description="hosts training together")
+    strategy: Strategy = "auto"
+    precision: Precision = "auto"
+    steps_per_execution: Int | Literal["auto"] = "auto"
+    dataset: DatasetSpec
+    model: ModelSpec
+    training: TrainingSpec = TrainingSpec()
+    export: ExportSpec = ExportSpec()
+    limits: LimitsSpec = LimitsSpec()
+    labels: dict[str, str] = Field(default_factory=dict)
+    spec_version: Int = Field(default=SPEC_VERSION, ge=1, le=SPEC_VERSION,
+                              description="The spec rules the job was accepted under; the API writes it at submit.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stamp_version(cls, data: Any, info: ValidationInfo) -> Any:
+        """A submitted spec is checked by today's rules, so it says so, whatever version it was copied from."""
+        if submitting(info) and isinstance(data, dict) and "spec_version" in data:
+            return {**data, "spec_version": SPEC_VERSION}
+        return data
+
+    @field_validator("steps_per_execution", mode="before")
+    @classmethod
+    def _spe_not_bool(cls, v: Any) -> Any:
+        # Python counts True as the integer 1, and the int | 'auto' union would take it as one.
+        if isinstance(v, bool):
+            raise fail("steps_per_execution", "steps_per_execution is an integer or 'auto', not true/false")
+        return v
+
+    @field_validator("steps_per_execution")
+    @classmethod
+    def _spe_range(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and not 1 <= v <= 10_000:
+            raise fail("steps_per_execution", "steps_per_execution must be between 1 and 10000, or 'auto'")
+        return v
+
+    @field_validator("labels")
+    @classmethod
+    def _gcp_labels(cls, v: dict[str, str]) -> dict[str, str]:
+        if problem := labels_problem(v):
+            raise fail("labels", problem)
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JobSpec:
+        check_consistency(self)
+        return self
+
+    # Shortcuts to the facts trainjobs/spec/derived.py computes, for the spec's readers.
+
+    @property
+    def resolved_strategy(self) -> str:
+        return resolve_strategy(self)
+
+    @property
+    def replicas_per_worker(self) -> int:
+        return replicas_per_worker(self)
+
+    @property
+    def num_replicas(self) -> int:
+        return num_replicas(self)
+
+    @property
+    def global_batch_size(self) -> int:
+        """The global batch over the replicas the spec asks for (the agent's may differ: agent/plan.py)."""
+        return global_batch_size(self.training, self.num_replicas)
+
+
+def parse_stored(raw: dict[str, Any]) -> JobSpec:
+    """A spec as stored by any release: without today's submit-only rules, and a spec stored before versions
+    were written is version 1."""
+    return JobSpec.model_validate({"spec_version": 1, **raw}, context=STORED)

@@ -1,0 +1,41 @@
+"""spec.training: epochs, the batch, the optimizer and its learning rate, checkpoints. What follows from
+them over the replicas a job gets (the global batch, the scaled learning rate) is derived in
+trainjobs/spec/derived.py."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from trainjobs.spec.strict import Int, Number, StrictModel, fail
+
+MAX_GLOBAL_BATCH = 1_048_576
+
+
+class TrainingSpec(StrictModel):
+    epochs: Int = Field(default=10, ge=1, le=10_000)
+    per_replica_batch_size: Int | None = Field(default=None, ge=1, le=65_536)
+    global_batch_size: Int | None = Field(default=None, ge=1, le=MAX_GLOBAL_BATCH)
+    optimizer: Literal["adam", "adamw", "sgd", "rmsprop"] = "adam"
+    learning_rate: Number = Field(default=1e-3, gt=0.0, le=10.0)
+    lr_scaling: Literal["none", "linear", "sqrt"] = "none"
+    lr_base_batch_size: Int = Field(default=256, ge=1, le=MAX_GLOBAL_BATCH, description="batch the learning rate was tuned for")
+    warmup_epochs: Number = Field(default=0.0, ge=0.0, le=1000.0)
+    seed: Int = Field(default=0, ge=0, le=2**31 - 1)
+    checkpoint_every_epochs: Int = Field(default=1, ge=1, le=10_000)
+    checkpoint_every_steps: Int | None = Field(
+        default=None, ge=1, le=100_000_000,
+        description="Also checkpoint every this many optimizer steps, counted over the whole job, so a restarted "
+        "job resumes mid-epoch. A save happens between calls of the train function: with steps_per_execution > 1, "
+        "at the end of the first call that reaches each multiple. Combines with checkpoint_every_epochs.",
+    )
+    cache_dataset: bool = False
+
+    @model_validator(mode="after")
+    def _one_batch(self) -> TrainingSpec:
+        if self.per_replica_batch_size is not None and self.global_batch_size is not None:
+            raise fail("global_batch_size", "give per_replica_batch_size or global_batch_size, not both")
+        if self.warmup_epochs > self.epochs:
+            raise fail("warmup_epochs", f"warmup of {self.warmup_epochs} epochs is longer than training ({self.epochs})")
+        return self
