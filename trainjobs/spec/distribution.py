@@ -21,6 +21,8 @@ Precision = Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"]
 
 
 def check_consistency(spec: JobSpec) -> None:
+    """Refuse a strategy, precision or worker count the accelerator cannot train under, and a batch its
+    replicas cannot share: the first contradiction, with the field to change."""
     acc, strategy = spec.accelerator, spec.strategy
     is_tpu = isinstance(acc, TpuAccelerator)
     if strategy == "tpu" and not is_tpu:
