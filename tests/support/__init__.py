@@ -1,14 +1,20 @@
-"""What tests share beyond fixtures: one way to wait for something to happen."""
+"""What tests share beyond fixtures: one way to scale a wait for a loaded machine, and one way to wait
+for something to happen. Builders and stand-ins live beside this file (jobs.py, agent.py, worker.py...)."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from tests.conftest import scaled
-
 T = TypeVar("T")
+
+
+def scaled(seconds: float) -> float:
+    """A wait or deadline in a test, scaled for a loaded machine: TRAINJOBS_TEST_TIME_SCALE=3 triples it.
+    No test may pass or fail on time alone at scale 1 on a quiet machine either."""
+    return seconds * float(os.environ.get("TRAINJOBS_TEST_TIME_SCALE", "1"))
 
 
 def eventually(condition: Callable[[], T | None], timeout: float, what: str | Callable[[], str], every: float = 0.05) -> T:

@@ -1,21 +1,21 @@
 """The product on each fake Google Cloud: a fake API (Cloud TPU or Compute Engine), our provisioner on
-it through the real Google client, and a worker the test starts when it is ready. Import the fixture
-(`make_gcp`, `make_gce`) into the test module that uses it."""
+it through the real Google client, and a worker the test starts when it is ready. The fixtures
+`make_gcp` and `make_gce` (tests/conftest.py) hand these out."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from service.db.session import get_engine
 from stack.fakecloud import FakeComputeApi, FakeTpuApi
 from stack.fakecloud.compute_inventory import ComputeTiming
 from stack.fakecloud.tpu_inventory import Timing
-from tests.conftest import digits_spec, scaled
+from tests.support.jobs import digits_spec
+from tests.support import scaled
 from tests.support import eventually
 from trainjobs.loopback import free_port
 from worker.gcp.config import GcpConfig
@@ -58,10 +58,11 @@ class GcpStack:
         self.worker = _worker(database_url, self.provisioner, staging, "gcp-test", **driver)
 
 
-@pytest.fixture
-def make_gcp(db: Any, bucket: str, tmp_path: Path) -> Iterator[Callable[..., GcpStack]]:
-    """make_gcp(**fake options): a fake TPU API (by default its VMs do not boot) and a provisioner on it;
-    the test starts the worker when it is ready."""
+@contextmanager
+def tpu_stacks(tmp_path: Path) -> Iterator[Callable[..., GcpStack]]:
+    """make(**fake options): a fake TPU API (by default its VMs do not boot) and a provisioner on it;
+    the test starts the worker when it is ready. Everything made is stopped on the way out. The
+    `make_gcp` fixture (tests/conftest.py)."""
     stacks: list[GcpStack] = []
 
     def make(config: dict[str, Any] | None = None, **options: Any) -> GcpStack:
@@ -72,11 +73,13 @@ def make_gcp(db: Any, bucket: str, tmp_path: Path) -> Iterator[Callable[..., Gcp
         stacks.append(GcpStack(fake, provisioner))
         return stacks[-1]
 
-    yield make
-    for stack in stacks:
-        if stack.worker is not None:
-            stack.worker.shutdown(timeout=10)
-        stack.fake.stop()
+    try:
+        yield make
+    finally:
+        for stack in stacks:
+            if stack.worker is not None:
+                stack.worker.shutdown(timeout=10)
+            stack.fake.stop()
 
 
 def wait_for_node(fake: FakeTpuApi, state: str, timeout: float = 60) -> str:
@@ -98,10 +101,11 @@ class GceStack:
         self.worker = _worker(database_url, self.provisioner, staging, "gce-test")
 
 
-@pytest.fixture
-def make_gce(db: Any, bucket: str, tmp_path: Path) -> Iterator[Callable[..., GceStack]]:
-    """make_gce(**fake options): a fake Compute Engine API (by default its VMs do not boot) and a
-    provisioner on it with a fallback zone; the test starts the worker when it is ready."""
+@contextmanager
+def gce_stacks(tmp_path: Path) -> Iterator[Callable[..., GceStack]]:
+    """make(**fake options): a fake Compute Engine API (by default its VMs do not boot) and a
+    provisioner on it with a fallback zone; the test starts the worker when it is ready. The
+    `make_gce` fixture (tests/conftest.py)."""
     stacks: list[GceStack] = []
 
     def make(**options: Any) -> GceStack:
@@ -114,11 +118,13 @@ def make_gce(db: Any, bucket: str, tmp_path: Path) -> Iterator[Callable[..., Gce
         stacks.append(GceStack(fake, provisioner))
         return stacks[-1]
 
-    yield make
-    for stack in stacks:
-        if stack.worker is not None:
-            stack.worker.shutdown(timeout=10)
-        stack.fake.stop()
+    try:
+        yield make
+    finally:
+        for stack in stacks:
+            if stack.worker is not None:
+                stack.worker.shutdown(timeout=10)
+            stack.fake.stop()
 
 
 def wait_for_vms(fake: FakeComputeApi, count: int, status: str = "RUNNING", timeout: float = 60) -> list[str]:

@@ -1,0 +1,341 @@
+"""The agent, end to end against the GCS emulator: each job runs `python -m agent` in its own
+process with TRAINJOBS_LOCAL_DEVICES=2, exactly as the local provisioner starts it, and is judged
+only by what it leaves in GCS."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.support.agent import make_job, read, run_agent, spec, stage, digits
+from trainjobs import storage
+from trainjobs.spec import JobSpec, TrainingSpec
+from agent.checkpoints import CheckpointSchedule
+from agent.plan import Hardware, PlanError, TrainingPosition, resolve_plan, resume_from, strategy_to_build
+
+# --- the runtime plan (no TensorFlow) ------------------------------------------------------------
+
+
+def _plan(accelerator: dict[str, Any], local: int | None = None, cc: float | None = None, **kw: Any) -> Any:
+    s = JobSpec.model_validate(spec(accelerator=accelerator, **kw))
+    kind = accelerator["type"]
+    hw = Hardware(kind, local or s.accelerator.replicas, cc, local_devices=local)
+    name = strategy_to_build(s, hw)
+    return resolve_plan(s, hw, name, local or s.num_replicas, train_examples=1437)
+
+
+@pytest.mark.parametrize(("accelerator", "local", "cc", "strategy", "precision", "spe"), [
+    ({"type": "tpu", "tpu_type": "v4-8"}, None, None, "tpu", "mixed_bfloat16", 11),
+    ({"type": "tpu", "tpu_type": "v4-8"}, 2, None, "mirrored", "mixed_bfloat16", 22),
+    ({"type": "gpu", "gpu_type": "nvidia-l4", "count": 1}, None, 8.9, "one_device", "mixed_float16", 8),
+    ({"type": "gpu", "gpu_type": "nvidia-tesla-p100", "count": 1}, None, 6.0, "one_device", "float32", 8),
+    ({"type": "gpu", "gpu_type": "nvidia-tesla-t4", "count": 4}, None, 7.5, "mirrored", "mixed_float16", 8),
+    ({"type": "cpu"}, None, None, "default", "float32", 4),
+])
+def test_plan_follows_the_hardware(accelerator: dict[str, Any], local: int | None, cc: float | None, strategy: str,
+                                   precision: str, spe: int) -> None:
+    plan = _plan(accelerator, local, cc)
+    assert (plan.strategy, plan.precision, plan.steps_per_execution) == (strategy, precision, spe)
+    # Every step the data and batch imply, whether or not steps_per_execution divides them.
+    assert plan.steps_per_epoch == 1437 // plan.global_batch_size
+
+
+@pytest.mark.parametrize(("training", "global_batch", "lr", "warmup_steps"), [
+    ({"per_replica_batch_size": 64}, 128, 0.001, 0),
+    ({"global_batch_size": 256, "lr_scaling": "linear", "lr_base_batch_size": 128}, 256, 0.002, 0),
+    ({"per_replica_batch_size": 32, "lr_scaling": "sqrt", "lr_base_batch_size": 16}, 64, 0.002, 0),
+    ({"per_replica_batch_size": 32, "warmup_epochs": 1.5, "epochs": 3}, 64, 0.001, 33),  # 22 steps an epoch
+])
+def test_plan_scales_batch_and_learning_rate_over_the_replicas_it_got(training: dict[str, Any], global_batch: int,
+                                                                      lr: float, warmup_steps: int) -> None:
+    plan = _plan({"type": "cpu", "replicas": 2}, local=2, training=training)
+    assert plan.global_batch_size == global_batch
+    assert plan.learning_rate == pytest.approx(lr)
+    assert plan.warmup_steps == warmup_steps
+
+
+def test_plan_refuses_a_batch_larger_than_the_data() -> None:
+    with pytest.raises(PlanError, match="larger than the training split"):
+        _plan({"type": "cpu"}, training={"global_batch_size": 4096})
+
+
+def _small_plan(steps_per_epoch: int, steps_per_execution: int, epochs: int) -> Any:
+    return dataclasses.replace(_plan({"type": "cpu", "replicas": 2}, local=2), steps_per_epoch=steps_per_epoch,
+                               steps_per_execution=steps_per_execution, epochs=epochs)
+
+
+@pytest.mark.parametrize(("every_epochs", "every_steps", "expected"), [
+    (1, None, [(1, 0, 12), (2, 0, 24)]),
+    (5, None, [(2, 0, 24)]),  # the last epoch is always saved
+    # Multiples of 5 are reached by the calls ending at 8, 12, 16 and 20; the one ending at 12
+    # ends epoch 1, so its checkpoint is that epoch's.
+    (1, 5, [(0, 8, 8), (1, 0, 12), (1, 4, 16), (1, 8, 20), (2, 0, 24)]),
+    (5, 10, [(1, 0, 12), (1, 8, 20), (2, 0, 24)]),
+])
+def test_checkpoints_follow_the_epoch_and_step_schedules_at_call_boundaries(
+        every_epochs: int, every_steps: int | None, expected: list[tuple[int, int, int]]) -> None:
+    """Two epochs of 12 steps, run 4 steps per call."""
+    saved: list[TrainingPosition] = []
+    store = SimpleNamespace(save=lambda checkpoint, at, final=False: saved.append(at) or True, uploading=lambda: False)
+    training = TrainingSpec(epochs=2, checkpoint_every_epochs=every_epochs, checkpoint_every_steps=every_steps)
+    schedule = CheckpointSchedule(store, None, training, _small_plan(12, 4, epochs=2))  # type: ignore[arg-type]
+    for epoch in range(2):
+        for step in (4, 8, 12):
+            schedule.after_call(TrainingPosition(epoch, step, 12 * epoch + step))
+        schedule.after_epoch(TrainingPosition(epoch + 1, 0, 12 * (epoch + 1)))
+    assert [(at.epoch, at.step, at.global_step) for at in saved] == expected
+
+
+def test_a_save_due_during_the_last_upload_is_skipped_then_taken_once_it_is_done() -> None:
+    """A job of one task does not wait for storage between epochs: a checkpoint due while the last one
+    still uploads is skipped (CheckpointStore.may_skip) and taken at the first call after the upload
+    ends; the final one is never skipped (the real store waits for the upload instead)."""
+    saved: list[TrainingPosition] = []
+    busy = {"now": False}
+
+    def save(checkpoint: Any, at: TrainingPosition, final: bool = False) -> bool:
+        if busy["now"] and not final:
+            return False
+        saved.append(at)
+        return True
+
+    store = SimpleNamespace(save=save, uploading=lambda: busy["now"])
+    schedule = CheckpointSchedule(store, None, TrainingSpec(epochs=2), _small_plan(12, 4, epochs=2))  # type: ignore[arg-type]
+    busy["now"] = True
+    schedule.after_epoch(TrainingPosition(1, 0, 12))  # due, skipped
+    schedule.after_call(TrainingPosition(1, 4, 16))  # still uploading: nothing
+    busy["now"] = False
+    schedule.after_call(TrainingPosition(1, 8, 20))  # free: the skipped save is taken now
+    schedule.after_call(TrainingPosition(1, 12, 24))  # nothing due
+    busy["now"] = True
+    schedule.after_epoch(TrainingPosition(2, 0, 24))  # the final checkpoint: never skipped
+    assert [(at.epoch, at.step) for at in saved] == [(1, 8), (2, 0)]
+
+
+@pytest.mark.parametrize(("saved", "steps_per_epoch", "start", "noted"), [
+    (TrainingPosition(1, 8, 20), 12, TrainingPosition(1, 8, 20), False),
+    (TrainingPosition(1, 0, 12), 12, TrainingPosition(1, 0, 12), False),
+    # Not at an execution boundary of this plan: the epoch's last call is a shorter one.
+    (TrainingPosition(1, 6, 18), 12, TrainingPosition(1, 6, 18), False),
+    # Saved under a plan with longer epochs: this plan's last step, so one step is left to run.
+    (TrainingPosition(1, 10, 22), 8, TrainingPosition(1, 7, 22), True),
+    (TrainingPosition(3, 0, 36), 12, TrainingPosition(2, 0, 36), False),  # every epoch done
+])
+def test_resume_starts_where_the_checkpoint_was_taken(saved: TrainingPosition, steps_per_epoch: int,
+                                                      start: TrainingPosition, noted: bool) -> None:
+    plan = resume_from(_small_plan(steps_per_epoch, 4, epochs=2), saved)
+    assert plan.start == start
+    assert any("resumes at step" in note for note in plan.notes) == noted
+
+
+# --- end to end -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def digits_job(gcs_emulator: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One job, run once, judged by several tests: a TPU request on a 2-CPU stand-in (so mirrored,
+    mixed_bfloat16), the built-in cnn, int8 TFLite."""
+    bucket = f"t-{uuid.uuid4().hex[:12]}"
+    storage.ensure_bucket(bucket)
+    x, y = digits()
+    dataset = stage(bucket, tmp_path_factory.mktemp("digits"), x, y, 10, val=359)
+    job_dir = make_job(bucket, spec(
+        accelerator={"type": "tpu", "tpu_type": "v5litepod-8"},
+        model={"name": "cnn"},
+        training={"epochs": 4, "per_replica_batch_size": 32, "learning_rate": 0.003, "warmup_epochs": 1.5},
+        export={"tflite": {"quantization": "int8", "calibration_examples": 100}},
+    ), dataset)
+    rc, out = run_agent(job_dir)
+    return {"rc": rc, "out": out, "job_dir": job_dir, "x_val": x[-359:], "y_val": y[-359:],
+            "tmp": tmp_path_factory.mktemp("dl")}
+
+
+@pytest.mark.tf
+def test_digits_cnn_succeeds_over_90_percent(digits_job: dict[str, Any]) -> None:
+    assert digits_job["rc"] == 0, digits_job["out"][-5000:]
+    status = read(digits_job["job_dir"], "status.json")
+    assert status["state"] == "succeeded" and status["progress"] == 1.0 and status["error"] is None
+    final = read(digits_job["job_dir"], "artifacts/metrics.json")
+    assert final["val_accuracy"] > 0.9
+    assert final["tflite_quantization"] == "int8" and final["tflite_accuracy"] > 0.85
+
+
+@pytest.mark.tf
+def test_status_reports_the_stand_in_plan(digits_job: dict[str, Any]) -> None:
+    runtime = read(digits_job["job_dir"], "status.json")["runtime"]
+    assert runtime["requested_strategy"] == "tpu" and runtime["strategy"] == "mirrored"
+    assert (runtime["replicas"], runtime["precision"], runtime["global_batch_size"]) == (2, "mixed_bfloat16", 64)
+    assert runtime["local_devices"] == 2 and runtime["warmup_steps"] == 33
+
+
+@pytest.mark.tf
+def test_metrics_record_each_epoch_with_throughput_and_input_wait(digits_job: dict[str, Any]) -> None:
+    history = read(digits_job["job_dir"], "metrics.json")["history"]
+    assert [e["epoch"] for e in history] == [1, 2, 3, 4]
+    for entry in history:
+        assert entry["examples_per_sec"] > 0 and entry["step_time_ms"] > 0
+        assert 0.0 <= entry["input_wait_fraction"] <= 1.0
+        assert entry["val_accuracy"] is not None
+        assert (entry["steps"], entry["executions"]) == (22, 1)  # the TPU's auto steps_per_execution, mirrored
+    assert history[0]["learning_rate"] < history[-1]["learning_rate"] == pytest.approx(0.003)
+
+
+@pytest.mark.tf
+def test_artifact_manifest_lists_every_artifact_with_its_hash(digits_job: dict[str, Any]) -> None:
+    import hashlib
+
+    job_dir = digits_job["job_dir"]
+    manifest = read(job_dir, "artifacts/manifest.json")
+    paths = {e["path"] for e in manifest}
+    assert {"model.tflite", "metrics.json", "history.json", "labels.json", "saved_model/saved_model.pb"} <= paths
+    listed = {u.removeprefix(f"{job_dir}/artifacts/") for u in storage.list_uris(f"{job_dir}/artifacts/")}
+    assert listed == paths | {"manifest.json"}
+    tflite = next(e for e in manifest if e["path"] == "model.tflite")
+    data = storage.blob(tflite["uri"]).download_as_bytes()
+    assert (len(data), hashlib.sha256(data).hexdigest()) == (tflite["size"], tflite["sha256"])
+
+
+@pytest.mark.tf
+def test_class_names_are_in_labels_json_and_on_the_job(digits_job: dict[str, Any]) -> None:
+    labels = read(digits_job["job_dir"], "artifacts/labels.json")
+    names = [str(i) for i in range(10)]  # what stage() wrote as the manifest's class_names
+    assert labels == {"num_classes": 10, "class_names": names, "label_mapping": {n: n for n in names}}
+    assert read(digits_job["job_dir"], "artifacts/saved_model/assets/labels.json") == labels
+    dataset = read(digits_job["job_dir"], "status.json")["runtime"]["dataset"]
+    assert dataset == {"train_examples": 1438, "validation_examples": 359, "dropped_examples": 0,
+                       "feature_shape": [8, 8, 1], "num_classes": 10, "class_names": names}
+
+
+@pytest.mark.tf
+def test_downloaded_saved_model_predicts_the_reported_accuracy(digits_job: dict[str, Any]) -> None:
+    import tensorflow as tf
+
+    local = digits_job["tmp"] / "saved_model"
+    storage.download_prefix(f"{digits_job['job_dir']}/artifacts/saved_model", local)
+    loaded = tf.saved_model.load(str(local))  # held: a bare .serve would outlive the variables
+    probs = loaded.signatures["serving_default"](tf.constant(digits_job["x_val"]))
+    probs = next(iter(probs.values())).numpy()
+    accuracy = float(np.mean(probs.argmax(axis=-1) == digits_job["y_val"]))
+    final = read(digits_job["job_dir"], "artifacts/metrics.json")
+    assert accuracy == pytest.approx(final["saved_model_accuracy"])
+    assert accuracy == pytest.approx(final["val_accuracy"], abs=0.015)  # float32 export of a bfloat16 model
+
+
+@pytest.mark.tf
+def test_logs_and_tensorboard_events_are_uploaded(digits_job: dict[str, Any]) -> None:
+    job_dir = digits_job["job_dir"]
+    log_text = storage.blob(f"{job_dir}/logs/agent-1-0.log").download_as_bytes().decode()
+    assert "succeeded" in log_text
+    import tensorflow as tf
+
+    events = [u for u in storage.list_uris(f"{job_dir}/tensorboard/") if "events.out.tfevents" in u]
+    local = digits_job["tmp"] / "events"
+    storage.blob(events[0]).download_to_filename(str(local))
+    steps = {(v.tag, e.step) for e in tf.compat.v1.train.summary_iterator(str(local)) for v in e.summary.value}
+    assert {("val_accuracy", epoch) for epoch in (1, 2, 3, 4)} <= steps
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize(("name", "input_shape"), [
+    ("mlp", (4,)), ("cnn", (8, 8)), ("resnet", (8, 8, 1)), ("MobileNetV2", (8, 8, 1)),
+])
+def test_builtin_and_application_models_output_float32_probabilities(name: str, input_shape: tuple[int, ...],
+                                                                    tmp_path: Path) -> None:
+    import keras
+
+    from trainjobs.spec import ModelSpec
+    from agent.models import ModelInputs, build, builder_for
+
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        model = build(builder_for(ModelSpec(name=name), tmp_path), ModelInputs(input_shape, 7))
+        probs = model(np.random.default_rng(0).random((3, *input_shape), dtype=np.float32))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert model.output.dtype == "float32" and tuple(probs.shape) == (3, 7)
+    assert np.allclose(np.asarray(probs).sum(axis=-1), 1.0, atol=1e-3)
+
+
+@pytest.mark.tf
+def test_saved_model_serves_in_inference_mode_even_behind_a_resizing_layer(tmp_path: Path) -> None:
+    """MobileNetV2 on 8x8 digits is resized up, and in Keras 3.15 a Resizing layer puts the
+    BatchNormalization behind it in training mode when called without training=."""
+    import tensorflow as tf
+
+    from trainjobs.spec import ModelSpec
+    from agent.export import save_model
+    from agent.models import ModelInputs, build, builder_for
+
+    model = build(builder_for(ModelSpec(name="MobileNetV2"), tmp_path), ModelInputs((8, 8, 1), 4, {"alpha": 0.35}))
+    save_model(model, (8, 8, 1), tmp_path / "sm", ["a", "b", "c", "d"])
+    x = np.random.default_rng(0).random((6, 8, 8, 1), dtype=np.float32) * 16
+    loaded = tf.saved_model.load(str(tmp_path / "sm"))
+    assert "serving_default" in loaded.signatures
+    np.testing.assert_allclose(loaded.serve(tf.constant(x)).numpy(), model(x, training=False), atol=1e-5)
+
+
+USER_MODULE = """
+import keras
+
+def build_model(input_shape, num_classes, params):
+    # No dtype pinned: under a mixed policy the agent must add the float32 output itself.
+    return keras.Sequential([keras.Input(input_shape), keras.layers.Flatten(),
+                             keras.layers.Dense(params["units"], activation="relu"),
+                             keras.layers.Dense(num_classes, activation="softmax")])
+"""
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize("layout", ["file", "package"])
+def test_user_module_builds_its_model_with_float32_output(layout: str, tmp_path: Path) -> None:
+    import keras
+
+    from trainjobs.spec import ModelSpec
+    from agent.models import ModelInputs, build, builder_for
+
+    if layout == "file":
+        module = tmp_path / "net.py"
+        module.write_text(USER_MODULE)
+    else:
+        module = tmp_path / "netpkg"
+        module.mkdir()
+        (module / "__init__.py").write_text("from .arch import build_model\n")
+        (module / "arch.py").write_text(USER_MODULE)
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        builder = builder_for(ModelSpec(module=str(module), params={"units": 5}), tmp_path / "dl")
+        model = build(builder, ModelInputs((8, 8, 1), 3, {"units": 5}))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert model.output.dtype == "float32" and model.output.shape == (None, 3)
+    assert any(getattr(layer, "units", None) == 5 for layer in model.layers)
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize(("module_source", "message"), [
+    ("def build_model(input_shape, num_classes, params):\n    return 'not a model'\n",
+     "returned str, not a keras.Model"),
+    ("import no_such_package\n", "could not import model module"),
+])
+def test_user_module_failure_is_reported_in_status(bucket: str, tmp_path: Path, module_source: str, message: str) -> None:
+    module = tmp_path / "my_model.py"
+    module.write_text(module_source)
+    x, y = digits()
+    dataset = stage(bucket, tmp_path, x[:300], y[:300], 10, val=60, shards=1)
+    job_dir = make_job(bucket, spec(model={"module": str(module)}), dataset)
+    rc, out = run_agent(job_dir)
+    assert rc == 1, out[-3000:]
+    status = read(job_dir, "status.json")
+    assert status["state"] == "failed"
+    assert status["error"]["type"] == "ModelError" and message in status["error"]["message"]
+    assert status["error"]["logs"]
+
+
+# The agent's longer runs (resume after a kill, two workers, heartbeat, SIGTERM, mixed_float16) are in
+# test_agent_runs.py, a module of their own so `make test`'s two workers share them.

@@ -1,0 +1,180 @@
+"""The agent's longer runs, end to end against the GCS emulator, each `python -m agent` in its
+own process as the local provisioner starts it (helpers from test_agent): a job killed and resumed
+from its last checkpoint, two workers training together, the heartbeat and SIGTERM while training,
+and a mixed_float16 job. A module of its own so `make test`'s two workers can share the agent's runs.
+
+The long-epoch dataset is staged once for the module; the heartbeat and SIGTERM are judged on one
+agent run (a TensorFlow start-up saved), each by its own test."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.support import scaled
+from tests.support.agent import AGENT_TIMEOUT_S, digits, make_job, read, run_agent, spec, stage, start_agent, wait_for
+from trainjobs import storage
+
+pytestmark = pytest.mark.tf
+
+
+@pytest.fixture(scope="module")
+def slow_dataset(gcs_emulator: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Digits repeated, so an epoch lasts seconds: long enough to be interrupted in. Staged once, in
+    a bucket of the module's own; every job here reads it by its URI."""
+    bucket = f"t-{uuid.uuid4().hex[:12]}"
+    storage.ensure_bucket(bucket)
+    x, y = digits()
+    return stage(bucket, tmp_path_factory.mktemp("slow"), np.tile(x, (8, 1, 1, 1)), np.tile(y, 8), 10, val=359,
+                 shards=2)
+
+
+def _slow_job(bucket: str, dataset: str, epochs: int, **training: Any) -> tuple[str, dict[str, Any]]:
+    """A job on the long-epoch dataset; returns (job_id, spec), the job directory made for attempt 1."""
+    job_id = str(uuid.uuid4())
+    s = spec(training={"epochs": epochs, "per_replica_batch_size": 16, "learning_rate": 0.003, **training})
+    make_job(bucket, s, dataset, attempt=1, job_id=job_id)
+    return job_id, s
+
+
+@pytest.mark.parametrize(("schedule", "mid_epoch"), [
+    ({}, False),
+    ({"checkpoint_every_steps": 50}, True),
+], ids=["epoch-end", "mid-epoch"])
+def test_resumes_from_the_last_checkpoint_after_being_killed(bucket: str, slow_dataset: str,
+                                                             schedule: dict[str, Any], mid_epoch: bool) -> None:
+    """Killed once a checkpoint of the awaited kind is in GCS, a second attempt goes on from it and
+    trains exactly the steps an uninterrupted run would have."""
+    job_id, s = _slow_job(bucket, slow_dataset, epochs=2, **schedule)
+    job_dir = storage.JobPaths.for_job(job_id, bucket).root
+
+    def awaited_checkpoint_is_in() -> bool:
+        latest = read(job_dir, "checkpoints/latest.json")
+        return latest is not None and (latest["step"] > 0 or not mid_epoch)
+
+    first = start_agent(job_dir)
+    try:
+        wait_for(awaited_checkpoint_is_in, first)
+    finally:
+        first.kill()  # SIGKILL: nothing gets to clean up, as when a VM vanishes
+        first.wait()
+    assert read(job_dir, "status.json")["state"] == "running"
+    taken = read(job_dir, "checkpoints/latest.json")
+    assert (taken["step"] > 0) == mid_epoch
+
+    make_job(bucket, s, slow_dataset, attempt=2, job_id=job_id)
+    rc, out = run_agent(job_dir)
+    assert rc == 0, out[-5000:]
+    status = read(job_dir, "status.json")
+    assert (status["state"], status["attempt"]) == ("succeeded", 2)
+    runtime = status["runtime"]
+    assert (runtime["initial_epoch"], runtime["initial_step"]) == (taken["epoch"], taken["step"])
+    steps_per_epoch = runtime["steps_per_epoch"]
+    assert taken["global_step"] == taken["epoch"] * steps_per_epoch + taken["step"]
+    history = read(job_dir, "artifacts/history.json")
+    assert [e["epoch"] for e in history] == [1, 2]
+    assert {e["attempt"] for e in history if e["epoch"] <= taken["epoch"]} <= {1}
+    assert {e["attempt"] for e in history if e["epoch"] > taken["epoch"]} == {2}
+    resumed = history[taken["epoch"]]  # the epoch the checkpoint was taken in, or the one after it
+    assert resumed.get("resumed_at_step", 0) == taken["step"]
+    assert resumed["steps"] == steps_per_epoch - taken["step"]
+    final = read(job_dir, "artifacts/metrics.json")
+    assert final["optimizer_iterations"] == 2 * steps_per_epoch
+    assert read(job_dir, "artifacts/manifest.json")
+
+
+def test_two_workers_train_together_and_only_the_chief_writes_artifacts(bucket: str, tmp_path: Path) -> None:
+    from trainjobs.loopback import free_port
+
+    x, y = digits()
+    dataset = stage(bucket, tmp_path, x, y, 10, val=359, shards=1)
+    # Mid-epoch checkpoints too: every worker writes them (the writes are collective), the chief uploads.
+    job_dir = make_job(bucket, spec(accelerator={"type": "cpu"}, workers=2, model={"name": "cnn"}, training={
+        "epochs": 2, "per_replica_batch_size": 32, "learning_rate": 0.003, "checkpoint_every_steps": 8,
+    }), dataset)
+    cluster = {"worker": [f"localhost:{free_port()}", f"localhost:{free_port()}"]}
+    procs = [start_agent(job_dir, TRAINJOBS_LOCAL_DEVICES="1",
+                         TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}))
+             for i in range(2)]
+    outs = [p.communicate(timeout=AGENT_TIMEOUT_S)[0].decode(errors="replace") for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    chief, other = read(job_dir, "status.json"), read(job_dir, "status-1.json")
+    assert (chief["state"], chief["task_index"], other["state"], other["task_index"]) == ("succeeded", 0, "succeeded", 1)
+    assert chief["runtime"]["strategy"] == "multi_worker_mirrored" and chief["runtime"]["replicas"] == 2
+    assert chief["metrics"]["val_accuracy"] == other["metrics"]["val_accuracy"]  # one model, trained together
+    assert read(job_dir, "artifacts/manifest.json")
+    assert read(job_dir, "checkpoints/latest.json")["global_step"] == 2 * chief["runtime"]["steps_per_epoch"]
+
+
+@pytest.fixture(scope="module")
+def interrupted_run(slow_dataset: str) -> dict[str, Any]:
+    """One agent on a 20-epoch job: its status once training, then once its heartbeat has refreshed
+    that status (None if it never did), then SIGTERM: its exit code and last status. A failure to
+    see the heartbeat still ends in the SIGTERM, so each test below is judged on its own."""
+    bucket = f"t-{uuid.uuid4().hex[:12]}"
+    storage.ensure_bucket(bucket)
+    job_id, _ = _slow_job(bucket, slow_dataset, epochs=20)
+    job_dir = storage.JobPaths.for_job(job_id, bucket).root
+    seen: dict[str, Any] = {"first": None, "refreshed": None, "rc": None, "last": None}
+    # The cleanup after SIGTERM is what is judged here, not its time bound (test_agent_watchdog.py
+    # judges that): on a loaded machine it can take longer than the default 30 s.
+    proc = start_agent(job_dir, TRAINJOBS_TERM_GRACE_S=str(scaled(120)))
+    try:
+        wait_for(lambda: (read(job_dir, "status.json") or {}).get("phase") == "training", proc)
+        seen["first"] = read(job_dir, "status.json")
+        try:
+            wait_for(lambda: read(job_dir, "status.json")["heartbeat_at"] > seen["first"]["heartbeat_at"], proc,
+                     timeout=30)
+            seen["refreshed"] = read(job_dir, "status.json")
+        except AssertionError as exc:
+            seen["refreshed_error"] = str(exc)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                seen["rc"] = proc.wait(timeout=scaled(180))
+            except subprocess.TimeoutExpired:
+                pass
+        seen["last"] = read(job_dir, "status.json")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    return seen
+
+
+def test_heartbeat_refreshes_status_while_training(interrupted_run: dict[str, Any]) -> None:
+    first = interrupted_run["first"]
+    assert first["state"] == "running" and first["runtime"]["replicas"] == 2
+    assert interrupted_run["refreshed"] is not None, interrupted_run.get("refreshed_error")
+    assert interrupted_run["refreshed"]["heartbeat_at"] > first["heartbeat_at"]
+
+
+def test_sigterm_reports_terminated_and_exits_143(interrupted_run: dict[str, Any]) -> None:
+    assert interrupted_run["first"]["phase"] == "training"  # the signal came while it trained
+    assert interrupted_run["rc"] == 143
+    assert interrupted_run["last"]["state"] == "terminated"
+
+
+def test_mixed_float16_job_trains_with_loss_scaling_and_exports_int8(bucket: str, tmp_path: Path) -> None:
+    """Two T4s on the stand-in: mirrored, auto precision float16, so Keras must scale the loss, and
+    the exports must still come out of a float16-trained model."""
+    x, y = digits()
+    dataset = stage(bucket, tmp_path, x, y, 10, val=359, shards=1)
+    job_dir = make_job(bucket, spec(
+        accelerator={"type": "gpu", "gpu_type": "nvidia-tesla-t4", "count": 2}, model={"name": "cnn"},
+        export={"tflite": {"quantization": "int8", "calibration_examples": 50}},
+    ), dataset)
+    rc, out = run_agent(job_dir)
+    assert rc == 0, out[-5000:]
+    runtime = read(job_dir, "status.json")["runtime"]
+    assert (runtime["precision"], runtime["loss_scaling"], runtime["strategy"]) == ("mixed_float16", True, "mirrored")
+    final = read(job_dir, "artifacts/metrics.json")
+    assert final["tflite_accuracy"] == pytest.approx(final["saved_model_accuracy"], abs=0.05)
+    assert final["saved_model_accuracy"] > 0.5

@@ -1,0 +1,70 @@
+"""The dashboard in a browser with a real job running on the local stack. Its headers and CSP:
+tests/integration/test_dashboard.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.jobs import digits_spec
+from tests.support.browser import CHROMIUM, RECORD_CSP_VIOLATIONS, ms, needs_browser
+
+
+@pytest.mark.tf
+@needs_browser
+def test_dashboard_shows_a_running_job_live_and_cancels_it(api, api_url, local_stack, tmp_path: Path):
+    from playwright.sync_api import expect, sync_playwright
+
+    spec = digits_spec(name="dashboard-demo", model={"name": "mlp"}, strategy="default", accelerator={"type": "cpu"},
+                       training={"epochs": 400}, labels={"suite": "dashboard"})
+    job = api.post("/v1/jobs", json=spec).json()
+    key = api.headers["authorization"].split()[1]
+    errors: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1400})
+            page.add_init_script(RECORD_CSP_VIOLATIONS)
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(f"{api_url}/")  # redirects to /ui/
+            assert page.url.endswith("/ui/")
+            page.fill("#key", key)
+            page.click("#signin-form button")
+
+            row = page.locator(f"tr[data-job='{job['id']}']")
+            expect(row).to_be_visible(timeout=ms(10))
+            page.fill("#filter-labels", "suite=elsewhere")
+            page.click("#filters button")
+            expect(page.locator("#jobs-empty")).to_be_visible(timeout=ms(10))
+            page.fill("#filter-labels", "suite=dashboard")
+            page.click("#filters button")
+            expect(row).to_be_visible(timeout=ms(10))
+
+            row.click()
+            expect(page.locator("#job-name")).to_have_text("dashboard-demo", timeout=ms(10))
+            # The chart is fed by the metrics stream: it gains points while the job trains.
+            # (Matched as attributes: wait_for_function evaluates a string, which the page's CSP refuses.)
+            chart = page.locator("#chart-loss")
+            expect(chart).not_to_have_attribute("data-points", "0", timeout=ms(240))
+            points = chart.get_attribute("data-points")
+            expect(chart).not_to_have_attribute("data-points", points or "0", timeout=ms(30))  # it only grows
+            expect(page.locator("#job-status")).to_have_text("RUNNING")
+            expect(page.locator("#runtime")).to_contain_text("strategy", timeout=ms(10))
+            expect(page.locator("#log")).to_contain_text("epoch", timeout=ms(10))
+            expect(page.locator("#timeline")).to_contain_text("PROVISIONING")
+            shot = tmp_path / "dashboard-job-page.png"
+            page.screenshot(path=str(shot), full_page=True)
+            print(f"dashboard screenshot: {shot}")
+
+            page.once("dialog", lambda dialog: dialog.accept())
+            page.click("#cancel")
+            expect(page.locator("#job-status")).to_have_text("CANCELLED", timeout=ms(60))
+            expect(page.locator("#log-state")).to_have_text("(ended: CANCELLED)", timeout=ms(30))
+            expect(page.locator("#cancel")).to_be_disabled()
+            errors += page.evaluate("window.cspViolations")
+        finally:
+            browser.close()
+    assert api.get(f"/v1/jobs/{job['id']}").json()["status"] == "CANCELLED"
+    assert shot.stat().st_size > 10_000
+    assert errors == []

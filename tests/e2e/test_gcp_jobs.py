@@ -1,0 +1,106 @@
+"""Jobs on the fake Google clouds, Cloud TPU and Compute Engine, the whole way: the startup script boots
+the real agent on CPU devices standing in for the chips or GPUs. What a job does the same way on both
+clouds is one test parametrised over them. The control plane without training (capacity, cancel,
+adoption, quota, the reaper): tests/integration/test_gcp_tpu_jobs.py, test_gcp_gpu_jobs.py."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.jobs import TERMINAL_STATUSES as TERMINAL
+from tests.support.jobs import wait_for_job as wait
+from tests.support import eventually
+from tests.support.gcp import gpu_spec, tpu_spec
+from trainjobs import storage
+from worker.gcs_channel import GcsJobChannel
+
+
+@dataclass(frozen=True)
+class Cloud:
+    """What differs between the clouds for these tests: how to stand one up, a one-machine spot job's
+    accelerator, and the fake's machines."""
+
+    stack: str  # the fixture that makes its stack
+    spot_spec: Callable[..., dict[str, Any]]
+    machines: Callable[[Any], list[str]]  # the fake's machine names
+
+
+CLOUDS = {
+    "tpu": Cloud("make_gcp", lambda **o: tpu_spec(spot=True, **o), lambda fake: fake.node_names()),
+    "gpu": Cloud("make_gce", lambda **o: gpu_spec(count=1, spot=True, **o), lambda fake: fake.instance_names()),
+}
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize("cloud", CLOUDS.values(), ids=CLOUDS.keys())
+def test_a_preempted_machine_is_replaced_and_the_new_attempt_resumes_from_the_checkpoint(
+        cloud: Cloud, request: pytest.FixtureRequest, api: Any, database_url: str, tmp_path: Path) -> None:
+    gcp = request.getfixturevalue(cloud.stack)(boot=True)
+    gcp.start_worker(database_url, tmp_path / "staging")
+    # Small batches, one step per call: epochs long enough that the preemption lands mid-training.
+    job = api.post("/v1/jobs", json=cloud.spot_spec(steps_per_execution=1,
+                                                    training={"epochs": 3, "per_replica_batch_size": 4})).json()
+    job_dir = GcsJobChannel().job_dir(job["id"])
+    taken = eventually(lambda: storage.read_json(f"{job_dir}/checkpoints/latest.json"), 600,
+                       "the first attempt wrote a checkpoint", every=0.5)
+    [machine] = cloud.machines(gcp.fake)
+    gcp.fake.preempt(machine)
+    done = wait(api, job["id"], lambda j: j["status"] in TERMINAL, timeout=600)
+    assert (done["status"], done["attempt"]) == ("SUCCEEDED", 2), done
+    assert done["runtime"]["initial_epoch"] == taken["epoch"] >= 1
+    history = storage.read_json(f"{job_dir}/artifacts/history.json")
+    assert history is not None and [e["epoch"] for e in history] == [1, 2, 3]
+    assert cloud.machines(gcp.fake) == []
+
+
+@pytest.mark.tf
+def test_a_tpu_job_trains_through_the_startup_script_and_its_node_is_deleted(api: Any, make_gcp: Any,
+                                                                              database_url: str, tmp_path: Path) -> None:
+    gcp = make_gcp(boot=True)
+    gcp.start_worker(database_url, tmp_path / "staging")
+    job = api.post("/v1/jobs", json=tpu_spec(training={"epochs": 1})).json()
+    done = wait(api, job["id"], lambda j: j["status"] in TERMINAL, timeout=600)
+    assert done["status"] == "SUCCEEDED", done
+    assert done["runtime"]["strategy"] == "mirrored" and done["runtime"]["precision"] == "mixed_bfloat16"
+    assert gcp.fake.node_names() == []
+    [create] = [r for r in gcp.fake.requests if r.method == "POST" and r.path.endswith("/nodes")]
+    assert "-m agent --job-dir" in create.body["metadata"]["startup-script"]  # type: ignore[index]
+
+
+@pytest.mark.tf
+def test_a_two_gpu_job_trains_on_one_vm_and_the_vm_is_deleted(api: Any, make_gce: Any, database_url: str,
+                                                              tmp_path: Path) -> None:
+    gce = make_gce(boot=True)
+    gce.start_worker(database_url, tmp_path / "staging")
+    job = api.post("/v1/jobs", json=gpu_spec(count=2, training={"epochs": 1})).json()
+    done = wait(api, job["id"], lambda j: j["status"] in TERMINAL, timeout=600)
+    assert done["status"] == "SUCCEEDED", done
+    assert (done["runtime"]["strategy"], done["runtime"]["replicas"]) == ("mirrored", 2)
+    assert gce.fake.instance_names() == []
+    # The figures (issue 10 §4): each machine's timeline in order, and the wait for the first step.
+    [machine] = done["machines"]
+    times = [machine[k] for k in ("requested_at", "ready_at", "first_report_at", "deleted_at")]
+    assert machine["attempt"] == 1 and all(times) and times == sorted(times), machine
+    assert done["first_step_at"] > machine["first_report_at"] and done["time_to_first_step_s"] > 0
+    [insert] = [r for r in gce.fake.requests if r.method == "POST" and r.path.endswith("/instances")]
+    assert insert.body["machineType"].endswith("/g2-standard-24")
+
+
+
+@pytest.mark.tf
+def test_two_vms_train_together_under_multi_worker_mirrored(api: Any, make_gce: Any, database_url: str,
+                                                           tmp_path: Path) -> None:
+    gce = make_gce(boot=True, local_devices=1)
+    gce.start_worker(database_url, tmp_path / "staging")
+    job = api.post("/v1/jobs", json=gpu_spec(count=1, workers=2, training={"epochs": 1})).json()
+    done = wait(api, job["id"], lambda j: j["status"] in TERMINAL, timeout=600)
+    assert done["status"] == "SUCCEEDED", done
+    assert (done["runtime"]["strategy"], done["runtime"]["replicas"]) == ("multi_worker_mirrored", 2)
+    cluster = storage.read_json(f"{GcsJobChannel().job_dir(job['id'])}/cluster/attempt-1.json")
+    assert cluster is not None and len(cluster["worker"]) == 2
+    assert gce.fake.instance_names() == []

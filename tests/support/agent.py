@@ -1,0 +1,114 @@
+"""An agent run as the worker and staging would set it up, without them: a staged dataset, a job
+directory, and `python -m agent` in its own process with TRAINJOBS_LOCAL_DEVICES=2, exactly as the local
+provisioner starts it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tests.support import eventually, scaled
+from trainjobs import storage
+from trainjobs.spec import JobSpec
+
+REPO = Path(__file__).resolve().parents[2]
+AGENT_S = 240  # how long one agent run may take, before scaling
+AGENT_TIMEOUT_S = scaled(AGENT_S)
+
+
+def digits() -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    # Shuffled: sklearn orders digits by writer, and the last writers are unlike the first.
+    order = np.random.default_rng(0).permutation(len(d.target))
+    return d.data[order].reshape(-1, 8, 8, 1).astype(np.float32), d.target[order].astype(np.int64)
+
+
+def stage(bucket: str, tmp: Path, x: np.ndarray, y: np.ndarray, num_classes: int, val: int, shards: int = 2) -> str:
+    """Write manifest + TFRecord shards the way staging does; return the dataset URI."""
+    import tensorflow as tf
+
+    sha = uuid.uuid4().hex * 2
+    uri = storage.dataset_uri(sha, bucket)
+    splits = {"train": (x[:-val], y[:-val]), "validation": (x[-val:], y[-val:])}
+    manifest: dict[str, Any] = {
+        "format_version": 1, "sha256": sha, "num_classes": num_classes,
+        "class_names": [str(i) for i in range(num_classes)],
+        "feature": {"key": "x", "shape": list(x.shape[1:]), "dtype": "float32"},
+        "label": {"key": "y", "dtype": "int64"}, "splits": {},
+    }
+    for name, (xs, ys) in splits.items():
+        n = shards if name == "train" else 1
+        paths = [f"shards/{name}-{i:05d}-of-{n:05d}.tfrecord" for i in range(n)]
+        for i, rel in enumerate(paths):
+            local = tmp / rel
+            local.parent.mkdir(parents=True, exist_ok=True)
+            with tf.io.TFRecordWriter(str(local)) as w:
+                for xi, yi in zip(xs[i::n], ys[i::n]):
+                    w.write(tf.train.Example(features=tf.train.Features(feature={
+                        "x": tf.train.Feature(float_list=tf.train.FloatList(value=xi.ravel())),
+                        "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(yi)])),
+                    })).SerializeToString())
+            storage.blob(f"{uri}/{rel}").upload_from_filename(str(local))
+        manifest["splits"][name] = {"examples": len(ys), "shards": paths}
+    storage.write_json(f"{uri}/manifest.json", manifest)
+    return uri
+
+
+def make_job(bucket: str, spec: dict[str, Any], dataset_uri: str, attempt: int = 1, job_id: str | None = None) -> str:
+    job_id = job_id or str(uuid.uuid4())
+    paths = storage.JobPaths.for_job(job_id, bucket)
+    validated = JobSpec.model_validate(spec)
+    storage.write_json(paths.spec, {"job_id": job_id, "attempt": attempt, "spec": validated.model_dump(mode="json"),
+                                    "dataset_uri": dataset_uri})
+    return paths.root
+
+
+def agent_env() -> dict[str, str]:
+    return {**os.environ, "TRAINJOBS_LOCAL_DEVICES": "2", "TRAINJOBS_HEARTBEAT_S": "1", "PYTHONPATH": str(REPO)}
+
+
+def start_agent(job_dir: str, **env: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "agent", "--job-dir", job_dir], cwd=REPO,
+                            env={**agent_env(), **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def run_agent(job_dir: str) -> tuple[int, str]:
+    proc = start_agent(job_dir)
+    out, _ = proc.communicate(timeout=AGENT_TIMEOUT_S)
+    return proc.returncode, out.decode(errors="replace")
+
+
+def read(job_dir: str, rel: str) -> Any:
+    return storage.read_json(f"{job_dir}/{rel}")
+
+
+def wait_for(predicate: Callable[[], Any], proc: subprocess.Popen[bytes], timeout: float = AGENT_S) -> None:
+    """Until `predicate()` holds, the agent process still running."""
+
+    def seen() -> Any:
+        assert proc.poll() is None, f"agent exited ({proc.returncode}) before the awaited moment"
+        return predicate()
+
+    eventually(seen, timeout, "the awaited moment of the agent", every=0.1)
+
+
+def spec(**overrides: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "name": "digits",
+        "accelerator": {"type": "cpu", "replicas": 2},
+        "dataset": {"source": "sklearn:digits"},
+        "model": {"name": "mlp"},
+        "training": {"epochs": 2, "per_replica_batch_size": 32, "learning_rate": 0.003},
+    }
+    return {**base, **overrides}
+
+

@@ -1,0 +1,45 @@
+"""Builders for what most integration and end-to-end tests start from: an API key, a job spec, and a
+wait for a job through the API."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from typing import Any
+
+from tests.support import eventually
+
+TERMINAL_STATUSES = {"SUCCEEDED", "FAILED", "CANCELLED"}
+
+# Every table of the data layer, emptied before each test that uses the `db` fixture.
+TABLES = "job_events, idempotency_keys, jobs, api_keys, projects"
+
+
+def make_key(factory, project: str) -> str:  # type: ignore[no-untyped-def]
+    from service.db.projects import create_api_key
+    from service.db.session import transaction
+
+    with transaction(factory) as session:
+        return create_api_key(session, project)
+
+
+def digits_spec(**overrides: object) -> dict:
+    spec: dict = {"name": "digits", "dataset": {"source": "sklearn:digits"}, "model": {"name": "cnn"},
+                  "accelerator": {"type": "cpu", "replicas": 2}, "strategy": "mirrored", "training": {"epochs": 2}}
+    spec.update(overrides)
+    return spec
+
+
+def wait_for_job(api, job_id: str, until: Callable[[dict[str, Any]], bool] | Collection[str],  # type: ignore[no-untyped-def]
+                 timeout: float = 60) -> dict[str, Any]:
+    """Poll the API until `until(job)` holds, or, given statuses, until the job has one of them; fail at
+    once if the job ends another way, or after the (scaled) timeout. Returns the job as last read."""
+    reached = until if callable(until) else (lambda job: job["status"] in until)
+
+    def seen() -> dict[str, Any] | None:
+        job: dict[str, Any] = api.get(f"/v1/jobs/{job_id}").json()
+        if reached(job):
+            return job
+        assert job["status"] not in TERMINAL_STATUSES, job
+        return None
+
+    return eventually(seen, timeout, lambda: f"job {job_id}: {api.get(f'/v1/jobs/{job_id}').json()}", every=0.2)
