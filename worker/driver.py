@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.db import jobs as jobdata
 from service.db import machines as timings
-from service.db.jobstate import TERMINAL, JobStatus, StaleTransition, transition
+from service.db.jobstate import JobStatus, StaleTransition, transition
 from service.db.models import Job
 from service.db.session import transaction
 from trainjobs.messages import AgentError, AgentReport, AgentState
@@ -35,10 +35,10 @@ from worker import metrics
 from worker.boundary.access import JobBoundary, job_boundary
 from worker.outages import is_outage
 from trainjobs.machine_plan import hourly_price_usd
+from trainjobs.states import TERMINAL
+from trainjobs.vm_metadata import LABEL_ATTEMPT, LABEL_JOB
 from worker.ports import (
-    LABEL_ATTEMPT, LABEL_JOB, DatasetError, JobChannel, MachineRefused, MachineRequest, MachineState, NoCapacity,
-    Provisioner, Stager,
-    StagingStopped,
+    DatasetError, JobChannel, MachineRefused, MachineRequest, MachineState, NoCapacity, Provisioner, Stager, StagingStopped,
 )
 
 log = logging.getLogger("trainjobs.worker")

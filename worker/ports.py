@@ -18,12 +18,9 @@ from typing import Any, Protocol
 
 from trainjobs.messages import AgentReport
 from trainjobs.spec import JobSpec
+from trainjobs.vm_metadata import LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED
 from worker.boundary.access import JobBoundary
 
-# Labels every machine carries, so inventory can be searched like a cloud's (orphan checks, adoption).
-LABEL_MANAGED = "trainjobs-managed"
-LABEL_JOB = "trainjobs-job"
-LABEL_ATTEMPT = "trainjobs-attempt"
 
 
 class MachineState(str, enum.Enum):

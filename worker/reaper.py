@@ -18,7 +18,8 @@ from service.db.models import Job
 from service.db.session import transaction
 from trainjobs.states import TERMINAL
 from worker import metrics
-from worker.ports import LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED, MachineInfo, Provisioner
+from trainjobs.vm_metadata import LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED
+from worker.ports import MachineInfo, Provisioner
 
 log = logging.getLogger("trainjobs.worker")
 

@@ -21,6 +21,7 @@ from stack.fakecloud.hosts import FakeHosts
 from stack.fakecloud.metadata_server import HostView
 from stack.fakecloud.server import ApiError, FakeGoogleApi, Route
 from trainjobs.catalogue import bundled_gpus
+from trainjobs.vm_metadata import STARTUP_SCRIPT_KEY
 
 _ZONE = r"projects/[^/]+/zones/[^/]+"
 ROUTES: list[Route] = [
@@ -98,7 +99,7 @@ class FakeComputeApi(FakeGoogleApi):
 
     def _boot(self, vm: Vm) -> FakeHosts | None:
         items = {i["key"]: i.get("value", "") for i in (vm.instance.get("metadata") or {}).get("items") or []}
-        script = items.get("startup-script")
+        script = items.get(STARTUP_SCRIPT_KEY)
         if not script:
             return None
         name = vm.instance["name"]

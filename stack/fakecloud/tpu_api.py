@@ -19,6 +19,7 @@ from stack.fakecloud.hosts import FakeHosts
 from stack.fakecloud.metadata_server import HostView
 from stack.fakecloud.server import ApiError, FakeGoogleApi, Route
 from stack.fakecloud.tpu_inventory import Machine, Timing, TpuInventory, devices_per_host
+from trainjobs.vm_metadata import HOST_KEY, STARTUP_SCRIPT_KEY
 
 _LOC = r"projects/[^/]+/locations/[^/]+"
 ROUTES: list[Route] = [
@@ -100,7 +101,7 @@ class FakeTpuApi(FakeGoogleApi):
 
     def _boot(self, machine: Machine) -> FakeHosts | None:
         node = machine.node
-        script = (node.get("metadata") or {}).get("startup-script")
+        script = (node.get("metadata") or {}).get(STARTUP_SCRIPT_KEY)
         if not script:
             return None
         node_id = node["name"].rsplit("/", 1)[-1]
@@ -114,7 +115,7 @@ class FakeTpuApi(FakeGoogleApi):
         found = next((m for n, m in self.world.machines.items() if n.rsplit("/", 1)[-1] == machine), None)
         if found is None or not 0 <= host < len(found.node["networkEndpoints"]):
             return None
-        attributes = {**(found.node.get("metadata") or {}), "agent-worker-number": str(host)}
+        attributes = {**(found.node.get("metadata") or {}), HOST_KEY: str(host)}
         return HostView(attributes, found.node["name"].split("/")[1], found.guest.setdefault(host, {}))
 
     def dispatch(self, action: str, name: str, query: dict[str, str], body: dict[str, Any]) -> dict[str, Any]:

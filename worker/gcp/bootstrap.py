@@ -19,7 +19,7 @@ from pathlib import Path
 
 from trainjobs import storage
 from trainjobs.job_paths import STORAGE_TOKEN, agent_wheel_uri
-from trainjobs.vm_metadata import MACHINE_KEY
+from trainjobs.vm_metadata import HOST_KEY, MACHINE_KEY, METADATA_URL
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 AGENT_PACKAGES = ("trainjobs", "agent")
@@ -112,8 +112,8 @@ if [ -z "${{TRAINJOBS_SKIP_INSTALL:-}}" ]; then
   "$PYTHON" -m pip install --quiet "$WHEEL_DIR"/*.whl $IMAGE_TF
 fi
 # Each host of a TPU slice (or VM of a multi-host GPU job) learns its own number from the metadata server.
-METADATA="${{TRAINJOBS_METADATA_URL:-http://metadata.google.internal/computeMetadata/v1}}"
-TASK="$(curl -sf --retry 5 -H 'Metadata-Flavor: Google' "$METADATA/instance/attributes/agent-worker-number")"
+METADATA="${{TRAINJOBS_METADATA_URL:-{METADATA_URL}}}"
+TASK="$(curl -sf --retry 5 -H 'Metadata-Flavor: Google' "$METADATA/instance/attributes/{HOST_KEY}")"
 # The job's own storage token (worker/gcp/job_tokens.py): the VM's account has no access to job data. The
 # first one comes sealed to a key this host makes now and publishes as a guest attribute, so no token lies
 # in metadata other VMs can read (worker/gcp/token_delivery.py); a machine named in its metadata waits for it.

@@ -29,14 +29,15 @@ from trainjobs import storage
 from trainjobs.job_paths import JobPaths
 from trainjobs.catalogue import bundled_gpus, cpu_machine_type, default_gpu_machine_type
 from trainjobs.spec import CpuAccelerator, GpuAccelerator, TpuAccelerator
-from trainjobs.vm_metadata import (COMPUTE_API_KEY, HOST_KEY, INSTANCE_KEY, JOB_DIR_KEY, MACHINE_KEY, SEALED_KEY,
-                                   STARTUP_SCRIPT_KEY)
+from trainjobs.vm_metadata import (
+    COMPUTE_API_KEY, HOST_KEY, INSTALL_GPU_DRIVER_KEY, INSTANCE_KEY, JOB_DIR_KEY, LABEL_HOSTS, LABEL_MACHINE, LABEL_MANAGED,
+    MACHINE_KEY, SEALED_KEY, STARTUP_SCRIPT_KEY)
 from worker.gcp.bootstrap import startup_script, upload_agent_wheel
 from worker.gcp.config import GcpConfig
 from worker.gcp.errors import MachineRefused, cloud_message, is_transient, with_backoff
 from worker.gcp.job_tokens import JobTokens, default_job_tokens
 from worker.gcp.token_delivery import QUERY_PATH, DueChecks, create_metadata, published_keys, sealed_value
-from worker.ports import LABEL_MANAGED, MachineInfo, MachineRequest, MachineState
+from worker.ports import MachineInfo, MachineRequest, MachineState
 
 log = logging.getLogger("trainjobs.worker")
 
@@ -60,7 +61,6 @@ PREEMPTED_OPERATION = "compute.instances.preempted"
 # Error codes of a failed operation that mean "this zone has no capacity now": try another zone.
 TIMED_OUT = ("TIMEOUT", "")  # operations still running when the wait ended
 STOCKOUT_CODES = ("ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "STOCKOUT")
-LABEL_MACHINE, LABEL_HOSTS = "trainjobs-machine", "trainjobs-hosts"
 SCOPES = ["https://www.googleapis.com/auth/devstorage.read_write",  # the job directory and datasets
           "https://www.googleapis.com/auth/compute"]  # the watchdog deletes its own VM
 
@@ -215,7 +215,7 @@ class GceVmProvisioner:
             self.tokens.start(request)  # which comes sealed to each VM's own key once it asks (no token in metadata)
             metadata.update(create_metadata(name))
         if isinstance(acc, GpuAccelerator):
-            metadata["install-nvidia-driver"] = "True"  # Deep Learning VM images install the driver at first boot
+            metadata[INSTALL_GPU_DRIVER_KEY] = "True"
         network = compute_v1.NetworkInterface(
             network=c.network or "global/networks/default",
             # An external IP, as for TPU VMs: the startup script installs the agent and reaches storage.

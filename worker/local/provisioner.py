@@ -43,11 +43,12 @@ from pathlib import Path
 from trainjobs import storage
 from trainjobs.loopback import free_port
 from trainjobs.stop_request import term_grace_s
+from trainjobs.vm_metadata import LABEL_JOB
 from worker.boundary import storage_guard
 from worker.boundary.access import JobBoundary
 from worker.boundary.tokens import TokenFileRefresher, downscoped_minter
 from worker.boundary.guard_refusals import RefusalForwarder
-from worker.ports import LABEL_JOB, MachineInfo, MachineRequest, MachineState, NoCapacity
+from worker.ports import MachineInfo, MachineRequest, MachineState, NoCapacity
 from worker.local.zygote_client import Zygote, ZygoteUnavailable
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
