@@ -49,7 +49,8 @@ def test_the_agent_wheel_holds_the_agent_and_its_dependencies_but_not_tensorflow
     with zipfile.ZipFile(BytesIO(data)) as wheel:
         files = set(wheel.namelist())
         metadata = wheel.read(next(f for f in files if f.endswith(".dist-info/METADATA"))).decode()
-    assert {"agent/__main__.py", "agent/watchdog.py", "trainjobs/spec.py", "trainjobs/stop_request.py"} <= files
+    assert {"agent/__main__.py", "agent/watchdog.py", "trainjobs/spec/__init__.py", "trainjobs/spec/derived.py",
+            "trainjobs/stop_request.py"} <= files
     assert not any(f.startswith(("service/", "stack/", "worker/", "migrations/", "trainjobs/client/")) for f in files)
     assert "Requires-Dist: google-cloud-storage" in metadata and "Requires-Dist: numpy" in metadata
     # the client's dependencies stay off the VM

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from trainjobs.catalogue import GPU_TYPES, TPU_GENERATIONS
 from stack.cli import main
-from trainjobs.machine_plan import hourly_price_usd
+from trainjobs.spec.derived import hourly_price_usd
 from trainjobs.spec import JobSpec
 
 DIGITS = {"dataset": {"source": "sklearn:digits"}, "model": {"name": "cnn"}}
