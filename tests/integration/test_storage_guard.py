@@ -19,7 +19,7 @@ import pytest
 
 from tests.support import guard_attacks
 from tests.support import scaled
-from tests.support.tenancy import ORIGINAL, stored
+from tests.support.tenancy import JOB, ORIGINAL, PROJECT_A, stored
 from trainjobs import storage
 from worker.boundary import storage_guard
 from worker.boundary.access import JobBoundary, Scope
@@ -27,8 +27,6 @@ from worker.boundary.guard_refusals import FORWARDED, REFUSALS, RefusalForwarder
 from worker.ports import LABEL_JOB
 from worker.local.provisioner import LocalProvisioner
 
-JOB = "0b7f3f7e-5f0c-4d7e-9f51-0c2a52d4c001"
-PROJECT_A = "11111111-1111-4111-8111-111111111111"
 TARGET = f"uploads/{PROJECT_A}/{'a' * 64}/their_model.py"  # another project's model code
 
 
@@ -63,7 +61,6 @@ def test_the_same_upload_with_one_of_each_header_is_let_through(guard, bucket):
 
     assert guard_attacks.request(guard, head, body) == 200
     assert stored(bucket, f"jobs/{JOB}/model.py") == b"mine"
-
 
 
 # --- 2. the agent runs only the bytes that were uploaded -------------------------------------------

@@ -14,6 +14,10 @@ import httpx
 from tests.support import guard_attacks
 from trainjobs import storage
 
+# A job, another job, and two projects, by id.
+JOB = "0b7f3f7e-5f0c-4d7e-9f51-0c2a52d4c001"
+OTHER_JOB = "6a1e9d42-1111-4c1e-8d7a-3b1c2d3e4f50"
+PROJECT_A, PROJECT_B = "11111111-1111-4111-8111-111111111111", "22222222-2222-4222-8222-222222222222"
 # Another project's model code, as uploaded.
 ORIGINAL = b"def build_model(shape, classes, params): ...\n"
 # tests/support/guard_attacks.py, uploaded as a job's model module.
