@@ -15,8 +15,9 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB, array, insert
 from sqlalchemy.orm import Session
 
-from service.db.jobstate import CANCELLABLE, NOTIFY_QUEUED, JobStatus, clean_text, transition
+from service.db.jobstate import NOTIFY_QUEUED, JobStatus, clean_text, transition
 from service.db.models import JOB_STATUS, IdempotencyKey, Job, JobEvent
+from trainjobs.states import CANCELLABLE
 
 
 class IdempotencyConflict(Exception):

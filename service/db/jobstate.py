@@ -17,17 +17,17 @@ import uuid
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from trainjobs.states import TERMINAL, JobStatus
+from trainjobs.states import ACTIVE, HOLDING, TERMINAL, JobStatus
 
-__all__ = ["ALLOWED", "CANCELLABLE", "CLAIM_MOVES", "NOTIFY_CHANGED", "NOTIFY_QUEUED", "TERMINAL", "IllegalTransition",
-           "JobStatus", "StaleTransition", "claim_target_sql", "clean_text", "transition"]
+__all__ = ["ALLOWED", "CLAIM_MOVES", "NOTIFY_CHANGED", "NOTIFY_QUEUED", "IllegalTransition", "JobStatus",
+           "StaleTransition", "claim_target_sql", "clean_text", "transition"]
 
 # LISTEN/NOTIFY channels (payload: the job id). Workers treat both as hints and still poll.
 NOTIFY_QUEUED = "trainjobs_job_queued"  # a job was submitted
 NOTIFY_CHANGED = "trainjobs_job_changed"  # a job ended or is being cancelled: its driver should look now
 
+# Written in the groups of trainjobs/states.py (ACTIVE, HOLDING, CANCELLABLE, TERMINAL).
 S = JobStatus
-CANCELLABLE = frozenset({S.QUEUED, S.STAGING, S.PROVISIONING, S.RUNNING, S.RECOVERING})
 
 ALLOWED: frozenset[tuple[JobStatus, JobStatus]] = frozenset({
     (S.QUEUED, S.STAGING),  # claim
@@ -38,13 +38,13 @@ ALLOWED: frozenset[tuple[JobStatus, JobStatus]] = frozenset({
     (S.PROVISIONING, S.FAILED),
     (S.RUNNING, S.SUCCEEDED),
     (S.RUNNING, S.FAILED),
-    *((s, S.RECOVERING) for s in (S.STAGING, S.PROVISIONING, S.RUNNING, S.RECOVERING)),  # lost machine / takeover
+    *((s, S.RECOVERING) for s in ACTIVE),  # lost machine / takeover
     (S.RECOVERING, S.STAGING),
     (S.RECOVERING, S.PROVISIONING),
     (S.RECOVERING, S.RUNNING),  # adopted: the machine and agent were still alive
     (S.RECOVERING, S.SUCCEEDED),  # the agent had finished while nobody watched (its worker died)
     (S.RECOVERING, S.FAILED),  # retries exhausted, or the agent had failed
-    *((s, S.CANCELLING) for s in (S.STAGING, S.PROVISIONING, S.RUNNING, S.RECOVERING)),
+    *((s, S.CANCELLING) for s in ACTIVE),  # a started job's cancel (CANCELLABLE is QUEUED and ACTIVE)
     (S.CANCELLING, S.CANCELLING),  # takeover of a half-done teardown
     (S.CANCELLING, S.CANCELLED),
 })
@@ -52,12 +52,14 @@ ALLOWED: frozenset[tuple[JobStatus, JobStatus]] = frozenset({
 # The moves the claim makes (service/db/queue.py runs them as one statement, with claim_target_sql):
 # a queued job starts STAGING; a job whose worker stopped heartbeating goes RECOVERING, so its new
 # owner adopts or re-creates whatever the dead worker had provisioned; a half-done cancel stays
-# CANCELLING. The keys are also the only statuses a lease can be taken over in.
+# CANCELLING. Besides QUEUED, the keys are HOLDING: the only statuses a lease can be taken over in.
 CLAIM_MOVES: dict[JobStatus, JobStatus] = {
     S.QUEUED: S.STAGING,
-    **{s: S.RECOVERING for s in (S.STAGING, S.PROVISIONING, S.RUNNING, S.RECOVERING)},
+    **{s: S.RECOVERING for s in ACTIVE},
     S.CANCELLING: S.CANCELLING,
 }
+if CLAIM_MOVES.keys() - {S.QUEUED} != HOLDING:
+    raise ImportError("a lease can be taken over in the HOLDING statuses, and only there")
 
 
 def claim_target_sql(column: str) -> str:

@@ -10,26 +10,28 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, text
 from sqlalchemy.orm import Session
 
-from service.db.jobstate import CLAIM_MOVES, JobStatus, claim_target_sql
+from service.db.jobstate import JobStatus, claim_target_sql
 from service.db.quotas import HOLDING_RANGE_SQL, QuotaDefaults
+from trainjobs.states import HOLDING, sql_list
 
-_TAKEOVER_STATUSES = ", ".join(f"'{s.value}'" for s in CLAIM_MOVES if s != JobStatus.QUEUED)
 # A worker may serve only some accelerator types (`trainjobs worker --accelerators tpu`), so one fleet
 # can split TPU and GPU work; NULL serves all.
 _SERVES = "(CAST(:serves AS text[]) IS NULL OR {t}spec->'accelerator'->>'type' = ANY(CAST(:serves AS text[])))"
 
-# claim_next_job: one statement takes the oldest queued job, or a job whose worker's lease ran out.
-# Where each goes is jobstate.CLAIM_MOVES, the state machine's table, not a rule of this file.
-CLAIM_SQL = text(f"""
-WITH expired AS (
+# The claim and the takeover share their CTEs: `expired` finds a job whose worker's lease ran out, `queued`
+# (the claim's alone) the oldest queued job its project's quotas let start, and `_MOVE` moves the
+# `candidate` by jobstate.CLAIM_MOVES, the state machine's table (not a rule of this file), with its event.
+_EXPIRED = f"""expired AS (
     -- Jobs whose worker stopped heartbeating come first: their machines may be billing with nobody
-    -- watching. Partial index ix_jobs_lease holds only leased rows, so this probe is cheap.
+    -- watching. Partial index ix_jobs_lease holds only leased rows, so this probe is cheap. A lease
+    -- is taken over only while the job holds a machine (HOLDING, trainjobs/states.py).
     SELECT id, status FROM jobs
-     WHERE lease_owner IS NOT NULL AND lease_expires_at < now() AND status IN ({_TAKEOVER_STATUSES})
+     WHERE lease_owner IS NOT NULL AND lease_expires_at < now() AND status IN ({sql_list(HOLDING)})
        AND {_SERVES.format(t="")}
      ORDER BY lease_expires_at LIMIT 1 FOR UPDATE SKIP LOCKED
-),
-queued AS (
+)"""
+
+_QUEUED = f"""queued AS (
     -- Otherwise the oldest queued job (partial index ix_jobs_queued) that its project's quotas
     -- (service/db/quotas.py) let start now. A job whose project is at a quota is passed over, not
     -- waited on, so one project's backlog never holds another project's jobs behind it; passing a
@@ -59,10 +61,11 @@ queued AS (
                         AND (a.created_at, a.id) < (j.created_at, j.id) LIMIT quota.jobs)
                     LIMIT quota.jobs) t) taken)
      ORDER BY j.created_at LIMIT 1 FOR UPDATE SKIP LOCKED
-),
-candidate AS (SELECT * FROM expired UNION ALL SELECT * FROM queued),
-claimed AS (
-    -- jobstate.CLAIM_MOVES: queued -> STAGING, taken over -> RECOVERING, cancelling stays.
+)"""
+
+_MOVE = f"""claimed AS (
+    -- jobstate.CLAIM_MOVES: queued -> STAGING, taken over -> RECOVERING, cancelling stays. A taken-over
+    -- job keeps its staging_at and attempt.
     UPDATE jobs j SET
         status = {claim_target_sql("c.status")},
         staging_at = CASE WHEN c.status = 'QUEUED' THEN now() ELSE j.staging_at END,
@@ -80,7 +83,14 @@ event AS (
            CASE WHEN from_status = 'QUEUED' THEN 'claimed' ELSE 'lease expired; taken over' END, :owner
       FROM claimed
 )
-SELECT id, from_status, to_status FROM claimed
+SELECT id, from_status, to_status FROM claimed"""
+
+# claim_next_job: one statement takes a job whose worker's lease ran out, else the oldest queued job.
+CLAIM_SQL = text(f"""
+WITH {_EXPIRED},
+{_QUEUED},
+candidate AS (SELECT * FROM expired UNION ALL SELECT * FROM queued),
+{_MOVE}
 """)
 
 
@@ -108,32 +118,13 @@ def claim_next_job(conn: Session | Connection, owner: str, lease_s: float,
     return Claim(row.id, JobStatus(row.from_status), JobStatus(row.to_status))
 
 
-# take_over_expired_job: the claim without its queued half, for a worker whose slots are all busy.
+# take_over_expired_job: the claim without its queued half, for a worker whose slots are all busy: an
+# orphaned machine may be billing with nobody watching, so it must not wait behind queued jobs for a
+# slot (issue 8).
 TAKEOVER_SQL = text(f"""
-WITH expired AS (
-    -- Only jobs whose worker stopped heartbeating: an orphaned machine may be billing with nobody
-    -- watching, so it must not wait behind queued jobs for a slot (issue 8). Same probe as CLAIM_SQL's.
-    SELECT id, status FROM jobs
-     WHERE lease_owner IS NOT NULL AND lease_expires_at < now() AND status IN ({_TAKEOVER_STATUSES})
-       AND {_SERVES.format(t="")}
-     ORDER BY lease_expires_at LIMIT 1 FOR UPDATE SKIP LOCKED
-),
-claimed AS (
-    -- jobstate.CLAIM_MOVES: taken over -> RECOVERING, cancelling stays; staging_at and attempt are kept.
-    UPDATE jobs j SET
-        status = {claim_target_sql("c.status")},
-        lease_owner = :owner,
-        lease_expires_at = now() + make_interval(secs => :lease_s),
-        updated_at = now()
-    FROM expired c WHERE j.id = c.id
-    RETURNING j.id, c.status AS from_status, j.status AS to_status
-),
-event AS (
-    -- Its event row in the same statement, as every transition.
-    INSERT INTO job_events (job_id, from_status, to_status, reason, worker)
-    SELECT id, from_status, to_status, 'lease expired; taken over', :owner FROM claimed
-)
-SELECT id, from_status, to_status FROM claimed
+WITH {_EXPIRED},
+candidate AS (SELECT * FROM expired),
+{_MOVE}
 """)
 
 

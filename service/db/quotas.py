@@ -1,7 +1,7 @@
 """Per-project quotas: how many jobs, and how many accelerators, a project may hold at once.
 
-A job holds a machine (and counts against its project) from the claim until it ends: STAGING,
-PROVISIONING, RUNNING, RECOVERING and CANCELLING. The claim (service/db/queue.py) enforces the
+A job holds a machine (and counts against its project) from the claim until it ends: the HOLDING
+statuses (trainjobs/states.py). The claim (service/db/queue.py) enforces the
 limits; this module reads them, sets them, and says why a queued job waits. Why a job waits is
 computed when it is read, not stored: it changes whenever another job of the project starts or
 ends, and writing it on every such change would put a write on the claim's hot path.
@@ -19,15 +19,15 @@ from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
 from service.db.models import Project
-from trainjobs.states import JobStatus
+from trainjobs.states import HOLDING, JobStatus, in_order, sql_list
 
-HOLDING = (JobStatus.STAGING, JobStatus.PROVISIONING, JobStatus.RUNNING, JobStatus.RECOVERING, JobStatus.CANCELLING)
-HOLDING_SQL = ", ".join(f"'{s.value}'" for s in HOLDING)
+HOLDING_SQL = sql_list(HOLDING)
 # HOLDING is one run of the job_status enum's order (migration 0001 lists the values as JobStatus
 # does), so a claim reads it as one index range, not one index descent per status.
-if list(JobStatus)[list(JobStatus).index(HOLDING[0]):][:len(HOLDING)] != list(HOLDING):
+_HOLDING = in_order(HOLDING)
+if list(JobStatus)[list(JobStatus).index(_HOLDING[0]):][:len(_HOLDING)] != _HOLDING:
     raise ImportError("HOLDING must be consecutive job statuses: the claim reads it as a range")
-HOLDING_RANGE_SQL = f"'{HOLDING[0].value}' AND '{HOLDING[-1].value}'"
+HOLDING_RANGE_SQL = f"'{_HOLDING[0].value}' AND '{_HOLDING[-1].value}'"
 
 
 def env_int(name: str, default: int) -> int:

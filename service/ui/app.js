@@ -3,7 +3,9 @@
 "use strict";
 
 const KEY = "trainjobs.apiKey";
-const TERMINAL = new Set(["SUCCEEDED", "FAILED", "CANCELLED"]);
+// The job-state groups, as trainjobs/states.py names them: /ui/states.js serves them from there.
+const TERMINAL = new Set(JOB_STATES.TERMINAL);
+const CANCELLABLE = new Set(JOB_STATES.CANCELLABLE);
 const $ = (sel) => document.querySelector(sel);
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 let page = null; // {stop()} of the page on screen
@@ -199,7 +201,7 @@ function jobPage(id) {
       $("#job-id").textContent = `${job.id} · ${fmt.accelerator(job.spec)} · attempt ${job.attempt}` +
         (job.wait_reason ? ` · waiting: ${job.wait_reason}` : "");
       $("#job-error").textContent = job.error || "";
-      $("#cancel").disabled = TERMINAL.has(job.status) || job.status === "CANCELLING";
+      $("#cancel").disabled = !CANCELLABLE.has(job.status);
       $("#timeline").replaceChildren(...events.map((e) => el("li", {}, el("b", {}, e.to_status), ` ${fmt.time(e.at)} `,
         el("span", { class: "muted" }, e.reason))));
       const runtime = job.runtime || {};
@@ -244,7 +246,7 @@ function jobPage(id) {
     if (name !== "metric") return;
     epochs.push(data);
     draw();
-    // The row's progress and runtime move with the epochs (the runtime is recorded after RUNNING).
+    // The row's progress and runtime move with the epochs (the runtime is recorded once the job runs).
     if (Date.now() - reloaded > 2000) { reloaded = Date.now(); load(); }
   }, abort.signal);
   $("#log-state").textContent = "(live)";
@@ -298,5 +300,7 @@ $("#signin-form").onsubmit = async (event) => {
   }
 };
 $("#signout").onclick = () => signOut("");
+// The status filter offers every status, in the order a job goes through them.
+$("#filter-status").append(...JOB_STATES.STATUSES.map((s) => el("option", {}, s)));
 window.addEventListener("hashchange", route);
 route();

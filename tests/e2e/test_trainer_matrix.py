@@ -26,6 +26,7 @@ from tests.support.jobs import TABLES, make_key
 from tests.support import scaled
 from trainjobs import storage
 from trainjobs.spec import JobSpec, describe_errors
+from trainjobs.states import TERMINAL
 
 pytestmark = pytest.mark.tf
 
@@ -182,7 +183,7 @@ def _finished(client: httpx.Client, job_id: str) -> dict[str, Any]:
     deadline = time.monotonic() + JOB_TIMEOUT_S
     while time.monotonic() < deadline:
         job = client.get(f"/v1/jobs/{job_id}").json()
-        if job["status"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
+        if job["status"] in TERMINAL:
             return job  # type: ignore[no-any-return]
         time.sleep(0.5)
     raise AssertionError(f"job {job_id} still {job['status']} after {JOB_TIMEOUT_S}s")

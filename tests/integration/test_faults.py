@@ -27,6 +27,7 @@ from tests.support import scaled
 from tests.support.worker import path, submit
 from trainjobs.messages import AgentReport, AgentState
 from trainjobs.spec import JobSpec
+from trainjobs.states import TERMINAL
 from worker.driver import DriverConfig
 from worker.loop import Worker, WorkerConfig
 from worker.ports import DatasetError, MachineInfo, MachineRequest, MachineState, StagingStopped
@@ -165,7 +166,7 @@ def test_a_step_that_fails_then_works_is_retried_and_the_count_reset(db, start_w
     stager = FailingStager(OSError("stale file handle"), times=2)
     start_worker(MemoryCloud(), stager=stager)
     [job_id] = submit(db)
-    job = wait_for(db, job_id, {S.SUCCEEDED, S.FAILED})
+    job = wait_for(db, job_id, TERMINAL)
     assert job.status == S.SUCCEEDED and job.driver_failures == 0 and stager.calls == 3
 
 
@@ -232,7 +233,7 @@ def test_a_job_whose_agent_finished_while_its_worker_was_dead_succeeds(db, start
     dead.stopping.set()  # a crash: its threads stop, nothing is given back
     wait_until(lambda: agent_state(cloud, job_id) == AgentState.SUCCEEDED, "the agent finished")
     start_worker(cloud, "heir")
-    job = wait_for(db, job_id, {S.SUCCEEDED, S.FAILED})
+    job = wait_for(db, job_id, TERMINAL)
     assert job.status == S.SUCCEEDED and job.attempt == 1 and job.metrics == {"val_accuracy": 0.99}
     assert len(cloud.created) == 1 and cloud.list({}) == []
 
@@ -243,7 +244,7 @@ def test_a_job_whose_agent_failed_while_its_worker_was_dead_fails_with_the_agent
     orphan_running_job(db, cloud, job_id, owner="dead", lease_s=-1)
     wait_until(lambda: agent_state(cloud, job_id) == AgentState.FAILED, "the agent failed")
     start_worker(cloud, "heir")
-    job = wait_for(db, job_id, {S.SUCCEEDED, S.FAILED})
+    job = wait_for(db, job_id, TERMINAL)
     assert job.status == S.FAILED and "shapes (3,) and (4,) not aligned" in job.error
     assert job.attempt == 1 and cloud.list({}) == []
 
@@ -298,7 +299,7 @@ def test_a_worker_rides_out_a_database_outage_and_finishes_its_jobs(db, database
         # than its failure limit meanwhile.
         wait_until(lambda: agent_state(cloud, job_id) == AgentState.SUCCEEDED, "the agent finished")
         time.sleep(scaled(1.0))
-    job = wait_for(db, job_id, {S.SUCCEEDED, S.FAILED})
+    job = wait_for(db, job_id, TERMINAL)
     assert job.status == S.SUCCEEDED and job.attempt == 1
     [after] = submit(db)  # the claim loop lived through it too
-    assert wait_for(db, after, {S.SUCCEEDED, S.FAILED}).status == S.SUCCEEDED
+    assert wait_for(db, after, TERMINAL).status == S.SUCCEEDED

@@ -47,6 +47,7 @@ from trainjobs import storage
 from trainjobs.messages import AgentReport, AgentState
 from trainjobs.loopback import free_port
 from trainjobs.spec import JobSpec
+from trainjobs.states import TERMINAL
 from worker.driver import DriverConfig
 from worker.gcs_channel import GcsJobChannel
 from worker.loop import Worker, WorkerConfig
@@ -326,7 +327,7 @@ def test_the_worker_works_through_a_storage_outage_and_finishes_its_jobs_once_st
         assert _job(db, kept).status == S.RUNNING  # nothing of the agent's end could be read yet
         own_storage.start()
         # The agent's last write lands at the storage client's next retry, up to a minute later.
-        job = eventually(lambda: (j := _job(db, kept)).status in (S.SUCCEEDED, S.FAILED) and j, 120,
+        job = eventually(lambda: (j := _job(db, kept)).status in TERMINAL and j, 120,
                          "job finished after storage came back", every=0.2)
     finally:
         worker.shutdown(timeout=scaled(10))
@@ -434,10 +435,10 @@ def test_a_job_driven_across_a_postgres_restart_ends_succeeded_and_the_worker_cl
                    "the agent finished while the database was down", every=0.2)
         running_postgres.start()
         back_at = datetime.now(UTC)
-        job = eventually(lambda: (j := _job(factory, job_id)).status in (S.SUCCEEDED, S.FAILED) and j, 60,
+        job = eventually(lambda: (j := _job(factory, job_id)).status in TERMINAL and j, 60,
                          "job finished after the database came back", every=0.2)
         after = _submit(factory)
-        later = eventually(lambda: (j := _job(factory, after)).status in (S.SUCCEEDED, S.FAILED) and j, 30,
+        later = eventually(lambda: (j := _job(factory, after)).status in TERMINAL and j, 30,
                            "a job submitted after the restart finished", every=0.2)
     finally:
         worker.shutdown(timeout=scaled(10))

@@ -14,6 +14,7 @@ from service.db.projects import ensure_project
 from service.db.session import transaction
 from tests.support.jobs import digits_spec
 from trainjobs.spec import JobSpec
+from trainjobs.states import HOLDING, TERMINAL, in_order
 
 S = JobStatus
 
@@ -42,7 +43,7 @@ def test_every_allowed_transition_moves_the_row_and_logs_it(db, frm, to):
         transition(s, job_id, frm, to, reason="test", owner="w1")
     status, events, job = _state(db, job_id)
     assert status == to and events[-1] == (frm, to)
-    if to in (S.SUCCEEDED, S.FAILED, S.CANCELLED):
+    if to in TERMINAL:
         assert job.finished_at is not None and job.lease_owner is None
 
 
@@ -59,7 +60,7 @@ def test_illegal_transition_raises_and_changes_nothing(db, frm, to):
 
 
 def test_terminal_states_have_no_way_out():
-    assert not [p for p in ALLOWED if p[0] in (S.SUCCEEDED, S.FAILED, S.CANCELLED)]
+    assert not [p for p in ALLOWED if p[0] in TERMINAL]
 
 
 def test_stale_transition_from_wrong_state_raises(db):
@@ -93,7 +94,7 @@ def test_every_move_the_claim_makes_is_an_allowed_transition():
     assert set(CLAIM_MOVES.items()) <= ALLOWED
 
 
-@pytest.mark.parametrize("frm", [S.STAGING, S.PROVISIONING, S.RUNNING, S.RECOVERING, S.CANCELLING, S.QUEUED],
+@pytest.mark.parametrize("frm", [*in_order(HOLDING), S.QUEUED],
                          ids=lambda s: s.value)
 def test_the_claim_moves_each_status_as_the_state_machine_table_says(db, frm):
     from sqlalchemy import text

@@ -5,6 +5,7 @@ job against limits.max_cost_usd is the price of the machine it gets, CPU VMs inc
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from tests.support.jobs import digits_spec
 from tests.support import eventually
 from trainjobs.messages import AgentAssignment
 from trainjobs.spec import SPEC_VERSION, JobSpec, parse_stored
+from trainjobs.states import TERMINAL
 from worker.driver import DriverConfig
 from worker.loop import Worker, WorkerConfig
 from worker.memory_cloud import MemoryCloud, memory_stager
@@ -40,7 +42,7 @@ def _store_raw(factory: Any, spec: dict[str, Any]) -> uuid.UUID:
         return jobdata.create_job(s, project, spec, idempotency_key=None, request_hash=b"")[0].id
 
 
-def _wait_for(factory: Any, job_id: uuid.UUID, statuses: set[JobStatus]) -> Job:
+def _wait_for(factory: Any, job_id: uuid.UUID, statuses: Collection[JobStatus]) -> Job:
     seen: list[Job] = []
 
     def reached() -> Job | None:
@@ -72,7 +74,7 @@ def worker(database_url: str):  # type: ignore[no-untyped-def]
 def test_a_job_stored_under_older_rules_still_runs(db, worker, spec):
     job_id = _store_raw(db, spec)
     worker(MemoryCloud())
-    job = _wait_for(db, job_id, {S.SUCCEEDED, S.FAILED})
+    job = _wait_for(db, job_id, TERMINAL)
     assert job.status == S.SUCCEEDED, job.error
     assert job.driver_failures == 0
 
@@ -96,5 +98,5 @@ def test_a_cpu_job_is_charged_for_its_vm_against_max_cost(db, worker):
     spec = JobSpec.model_validate(digits_spec(limits={"max_cost_usd": 0.000001})).model_dump(mode="json")
     job_id = _store_raw(db, spec)
     worker(MemoryCloud(train_s=30))
-    job = _wait_for(db, job_id, {S.FAILED, S.SUCCEEDED})
+    job = _wait_for(db, job_id, TERMINAL)
     assert job.status == S.FAILED and "max_cost_usd" in (job.error or "")

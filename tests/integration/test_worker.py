@@ -17,6 +17,7 @@ from tests.support import eventually
 from tests.support.worker import make_worker, path, submit, wait_for
 from worker import metrics
 from trainjobs.spec import JobSpec
+from trainjobs.states import ACTIVE
 from worker.loop import Worker
 from worker.ports import LABEL_JOB, DatasetError
 from worker.memory_cloud import MemoryCloud
@@ -82,7 +83,7 @@ def test_notify_wakes_an_idle_worker_quickly(db, database_url, running_workers):
     # it was not listening); a job queued before then would be claimed without any NOTIFY.
     eventually(lambda: claims_made() - before >= 2, 10, "the worker looked for work at start and once listening")
     [job_id] = submit(db)
-    claimed = wait_for(db, job_id, {S.STAGING, S.PROVISIONING, S.RUNNING}, timeout=3)
+    claimed = wait_for(db, job_id, ACTIVE, timeout=3)
     assert claimed.lease_owner == "w1"
 
 

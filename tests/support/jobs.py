@@ -7,8 +7,9 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from tests.support import eventually
+from trainjobs.states import TERMINAL
 
-TERMINAL_STATUSES = {"SUCCEEDED", "FAILED", "CANCELLED"}
+TERMINAL_STATUSES = TERMINAL  # the name the tests knew it by
 
 # Every table of the data layer, emptied before each test that uses the `db` fixture.
 TABLES = "job_events, idempotency_keys, jobs, api_keys, projects"

@@ -1,0 +1,14 @@
+"""The dashboard's statuses and groups come from the API (service/routes/dashboard.py), under the same
+headers as every other file of the page."""
+
+from __future__ import annotations
+
+from service.routes.dashboard import states_script
+
+
+def test_the_page_gets_the_job_state_groups_from_the_api(api) -> None:  # type: ignore[no-untyped-def]
+    r = api.get("/ui/states.js")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/javascript")
+    assert r.text == states_script()
+    assert r.headers["content-security-policy"].startswith("default-src 'self'")
+    assert r.headers["x-content-type-options"] == "nosniff"
