@@ -5,8 +5,6 @@ adoption, quota, the reaper): tests/integration/test_gcp_tpu_jobs.py, test_gcp_g
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,25 +13,9 @@ import pytest
 from tests.support.jobs import TERMINAL_STATUSES as TERMINAL
 from tests.support.jobs import wait_for_job as wait
 from tests.support import eventually
-from tests.support.gcp import gpu_spec, tpu_spec
+from tests.support.gcp import CLOUDS, Cloud, gpu_spec, tpu_spec
 from trainjobs import storage
 from worker.gcs_channel import GcsJobChannel
-
-
-@dataclass(frozen=True)
-class Cloud:
-    """What differs between the clouds for these tests: how to stand one up, a one-machine spot job's
-    accelerator, and the fake's machines."""
-
-    stack: str  # the fixture that makes its stack
-    spot_spec: Callable[..., dict[str, Any]]
-    machines: Callable[[Any], list[str]]  # the fake's machine names
-
-
-CLOUDS = {
-    "tpu": Cloud("make_gcp", lambda **o: tpu_spec(spot=True, **o), lambda fake: fake.node_names()),
-    "gpu": Cloud("make_gce", lambda **o: gpu_spec(count=1, spot=True, **o), lambda fake: fake.instance_names()),
-}
 
 
 @pytest.mark.tf
@@ -43,8 +25,8 @@ def test_a_preempted_machine_is_replaced_and_the_new_attempt_resumes_from_the_ch
     gcp = request.getfixturevalue(cloud.stack)(boot=True)
     gcp.start_worker(database_url, tmp_path / "staging")
     # Small batches, one step per call: epochs long enough that the preemption lands mid-training.
-    job = api.post("/v1/jobs", json=cloud.spot_spec(steps_per_execution=1,
-                                                    training={"epochs": 3, "per_replica_batch_size": 4})).json()
+    job = api.post("/v1/jobs", json=cloud.spec(spot=True, steps_per_execution=1,
+                                               training={"epochs": 3, "per_replica_batch_size": 4})).json()
     job_dir = GcsJobChannel().job_dir(job["id"])
     taken = eventually(lambda: storage.read_json(f"{job_dir}/checkpoints/latest.json"), 600,
                        "the first attempt wrote a checkpoint", every=0.5)

@@ -4,7 +4,6 @@ PostgreSQL and the GCS emulator. CPU devices stand in for the GPUs."""
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +12,6 @@ from service.db.session import get_engine
 from tests.support.jobs import TERMINAL_STATUSES as TERMINAL
 from tests.support.jobs import wait_for_job as wait
 from tests.support.gcp import FALLBACK, ZONE, gpu_spec, wait_for_vms
-from trainjobs.spec import JobSpec
-from worker.reaper import reap_orphans
-from worker.gcs_channel import GcsJobChannel
-from worker.ports import MachineRequest
 
 
 # --- the control plane, no training --------------------------------------------------------------
@@ -33,28 +28,6 @@ def test_a_stockout_sends_the_vms_to_the_fallback_zone_and_cancel_deletes_them_a
     assert wait(api, job["id"], lambda j: j["status"] in TERMINAL)["status"] == "CANCELLED"
     assert gce.fake.instance_names() == []
 
-
-def test_a_gpu_quota_refusal_fails_the_job_with_the_clouds_message(api: Any, make_gce: Any, database_url: str,
-                                                                   tmp_path: Path) -> None:
-    gce = make_gce()
-    gce.fake.set_gpu_quota(ZONE, 1)
-    gce.start_worker(database_url, tmp_path / "staging")
-    job = api.post("/v1/jobs", json=gpu_spec(count=2)).json()
-    done = wait(api, job["id"], lambda j: j["status"] in TERMINAL)
-    assert (done["status"], done["error"]) == ("FAILED", "Quota 'GPUS_PER_GPU_FAMILY' exceeded.  Limit: 1.0 in region us-central1.")
-    assert gce.fake.instance_names() == []
-
-
-def test_the_reaper_deletes_vms_of_ended_and_unknown_jobs_only(api: Any, make_gce: Any, db: Any) -> None:
-    gce = make_gce()
-    live = api.post("/v1/jobs", json=gpu_spec()).json()
-    ended = api.post("/v1/jobs", json=gpu_spec()).json()
-    api.post(f"/v1/jobs/{ended['id']}/cancel")
-    spec = JobSpec.model_validate(live["spec"])
-    for job_id in (live["id"], ended["id"], str(uuid.uuid4())):
-        gce.provisioner.create(MachineRequest(job_id, 1, spec, GcsJobChannel().job_dir(job_id)))
-    assert reap_orphans(gce.provisioner, db) == 2
-    assert gce.fake.instance_names() == [f"{MachineRequest(live['id'], 1, spec, '').name}-0"]
 
 
 def test_a_worker_told_its_accelerator_types_claims_only_those_jobs(api: Any, database_url: str) -> None:

@@ -3,7 +3,6 @@ client -> fake TPU API -> (startup script -> agent), with real PostgreSQL and th
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,6 @@ from tests.support.jobs import wait_for_job as wait
 from tests.support import scaled
 from tests.support.gcp import ZONE, tpu_spec, wait_for_node
 from trainjobs.spec import JobSpec
-from worker.reaper import reap_orphans
 from worker.gcs_channel import GcsJobChannel
 from worker.ports import MachineRequest
 
@@ -71,25 +69,3 @@ def test_a_node_left_by_a_dead_worker_is_adopted_not_created_again(api: Any, mak
     assert gcp.fake.node_names() == []
 
 
-def test_a_quota_refusal_fails_the_job_with_the_clouds_message(api: Any, make_gcp: Any, database_url: str,
-                                                               tmp_path: Path) -> None:
-    gcp = make_gcp()
-    gcp.fake.set_quota(ZONE, 4)
-    gcp.start_worker(database_url, tmp_path / "staging")
-    job = api.post("/v1/jobs", json=tpu_spec()).json()
-    done = wait(api, job["id"], lambda j: j["status"] in TERMINAL)
-    assert done["status"] == "FAILED"
-    assert done["error"].startswith("Quota limit 'TPUS-per-project-per-zone' has been exceeded.")
-    assert len([r for r in gcp.fake.requests if r.method == "POST"]) == 1
-
-
-def test_the_reaper_deletes_nodes_of_ended_and_unknown_jobs_only(api: Any, make_gcp: Any, db: Any) -> None:
-    gcp = make_gcp()
-    live = api.post("/v1/jobs", json=tpu_spec()).json()
-    ended = api.post("/v1/jobs", json=tpu_spec()).json()
-    api.post(f"/v1/jobs/{ended['id']}/cancel")
-    spec = JobSpec.model_validate(live["spec"])
-    for job_id in (live["id"], ended["id"], str(uuid.uuid4())):
-        gcp.provisioner.create(MachineRequest(job_id, 1, spec, GcsJobChannel().job_dir(job_id)))
-    assert reap_orphans(gcp.provisioner, db) == 2
-    assert gcp.fake.node_names() == [MachineRequest(live["id"], 1, spec, "").name]

@@ -133,3 +133,29 @@ def wait_for_vms(fake: FakeComputeApi, count: int, status: str = "RUNNING", time
         return names if len(names) >= count else []
 
     return eventually(enough, timeout, lambda: f"{count} {status} VMs; the VMs are {fake.instance_names()}", every=0.1)
+
+
+# --- the two clouds as one matrix -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Cloud:
+    """What differs between the clouds for the tests that hold on both (tests/integration/test_gcp_jobs.py,
+    tests/e2e/test_gcp_jobs.py): the fixture that stands one up, a one-machine job's spec, the fake's
+    machines, the machines one request makes, and how the fake refuses a job for quota."""
+
+    stack: str  # the fixture that makes its stack: make_gcp or make_gce
+    spec: Callable[..., dict[str, Any]]  # a one-machine job, spot=True for a spot one
+    machines: Callable[[Any], list[str]]  # the fake's machine names
+    names_of: Callable[[str], list[str]]  # the machines a request of this name makes
+    refuse_quota: Callable[[Any], None]  # the fake's quota now refuses that job
+    quota_error: str  # how the job's error begins then: the cloud's own message
+
+
+CLOUDS = {
+    "tpu": Cloud("make_gcp", lambda spot=False, **o: tpu_spec(spot=spot, **o), lambda fake: fake.node_names(),
+                 lambda name: [name], lambda fake: fake.set_quota(ZONE, 4),
+                 "Quota limit 'TPUS-per-project-per-zone' has been exceeded."),
+    "gpu": Cloud("make_gce", lambda spot=False, **o: gpu_spec(count=1, spot=spot, **o), lambda fake: fake.instance_names(),
+                 lambda name: [f"{name}-0"], lambda fake: fake.set_gpu_quota(ZONE, 0),
+                 "Quota 'GPUS_PER_GPU_FAMILY' exceeded."),
+}
