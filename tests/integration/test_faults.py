@@ -23,8 +23,8 @@ from service.db.jobstate import JobStatus, transition
 from service.db.models import Job
 from service.db.session import get_engine, transaction
 from tests.support.jobs import digits_spec
-from tests.support import scaled
-from tests.support.worker import path, submit
+from tests.support import eventually, scaled
+from tests.support.worker import FAST, path, submit, wait_for
 from trainjobs.messages import AgentReport, AgentState
 from trainjobs.spec import JobSpec
 from trainjobs.states import TERMINAL
@@ -34,7 +34,6 @@ from worker.ports import DatasetError, MachineInfo, MachineRequest, MachineState
 from worker.memory_cloud import MemoryCloud, _FakeMachine, memory_stager
 
 S = JobStatus
-FAST = dict(lease_s=2.0, heartbeat_s=0.3, poll_s=0.2)
 QUICK_RETRIES = dict(poll_s=0.05, retry_backoff_s=0.02, retry_backoff_max_s=0.1)
 
 
@@ -56,22 +55,9 @@ def start_worker(database_url) -> Iterator[Callable[..., Worker]]:
             w.shutdown(timeout=5)
 
 
-def wait_until(condition: Callable[[], object], what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + scaled(timeout)
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting until {what}")
-        time.sleep(0.05)
-
-
 def load(factory, job_id: uuid.UUID) -> Job:
     with transaction(factory) as s:
         return s.get(Job, job_id)
-
-
-def wait_for(factory, job_id: uuid.UUID, statuses: set[JobStatus], timeout: float = 15.0) -> Job:
-    wait_until(lambda: load(factory, job_id).status in statuses, f"job is one of {sorted(statuses)}", timeout)
-    return load(factory, job_id)
 
 
 def agent_state(cloud: MemoryCloud, job_id: uuid.UUID, attempt: int = 1) -> AgentState | None:
@@ -231,7 +217,7 @@ def test_a_job_whose_agent_finished_while_its_worker_was_dead_succeeds(db, start
     [job_id] = submit(db, limits=limits)
     wait_for(db, job_id, {S.RUNNING})
     dead.stopping.set()  # a crash: its threads stop, nothing is given back
-    wait_until(lambda: agent_state(cloud, job_id) == AgentState.SUCCEEDED, "the agent finished")
+    eventually(lambda: agent_state(cloud, job_id) == AgentState.SUCCEEDED, 15, "the agent finished")
     start_worker(cloud, "heir")
     job = wait_for(db, job_id, TERMINAL)
     assert job.status == S.SUCCEEDED and job.attempt == 1 and job.metrics == {"val_accuracy": 0.99}
@@ -242,7 +228,7 @@ def test_a_job_whose_agent_failed_while_its_worker_was_dead_fails_with_the_agent
     cloud = ExitingCloud(train_s=0, fail_next=["ValueError: shapes (3,) and (4,) not aligned"])
     [job_id] = submit(db)
     orphan_running_job(db, cloud, job_id, owner="dead", lease_s=-1)
-    wait_until(lambda: agent_state(cloud, job_id) == AgentState.FAILED, "the agent failed")
+    eventually(lambda: agent_state(cloud, job_id) == AgentState.FAILED, 15, "the agent failed")
     start_worker(cloud, "heir")
     job = wait_for(db, job_id, TERMINAL)
     assert job.status == S.FAILED and "shapes (3,) and (4,) not aligned" in job.error
@@ -262,7 +248,7 @@ def test_a_taken_over_job_is_watched_at_once_while_queued_jobs_fill_every_slot(d
     wait_for(db, queued, {S.RUNNING})  # the heir's one slot is busy
     with transaction(db) as s:
         queue.release_lease(s, orphaned, "dead")  # the dead worker's lease runs out
-    wait_until(lambda: (j := load(db, orphaned)).lease_owner == "heir" and j.status == S.RUNNING,
+    eventually(lambda: (j := load(db, orphaned)).lease_owner == "heir" and j.status == S.RUNNING, 15,
                "the heir adopted the orphaned machine")
     assert load(db, queued).status == S.RUNNING and len(cloud.created) == 2
 
@@ -297,7 +283,7 @@ def test_a_worker_rides_out_a_database_outage_and_finishes_its_jobs(db, database
     with database_refusing_connections(database_url):
         # The agent finishes while the database is down; the driver's steps fail far more often
         # than its failure limit meanwhile.
-        wait_until(lambda: agent_state(cloud, job_id) == AgentState.SUCCEEDED, "the agent finished")
+        eventually(lambda: agent_state(cloud, job_id) == AgentState.SUCCEEDED, 15, "the agent finished")
         time.sleep(scaled(1.0))
     job = wait_for(db, job_id, TERMINAL)
     assert job.status == S.SUCCEEDED and job.attempt == 1

@@ -5,18 +5,16 @@ job against limits.max_cost_usd is the price of the machine it gets, CPU VMs inc
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection
 from typing import Any
 
 import pytest
 
 from service.db import jobs as jobdata
 from service.db.jobstate import JobStatus
-from service.db.models import Job
 from service.db.projects import ensure_project
 from service.db.session import get_engine, transaction
 from tests.support.jobs import digits_spec
-from tests.support import eventually
+from tests.support.worker import wait_for
 from trainjobs.messages import AgentAssignment
 from trainjobs.spec import SPEC_VERSION, JobSpec, parse_stored
 from trainjobs.states import TERMINAL
@@ -42,17 +40,6 @@ def _store_raw(factory: Any, spec: dict[str, Any]) -> uuid.UUID:
         return jobdata.create_job(s, project, spec, idempotency_key=None, request_hash=b"")[0].id
 
 
-def _wait_for(factory: Any, job_id: uuid.UUID, statuses: Collection[JobStatus]) -> Job:
-    seen: list[Job] = []
-
-    def reached() -> Job | None:
-        with transaction(factory) as s:
-            seen[:] = [s.get(Job, job_id)]
-        return seen[0] if seen[0].status in statuses else None
-
-    return eventually(reached, 15, lambda: f"job {job_id} reached {sorted(statuses)}; it is {seen[0].status}")
-
-
 @pytest.fixture
 def worker(database_url: str):  # type: ignore[no-untyped-def]
     started: list[Worker] = []
@@ -74,7 +61,7 @@ def worker(database_url: str):  # type: ignore[no-untyped-def]
 def test_a_job_stored_under_older_rules_still_runs(db, worker, spec):
     job_id = _store_raw(db, spec)
     worker(MemoryCloud())
-    job = _wait_for(db, job_id, TERMINAL)
+    job = wait_for(db, job_id, TERMINAL)
     assert job.status == S.SUCCEEDED, job.error
     assert job.driver_failures == 0
 
@@ -98,5 +85,5 @@ def test_a_cpu_job_is_charged_for_its_vm_against_max_cost(db, worker):
     spec = JobSpec.model_validate(digits_spec(limits={"max_cost_usd": 0.000001})).model_dump(mode="json")
     job_id = _store_raw(db, spec)
     worker(MemoryCloud(train_s=30))
-    job = _wait_for(db, job_id, TERMINAL)
+    job = wait_for(db, job_id, TERMINAL)
     assert job.status == S.FAILED and "max_cost_usd" in (job.error or "")

@@ -17,7 +17,7 @@ from service.db.session import transaction
 from service.routes import streams
 from service.stream_slots import PER_KEY_ENV, PER_PROCESS_ENV, SLOTS, StreamSlots
 from tests.support.jobs import digits_spec, make_key
-from tests.support import scaled
+from tests.support import eventually, scaled
 from tests.support.streams import Follower
 
 
@@ -33,13 +33,6 @@ def _revoke(db, key: str) -> None:
 def _delete(db, key: str) -> None:
     with transaction(db) as session:
         session.execute(text("DELETE FROM api_keys WHERE key_hash = :h"), {"h": hash_key(key)})
-
-
-def _eventually(condition, timeout: float) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + scaled(timeout)
-    while not condition():
-        assert time.monotonic() < deadline, "not within the time allowed"
-        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("take_away", [_revoke, _delete], ids=["revoked", "deleted"])
@@ -83,7 +76,7 @@ def test_a_key_holds_at_most_20_streams_and_the_next_is_a_429_with_retry_after(d
         client.post(f"/v1/jobs/{job['id']}/cancel")  # the 20 streams end with the job, and free their places
         for follower in followers:
             assert follower.until("end", timeout=streams.QUEUED_POLL_S + 10)[-1].name == "end"
-        _eventually(lambda: client.get(path).status_code == 200, 10)
+        eventually(lambda: client.get(path).status_code == 200, 10, f"{path} answered 200 again")
 
 
 def test_a_process_holds_at_most_its_limit_of_streams(db, api_url, bucket, monkeypatch):
@@ -120,7 +113,7 @@ def test_a_queued_jobs_stream_polls_slowly(db, api, bucket, monkeypatch):
         return real_run(*args)
 
     # Only this test's stream may poll while they are counted: the others this process served have ended.
-    _eventually(lambda: SLOTS.in_use() == 0, streams.QUEUED_POLL_S + 10)
+    eventually(lambda: SLOTS.in_use() == 0, streams.QUEUED_POLL_S + 10, "every stream of the process ended")
     monkeypatch.setattr(streams, "run_in_threadpool", counted)  # the API runs in this process
     job = api.post("/v1/jobs", json=digits_spec()).json()
     follower = Follower(api, f"/v1/jobs/{job['id']}/metrics?follow=true")

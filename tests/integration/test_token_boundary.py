@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -22,7 +21,7 @@ import httpx
 import pytest
 
 from tests.support.jobs import TERMINAL_STATUSES as TERMINAL
-from tests.support import scaled
+from tests.support import eventually, scaled
 from tests.support.jobs import wait_for_job as wait
 from tests.support.gcp import GcpStack, tpu_spec, wait_for_node
 from trainjobs import storage
@@ -89,14 +88,6 @@ def widen_from_inside(job_dir: str, bucket: str) -> None:
     storage.write_json(paths.spec, spec)
 
 
-def wait_until(check: Callable[[], Any], what: str, timeout: float = 60) -> Any:
-    deadline = time.monotonic() + scaled(timeout)
-    while not (found := check()):
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
-    return found
-
-
 # --- finding 1: the boundary ---------------------------------------------------------------------
 
 def test_a_fresh_worker_adopting_a_running_node_mints_the_boundary_the_job_started_with_whatever_the_job_wrote(
@@ -123,7 +114,8 @@ def test_a_fresh_worker_adopting_a_running_node_mints_the_boundary_the_job_start
             delete_wait_s=scaled(30), backoff_s=0.01, tokens=JobTokens(minted_on_adoption)))
         successor.start_worker(database_url, tmp_path / "staging")
         try:
-            wait_until(lambda: minted_on_adoption.boundaries, "the successor adopted the node and minted its token")
+            eventually(lambda: minted_on_adoption.boundaries, 60,
+                       "the successor adopted the node and minted its token")
             assert minted_on_adoption.boundaries == [original]
             agent.finish.set()
             done = wait(api, job["id"], lambda j: j["status"] in TERMINAL)
@@ -258,8 +250,8 @@ def test_tpu_jobs_run_and_are_adopted_in_a_project_whose_compute_engine_api_is_d
         first.shutdown(timeout=scaled(10))  # a deploy: the next worker adopts the node
         successor = gcp_worker(tpu.fake.url, compute_disabled.url, database_url, tmp_path / "staging")
         try:
-            wait_until(lambda: any(e["reason"].startswith("adopted running machine") for e in
-                                   api.get(f"/v1/jobs/{job['id']}/events").json()["events"]), "the node adopted")
+            eventually(lambda: any(e["reason"].startswith("adopted running machine") for e in
+                                   api.get(f"/v1/jobs/{job['id']}/events").json()["events"]), 60, "the node adopted")
             agent.finish.set()
             done = wait(api, job["id"], lambda j: j["status"] in TERMINAL)
         finally:
