@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from tests.support.tmp import outside_pytest_tmp
-from tests.support import scaled
+from tests.support import eventually, scaled
 from trainjobs.loopback import free_port
 
 
@@ -37,10 +37,11 @@ def start_up(env: dict[str, str], data_dir: Path, log: Path, *options: str) -> t
     with log.open("w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "stack.cli", *options, "up", "--port", str(port), "--data-dir",
                                  str(data_dir), "--provisioner", "memory"], env=env, stdout=out, stderr=out)
-    deadline = time.monotonic() + scaled(60)
-    while "\nready\n" not in log.read_text() and '"message": "ready"' not in log.read_text():
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-        time.sleep(0.1)
+    def ready() -> bool:
+        assert proc.poll() is None, log.read_text()
+        return "\nready\n" in log.read_text() or '"message": "ready"' in log.read_text()
+
+    eventually(ready, 60, lambda: f"`up` said ready; its log: {log.read_text()}", every=0.1)
     return proc, port
 
 
@@ -233,10 +234,11 @@ def test_ctrl_c_while_submitting_exits_130_before_following(stack, tmp_path, dat
         assert follow.stdout is not None and follow.stderr is not None
         waiting = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                    "AND wait_event_type = 'Lock' AND query LIKE '%idempotency_keys%'")
-        deadline = time.monotonic() + scaled(60)
-        while watch.execute(waiting).fetchone() == (0,):
-            assert follow.poll() is None and time.monotonic() < deadline, follow.communicate()
-            time.sleep(0.05)
+        def blocked() -> bool:
+            assert follow.poll() is None, follow.communicate()
+            return watch.execute(waiting).fetchone() != (0,)
+
+        eventually(blocked, 60, "the submit waits on the locked table")
         follow.send_signal(signal.SIGINT)
         assert follow.wait(scaled(30)) == 130
     assert follow.stdout.read() == "" and follow.stderr.read() == "interrupted\n"
@@ -469,10 +471,11 @@ def test_worker_sigterm_hands_running_jobs_back_at_once(db, database_url, tmp_pa
         proc = subprocess.Popen([sys.executable, "-m", "stack.cli", "worker", "--provisioner", "memory",
                                  "--data-dir", str(tmp_path / "data")], env=env, stdout=out, stderr=out)
     job_id = api.post("/v1/jobs", json={"dataset": {"source": "sklearn:digits"}, "model": {"name": "mlp"}}).json()["id"]
-    deadline = time.monotonic() + scaled(30)
-    while api.get(f"/v1/jobs/{job_id}").json()["status"] != "RUNNING":
-        assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
-        time.sleep(0.1)
+    def running() -> bool:
+        assert proc.poll() is None, log.read_text()
+        return bool(api.get(f"/v1/jobs/{job_id}").json()["status"] == "RUNNING")
+
+    eventually(running, 30, "the worker runs the job", every=0.1)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(scaled(15)) == 0, log.read_text()
     with transaction(db) as s:
@@ -493,14 +496,15 @@ def test_api_workers_runs_that_many_server_processes_on_one_port(db, database_ur
     proc = subprocess.Popen([sys.executable, "-m", "stack.cli", "api", "--port", str(port), "--workers", "2"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + scaled(60)
-        while True:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
+        def answered() -> httpx.Response | None:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
             with contextlib.suppress(httpx.HTTPError):
                 r = httpx.get(f"http://127.0.0.1:{port}/v1/jobs", headers={"Authorization": f"Bearer {key}"})
                 if r.status_code == 200:
-                    break
-            time.sleep(0.2)
+                    return r
+            return None
+
+        r = eventually(answered, 60, "the API answers on its port", every=0.2)
         assert r.json()["jobs"] == []
 
         def children() -> list[int]:
