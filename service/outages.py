@@ -5,7 +5,8 @@ minutes (issue 8), and normal answers again as soon as it is back, with nothing 
   to storage that cannot be reached gives up after seconds instead of the client's 120 s of retries.
 - PostgreSQL: the engine's connect and pool timeouts (service/db/session.py) bound the wait; the pool's
   pre-ping replaces dropped connections once the server is back.
-Both kinds of error are answered here, once, for every route.
+Both kinds of error are answered here, once, for every route; which errors they are is the data
+layer's classifier (service/db/outages.py), the worker's too.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.db.session import unreachable_errors
+from service.db.outages import error_classes, outage_of
 from service.errors import error_response
-from trainjobs.storage_limits import API_LIMITS, limited_calls, unavailable_errors
+from trainjobs.storage_limits import API_LIMITS, limited_calls
 
 log = logging.getLogger("trainjobs.api")
 
@@ -37,26 +38,18 @@ class StorageLimits:
             await self.app(scope, receive, send)
 
 
-def _unavailable(what: str) -> JSONResponse:
-    return error_response(503, "unavailable", f"{what} is unavailable; try again shortly",
-                          headers={"Retry-After": str(RETRY_AFTER_S)})
-
-
 def install(app: FastAPI) -> None:
     app.add_middleware(StorageLimits)
 
-    async def database_down(request: Request, exc: Exception) -> JSONResponse:
-        log.warning("%s %s: database unreachable: %s", request.method, request.url.path, _first_line(exc))
-        return _unavailable("the database")
+    async def unavailable(request: Request, exc: Exception) -> JSONResponse:
+        outage = outage_of(exc)
+        assert outage is not None, "registered only for the classes the classifier names"
+        log.warning("%s %s: %s unreachable: %s", request.method, request.url.path, outage.name.lower(), _first_line(exc))
+        return error_response(503, "unavailable", f"{outage.value} is unavailable; try again shortly",
+                              headers={"Retry-After": str(RETRY_AFTER_S)})
 
-    async def storage_down(request: Request, exc: Exception) -> JSONResponse:
-        log.warning("%s %s: storage unreachable: %s", request.method, request.url.path, _first_line(exc))
-        return _unavailable("storage")
-
-    for error in unreachable_errors():
-        app.add_exception_handler(error, database_down)
-    for error in unavailable_errors():
-        app.add_exception_handler(error, storage_down)
+    for error in error_classes():
+        app.add_exception_handler(error, unavailable)
 
 
 def _first_line(exc: Exception) -> str:

@@ -36,7 +36,7 @@ class CallLimits:
 # An API request: someone is waiting, and a 503 they can retry beats a 500 minutes later.
 API_LIMITS = CallLimits(connect_timeout_s=3.0, read_timeout_s=20.0, give_up_after_s=3.0)
 # A worker driving a job: it retries a failed step itself, without counting an outage against the
-# job (worker/outages.py), so giving up early costs nothing; a step stuck in storage for minutes would
+# job (service/db/outages.py), so giving up early costs nothing; a step stuck in storage for minutes would
 # hold up a cancel or a shutdown.
 WORKER_LIMITS = CallLimits(connect_timeout_s=5.0, read_timeout_s=60.0, give_up_after_s=5.0)
 
@@ -61,17 +61,6 @@ def limited_calls(limits: CallLimits) -> Iterator[None]:
         yield
     finally:
         _in_force.reset(token)
-
-
-def unavailable_errors() -> tuple[type[Exception], ...]:
-    """What a storage call raises when storage cannot be reached: StorageUnavailable once the limits
-    ran out; a connection error the client chose not to retry (a non-idempotent write); the client's
-    own retry deadline running out where no limits are in force."""
-    import requests
-    from google.api_core.exceptions import RetryError
-    from google.auth.exceptions import TransportError
-
-    return StorageUnavailable, requests.ConnectionError, requests.Timeout, RetryError, TransportError
 
 
 class _FailureRun(threading.local):

@@ -8,7 +8,7 @@ re-reads. A step never holds a database transaction open across a cloud call.
 A step that raises anything else is logged and retried with capped exponential backoff. Consecutive
 failures are counted on the row (jobs.driver_failures), so a worker restart does not reset them;
 after `max_driver_failures` in a row the job ends FAILED with the error, its machines deleted.
-Errors that only say a service is unreachable (worker/outages.py) are retried but not counted.
+Errors that only say a service is unreachable (service/db/outages.py) are retried but not counted.
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ from service.db import jobs as jobdata
 from service.db import machines as timings
 from service.db.jobstate import JobStatus, StaleTransition, transition
 from service.db.models import Job
+from service.db.outages import is_outage
 from service.db.session import transaction
 from trainjobs.messages import AgentError, AgentReport, AgentState
 from trainjobs.spec import JobSpec, parse_stored
 from worker import metrics
 from worker.boundary.access import JobBoundary, job_boundary
-from worker.outages import is_outage
 from trainjobs.machine_plan import hourly_price_usd
 from trainjobs.states import TERMINAL
 from trainjobs.vm_metadata import LABEL_ATTEMPT, LABEL_JOB

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from sqlalchemy import Engine, create_engine, text
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout  # what a pool with no connection free raises (deps.py too)
 from sqlalchemy.orm import Session, sessionmaker
 
 if TYPE_CHECKING:
@@ -62,13 +62,6 @@ def retry_if_dropped(session: Session, first_statement: Callable[[Session], T]) 
             raise
         session.rollback()
         return first_statement(session)
-
-
-def unreachable_errors() -> tuple[type[Exception], ...]:
-    """What a query raises when the database cannot be reached: a refused, lost or timed-out
-    connection, a server shutting down or starting up (psycopg's OperationalError, however SQLAlchemy
-    wraps it), an InterfaceError on a connection closed underneath us, or no pooled connection free."""
-    return OperationalError, InterfaceError, PoolTimeout
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:
