@@ -2,7 +2,9 @@
 
 Drivers delete their own machines; this catches what they cannot: a worker killed between create and
 record, a delete that failed, a machine of an attempt the job has moved past, a job row removed. It
-runs in every worker (deletes are idempotent) every few minutes.
+runs in every worker (deletes are idempotent) every few minutes, over whatever Provisioner the worker
+has: machines are found by the labels every provisioner sets (trainjobs/vm_metadata.py), and which
+jobs still use them is the data layer's query (service/db/machines.py).
 """
 
 from __future__ import annotations
@@ -11,14 +13,12 @@ import logging
 import threading
 import uuid
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.db.models import Job
+from service.db.machines import attempts_in_use
 from service.db.session import transaction
-from trainjobs.states import TERMINAL
-from worker import metrics
 from trainjobs.vm_metadata import LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED
+from worker import metrics
 from worker.ports import MachineInfo, Provisioner
 
 log = logging.getLogger("trainjobs.worker")
@@ -31,13 +31,13 @@ def _job_id(machine: MachineInfo) -> uuid.UUID | None:
         return None
 
 
-def orphans(machines: list[MachineInfo], jobs: dict[uuid.UUID, Job]) -> list[MachineInfo]:
-    """Machines whose job is terminal, unknown, or past the machine's attempt."""
+def orphans(machines: list[MachineInfo], in_use: dict[uuid.UUID, int]) -> list[MachineInfo]:
+    """Machines whose job is over or unknown (not in `in_use`), or past the machine's attempt."""
     out = []
     for m in machines:
-        job = jobs.get(job_id) if (job_id := _job_id(m)) is not None else None
-        attempt = m.labels.get(LABEL_ATTEMPT, "")
-        if job is None or job.status in TERMINAL or (attempt.isdigit() and int(attempt) < max(job.attempt, 1)):
+        attempt = in_use.get(job_id) if (job_id := _job_id(m)) is not None else None
+        label = m.labels.get(LABEL_ATTEMPT, "")
+        if attempt is None or (label.isdigit() and int(label) < attempt):
             out.append(m)
     return out
 
@@ -47,8 +47,8 @@ def reap_orphans(provisioner: Provisioner, factory: sessionmaker[Session]) -> in
     machines = provisioner.list({LABEL_MANAGED: "true"})
     ids = {i for m in machines if (i := _job_id(m)) is not None}
     with transaction(factory) as session:
-        jobs = {j.id: j for j in session.scalars(select(Job).where(Job.id.in_(ids)))} if ids else {}
-    doomed = orphans(machines, jobs)
+        in_use = attempts_in_use(session, ids)
+    doomed = orphans(machines, in_use)
     for m in doomed:
         log.info("reaping %s (job %s, %s)", m.name, m.labels.get(LABEL_JOB), m.state.value)
         provisioner.delete(m.name)

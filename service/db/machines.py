@@ -1,10 +1,12 @@
 """When each of a job's machines was requested, became ready, was first heard from by its agent and was
 deleted (jobs.machines), and when the job's first training step ran (issue 10 §4). The worker's driver
-writes these as it sees them; the caller owns the transaction."""
+writes these as it sees them; the caller owns the transaction. And which machines are still of use to
+a job, for the worker's reaper."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -12,6 +14,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from service.db.models import Job
+from trainjobs.states import TERMINAL
 
 MachineEvent = Literal["requested_at", "ready_at", "first_report_at", "deleted_at"]
 
@@ -52,3 +55,13 @@ def note_first_step(session: Session, job_id: uuid.UUID, owner: str, at: datetim
                  if m.get("attempt") == row.attempt and m.get("requested_at")]
     since = (at - min(requested)).total_seconds() if requested else None
     session.execute(update(Job).where(Job.id == job_id).values(first_step_at=at, time_to_first_step_s=since))
+
+
+def attempts_in_use(session: Session, job_ids: Collection[uuid.UUID]) -> dict[uuid.UUID, int]:
+    """The reaper's query: for each of `job_ids` whose job has not ended, the attempt its machines may
+    serve (an earlier attempt's machine is no longer any use). A job missing from the answer has ended
+    or does not exist: none of its machines is."""
+    if not job_ids:
+        return {}
+    rows = session.execute(select(Job.id, Job.attempt).where(Job.id.in_(job_ids), Job.status.not_in(TERMINAL)))
+    return {row.id: max(row.attempt, 1) for row in rows}
