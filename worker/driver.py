@@ -184,6 +184,13 @@ class JobDriver:
                 return self._finish_failed(job, status.error)
         machine = self.provisioner.get(request)
         if machine is None or machine.state in (MachineState.PREEMPTED, MachineState.STOPPED):
+            # The agent may have finished between the read above and this look at its machine (a local
+            # agent writes its last status and exits, and its process is the machine): its word decides.
+            last = self.channel.read_status(str(job.id), job.attempt)
+            if last is not None and last.state == AgentState.SUCCEEDED:
+                return self._finish_succeeded(job, last, "agent finished; machine deleted")
+            if last is not None and last.state == AgentState.FAILED:
+                return self._finish_failed(job, last.error)
             what = "gone" if machine is None else machine.state.value.lower()
             return self._move(job, S.RECOVERING, f"machine {request.name} {what} before the agent finished")
         if status is not None and _age(status.heartbeat_at) > self.config.agent_stale_s:
