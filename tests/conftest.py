@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from stack.embedded import GcsEmulator, start_gcs_emulator, use_emulator
-from tests.support import scaled
+from tests.support import eventually, scaled
 from tests.support.jobs import TABLES, make_key
 from tests.support.tmp import TEST_TMP, outside_pytest_tmp
 
@@ -160,7 +160,6 @@ def db(database_url: str):  # type: ignore[no-untyped-def]
 def api_url(database_url: str) -> Iterator[str]:
     """The real API behind uvicorn on a free port, for the whole session."""
     import threading
-    import time
 
     import httpx
     import uvicorn
@@ -173,14 +172,15 @@ def api_url(database_url: str) -> Iterator[str]:
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + scaled(10)
-    while True:
+
+    def answers() -> bool:
         try:
             httpx.get(f"{url}/healthz", timeout=scaled(1))
-            break
         except httpx.HTTPError:
-            assert time.monotonic() < deadline, f"the test API did not answer on {url}"
-            time.sleep(0.05)
+            return False
+        return True
+
+    eventually(answers, 10, f"the test API answered on {url}")
     yield url
     server.should_exit = True
     thread.join(5)

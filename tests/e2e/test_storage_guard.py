@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 
 import httpx
 import pytest
 
-from tests.support import guard_attacks
-from tests.support.jobs import wait_for_job
+from tests.support import eventually, guard_attacks
+from tests.support.jobs import make_key, wait_for_job
 from tests.support.local import AGENT_JOB_S
-from tests.support.jobs import make_key
-from tests.support import scaled
 from tests.support.tenancy import ATTACKS, ORIGINAL, stored
 from trainjobs import storage
 
@@ -41,10 +38,8 @@ def test_a_jobs_code_cannot_overwrite_another_projects_module_through_its_guard(
     # The guard's log goes with the machine; the refusals reach the worker's, under the job's id.
     reasons = {"the content-type header is given twice", "the content-encoding header is given twice",
                "a query that names a parameter twice", "a multipart upload that is not exactly metadata and media"}
-    deadline = time.monotonic() + scaled(30)
-    while (missing := reasons - _forwarded_reasons(caplog, job["id"])) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not missing
+    eventually(lambda: reasons <= _forwarded_reasons(caplog, job["id"]), 30,
+               lambda: f"the worker logged {reasons - _forwarded_reasons(caplog, job['id'])}", every=0.2)
 
 
 
@@ -83,10 +78,8 @@ def test_a_job_that_never_reads_its_download_does_not_stall_another_jobs_storage
                 "training": {"epochs": 1}}
         slow = beta.post("/v1/jobs", json=spec).json()["id"]
         try:
-            deadline = time.monotonic() + scaled(300)
-            while not holding.exists():
-                assert time.monotonic() < deadline, beta.get(f"/v1/jobs/{slow}").json()
-                time.sleep(0.2)
+            eventually(holding.exists, 300, lambda: f"the slow job holds its download: {beta.get(f'/v1/jobs/{slow}').json()}",
+                       every=0.2)
 
             other = {"dataset": {"source": "sklearn:digits"}, "model": {"name": "mlp"}, "accelerator": {"type": "cpu"},
                      "strategy": "default", "training": {"epochs": 1}}
