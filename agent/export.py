@@ -9,6 +9,7 @@ copy also serves on any CPU, where bfloat16 and float16 kernels are slow or miss
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import logging
 import warnings
@@ -58,7 +59,9 @@ def save_model(model: Any, input_shape: tuple[int, ...], directory: Path, class_
 
     archive.add_endpoint("serve", lambda x: model(x, training=False), input_signature=signature)
     archive.add_endpoint("classify", classify, input_signature=signature)
-    archive.write_out(str(directory), verbose=False)
+    # `verbose` (off: no endpoint summary on stdout) is not in Keras 3.4, the TF 2.17 images' (3.6 has it).
+    quiet = {"verbose": False} if "verbose" in inspect.signature(archive.write_out).parameters else {}
+    archive.write_out(str(directory), **quiet)
     (directory / "assets").mkdir(exist_ok=True)
     write_labels(directory / "assets" / LABELS_NAME, class_names)
 

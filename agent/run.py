@@ -17,7 +17,7 @@ from trainjobs import storage
 from trainjobs.job_paths import ARTIFACT_HISTORY, ARTIFACT_METRICS
 from trainjobs.messages import AgentReport
 from trainjobs.spec import TrainingSpec
-from agent import devices, export
+from agent import devices, export, keras_compat
 from agent.checkpoints import CheckpointSchedule, CheckpointStore
 from agent.data import LocalDataset, download_dataset, eval_dataset, read_arrays, train_dataset
 from agent.input_wait import InputWaitMeter
@@ -62,12 +62,10 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
     publisher = Publisher()
     store = CheckpointStore(work.checkpoints, job.paths.checkpoints, upload=job.is_chief, attempt=job.attempt,
                             publisher=publisher, may_skip=spec.workers == 1)
+    repairs = keras_compat.repair_before_build()  # what the images' older Keras lacks
     model, checkpoint, saved_at = _compile_and_restore(builder, inputs, plan, spec.training, strategy, store)
-    repairs: list[str] = []
     if strategy_name == "multi_worker_mirrored":
-        from agent.keras_compat import repair_multi_worker_fit
-
-        repairs = repair_multi_worker_fit(model, strategy)
+        repairs += keras_compat.repair_multi_worker_fit(model, strategy)
     train_function = install_step_functions(model, plan.steps_per_execution)
     plan = resume_from(plan, saved_at)
     plan = dataclasses.replace(

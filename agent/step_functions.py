@@ -36,6 +36,7 @@ class CountingTrainFunction:
         import tensorflow as tf
 
         self.calls = 0
+        self.steps_called = 0  # the steps the calls so far were asked to run, counted on the host
         self.steps_per_execution = steps_per_execution
         self._epoch_steps: int | None = None
         self._done_in_epoch = 0
@@ -69,6 +70,7 @@ class CountingTrainFunction:
 
         steps = self.steps_for_next_call()
         self.calls += 1
+        self.steps_called += steps
         if self._epoch_steps is not None:
             self._done_in_epoch = (self._done_in_epoch + steps) % self._epoch_steps
         return self._execution(iterator, tf.constant(steps, tf.int32))

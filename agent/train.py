@@ -36,7 +36,7 @@ class EpochRecorder(keras.callbacks.Callback):
         self._epoch = self._first_step = self._global_at_begin = 0
         self._began = self._train_ended = 0.0
         self._waited = self._paused = 0.0
-        self._calls_before = self._steps_before = 0
+        self._calls_before = self._steps_before = self._called_before = 0
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch = epoch
@@ -47,12 +47,15 @@ class EpochRecorder(keras.callbacks.Callback):
         self._train_ended = self._paused = 0.0
         self.meter.reset()
         self._calls_before, self._steps_before = self.train_function.calls, self.train_function.steps_run
+        self._called_before = self.train_function.steps_called
         self._began = time.perf_counter()
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        # `batch` is the index, in this fit call's epoch, of the last step Keras thinks the call ran:
-        # it counts whole executions, so the epoch's last, shorter call overshoots the epoch's end.
-        done = min(batch + 1, self.plan.steps_per_epoch - self._first_step)
+        # The steps this epoch's calls ran, as the train function counts them. Not from `batch`: it is
+        # the index of the call's first step in older Keras (3.4, 3.6: the TF 2.17 and 2.18 images) and
+        # of its last in newer (3.15), and Keras counts whole executions, where an epoch's last call
+        # may be shorter.
+        done = self.train_function.steps_called - self._called_before
         step = self._first_step + done
         self.position = TrainingPosition(self._epoch, step, self._global_at_begin + done)
         self.on_progress(self._epoch + step / self.plan.steps_per_epoch)
