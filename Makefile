@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-tpu-tf bench venv clean
+.PHONY: demo test bench venv clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,25 +30,12 @@ test: venv
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 	$(PY) -m pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=15 tests/integration tests/e2e $(PYTEST_ARGS)
 
-# The agent under the TensorFlow of the default TPU image (trainjobs/tpu_runtimes.py), which is what it
-# trains with on a TPU VM: the VM installs the agent wheel's requirements (worker/gcp/bootstrap.py)
-# beside the image's TensorFlow, and so does this venv, with TensorFlow's CPU build of that version.
-TPU_TF ?= 2.18.1
-TPU_VENV := .venv-tpu-tf
-TPU_AGENT_TESTS ?= digits_cnn or stand_in or downloaded_saved_model or resumes_from or plan_ or two_workers
-
-$(TPU_VENV)/.installed: pyproject.toml
-	test -x $(TPU_VENV)/bin/python || $(PYTHON) -m venv $(TPU_VENV)
-	$(PYTHON) -c "from worker.gcp.bootstrap import agent_requirements as r; print('\n'.join(r()))" > $(TPU_VENV)/agent.txt
-	$(TPU_VENV)/bin/pip install -q "tensorflow-cpu==$(TPU_TF)" -r $(TPU_VENV)/agent.txt pytest gcp-storage-emulator
-	touch $@
-
-test-tpu-tf: $(TPU_VENV)/.installed
-	PYTHONPATH=. $(TPU_VENV)/bin/python -m pytest tests/e2e/test_agent.py tests/e2e/test_agent_runs.py -k "$(TPU_AGENT_TESTS)" $(PYTEST_ARGS)
-
 bench: venv
 	$(PY) bench/claim_bench.py
 	$(PY) bench/trainer_bench.py
 
 clean:
 	rm -rf $(VENV) .demo .test-tmp *.egg-info
+
+# test-images: the agent under each default image's TensorFlow.
+include mk/images.mk

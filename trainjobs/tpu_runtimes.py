@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 
+# The defaults bring a TensorFlow that `make test-images` runs the agent under (mk/images.mk): a default
+# whose TensorFlow has no row there fails tests/unit/test_default_images.py.
 DEFAULT_TPU_RUNTIME = "tpu-vm-tf-2.18.0-pjrt"  # one host
 DEFAULT_TPU_POD_RUNTIME = "tpu-vm-tf-2.18.0-pod-pjrt"  # a slice of several hosts
 MIN_TENSORFLOW = (2, 16)  # the first TPU images with Keras 3
@@ -21,6 +23,12 @@ _TF_IMAGE = re.compile(r"tpu-vm-tf-(\d+)\.(\d+)\.(\d+)(-pod)?-pjrt")
 def default_tpu_runtime(hosts: int) -> str:
     """The image a spec gets when it names none: the tested TensorFlow, of the slice's kind."""
     return DEFAULT_TPU_POD_RUNTIME if hosts > 1 else DEFAULT_TPU_RUNTIME
+
+
+def runtime_tensorflow(runtime_version: str) -> tuple[int, int] | None:
+    """The TensorFlow (major, minor) a TensorFlow PJRT image brings; None for any other image."""
+    m = _TF_IMAGE.fullmatch(runtime_version)
+    return None if m is None else (int(m.group(1)), int(m.group(2)))
 
 
 def tpu_runtime_problem(runtime_version: str, hosts: int) -> str | None:
