@@ -20,15 +20,15 @@ from pathlib import Path
 
 import httpx
 
-from trainjobs.sealed_token import KEY, NAMESPACE, KeyPair, SealError, open_mine
-from trainjobs.vm_metadata import MACHINE_KEY, SEALED_KEY
+from trainjobs.sealed_token import KeyPair, SealError, open_mine
+from trainjobs.vm_metadata import MACHINE_KEY, PUBLIC_KEY_PATH, SEALED_KEY
 
 HEADERS = {"Metadata-Flavor": "Google"}
 WAIT_S = 60  # one wait_for_change; the metadata server answers when the attributes change or this passes
 
 
 def publish(meta: httpx.Client, keys: KeyPair) -> None:
-    response = meta.put(f"/instance/guest-attributes/{NAMESPACE}/{KEY}", content=keys.public_text)
+    response = meta.put(f"/instance/guest-attributes/{PUBLIC_KEY_PATH}", content=keys.public_text)
     if response.status_code != 200:
         # Guest attributes are off unless the VM's metadata has enable-guest-attributes=TRUE (set at create).
         raise RuntimeError(f"cannot publish this VM's key as a guest attribute: {response.status_code} "

@@ -107,6 +107,7 @@ def main() -> None:
     from service.db.session import get_engine, session_factory, transaction
     from stack.embedded import start_gcs_emulator, use_emulator
     from trainjobs import storage
+    from trainjobs.job_paths import JobPaths
 
     url = bench_db.fresh_database("trainjobs_logbench")
     emulator = start_gcs_emulator(None, bucket=BUCKET)
@@ -126,11 +127,11 @@ def main() -> None:
                           for _ in range(2))
         finally:
             stop(api)
-        storage.blob(f"{storage.JobPaths.for_job(small['id']).logs}/agent-1-0.log").upload_from_string(b"a small log\n")
+        storage.blob(JobPaths.for_job(small["id"]).log(1, 0)).upload_from_string(b"a small log\n")
         line = b"%08d " + b"x" * 90 + b"\n"
         log = b"".join(line % i for i in range(args.log_mb * 10_000))  # 100 bytes a line
         started = time.monotonic()
-        storage.blob(f"{storage.JobPaths.for_job(job['id']).logs}/agent-1-0.log").upload_from_string(log)
+        storage.blob(JobPaths.for_job(job["id"]).log(1, 0)).upload_from_string(log)
         print(f"wrote a {len(log) / 1e6:.0f} MB log for job {job['id']} in {time.monotonic() - started:.1f} s", flush=True)
         size = len(log)
         del log

@@ -43,6 +43,7 @@ from sqlalchemy import text  # noqa: E402
 
 from stack.embedded import start_gcs_emulator, use_emulator  # noqa: E402
 from trainjobs import storage  # noqa: E402
+from trainjobs.job_paths import JobPaths  # noqa: E402
 from trainjobs.client.api import Client  # noqa: E402
 
 BUCKET = "trainjobs-smallbench"
@@ -92,7 +93,7 @@ def run_product(repo: Path, url: str, epochs: int, scratch: Path) -> dict[str, A
         wall = time.time() - t0
         if job["status"] != "SUCCEEDED":
             raise RuntimeError(f"job {job['status']}: {job.get('error')}")
-        history = (storage.read_json(storage.JobPaths.for_job(job["id"], BUCKET).metrics) or {})["history"]
+        history = (storage.read_json(JobPaths.for_job(job["id"], BUCKET).metrics) or {})["history"]
         logs = client.logs(job["id"])
     finally:
         if up.poll() is None:

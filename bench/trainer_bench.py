@@ -52,6 +52,7 @@ import numpy as np  # noqa: E402
 
 from neighbour_load import NeighbourLoad  # noqa: E402
 from trainjobs import storage  # noqa: E402
+from trainjobs.job_paths import JobPaths  # noqa: E402
 from stack.embedded import start_gcs_emulator, use_emulator  # noqa: E402
 from trainjobs.spec import DatasetOptions, DatasetSpec, JobSpec  # noqa: E402
 from worker.gcs_channel import GcsJobChannel  # noqa: E402
@@ -152,13 +153,13 @@ def run_agent(config: Config, dataset_uri: str, epochs: int) -> Run:
     env = {**os.environ, "TRAINJOBS_LOCAL_DEVICES": str(config.devices), "PYTHONPATH": str(REPO),
            "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
     out = _run([sys.executable, "-m", "agent", "--job-dir", job_dir], env, "agent")
-    history = storage.read_json(f"{job_dir}/metrics.json")["history"]
+    history = storage.read_json(JobPaths(job_dir).metrics)["history"]
     logged = {int(n): datetime.strptime(t, "%Y-%m-%d %H:%M:%S,%f").timestamp() for t, n in EPOCH_LINE.findall(out)}
     # The agent logs an epoch right after timing it: the log line's time, less the epoch's
     # seconds (training + validation), is when its training began.
     timed = [Epoch(e["examples_per_sec"], logged[e["epoch"]] - e["epoch_seconds"], e["train_seconds"], logged[e["epoch"]])
              for e in history]
-    return Run(timed, history[-1].get("val_accuracy"), storage.read_json(f"{job_dir}/status.json")["runtime"],
+    return Run(timed, history[-1].get("val_accuracy"), storage.read_json(JobPaths(job_dir).status)["runtime"],
                [e["input_wait_fraction"] for e in history])
 
 

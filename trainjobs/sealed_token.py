@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 VERSION = 1
-NAMESPACE, KEY = "trainjobs", "public-key"  # the guest attribute the VM publishes: trainjobs/public-key
 _INFO = b"trainjobs sealed storage token v1 "
 
 

@@ -19,8 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from trainjobs.job_paths import DEFAULT_BUCKET as DEFAULT_BUCKET, bucket_name as bucket_name, within_job
-# TEMPORARY: tests written before job_paths.py still read these here; they go once the tests use job_paths.
-from trainjobs.job_paths import JobPaths as JobPaths, dataset_uri as dataset_uri
 from trainjobs.storage_limits import honours_call_limits
 
 UTC = timezone.utc  # datetime.UTC is 3.11+; the agent's wheel runs on the VM images' Python 3.10

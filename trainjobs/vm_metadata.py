@@ -21,6 +21,9 @@ HOST_KEY = "agent-worker-number"
 MACHINE_KEY, SEALED_KEY = "trainjobs-token-for", "trainjobs-storage-token-sealed"
 # Guest attributes are off on Compute Engine unless the instance's metadata turns them on at create.
 GUEST_ATTRIBUTES_KEY = "enable-guest-attributes"
+# The guest attribute each host publishes its public key under (namespace, key), for the sealed token.
+PUBLIC_KEY_NAMESPACE, PUBLIC_KEY_ATTRIBUTE = "trainjobs", "public-key"
+PUBLIC_KEY_PATH = f"{PUBLIC_KEY_NAMESPACE}/{PUBLIC_KEY_ATTRIBUTE}"  # as a guest-attributes query path names it
 STARTUP_SCRIPT_KEY = "startup-script"  # run as root at every boot (both clouds read this key)
 INSTALL_GPU_DRIVER_KEY = "install-nvidia-driver"  # Deep Learning VM images install the driver at first boot
 

@@ -13,6 +13,7 @@ import pytest
 
 from tests.support.agent import make_job, read, run_agent, spec, stage, digits
 from trainjobs import storage
+from trainjobs.job_paths import ARTIFACT_HISTORY, ARTIFACT_MANIFEST, ARTIFACT_METRICS, JobPaths
 
 # --- end to end -----------------------------------------------------------------------------------
 
@@ -39,16 +40,16 @@ def digits_job(gcs_emulator: Any, tmp_path_factory: pytest.TempPathFactory) -> d
 @pytest.mark.tf
 def test_digits_cnn_succeeds_over_90_percent(digits_job: dict[str, Any]) -> None:
     assert digits_job["rc"] == 0, digits_job["out"][-5000:]
-    status = read(digits_job["job_dir"], "status.json")
+    status = read(JobPaths(digits_job["job_dir"]).status)
     assert status["state"] == "succeeded" and status["progress"] == 1.0 and status["error"] is None
-    final = read(digits_job["job_dir"], "artifacts/metrics.json")
+    final = read(JobPaths(digits_job["job_dir"]).final_metrics)
     assert final["val_accuracy"] > 0.9
     assert final["tflite_quantization"] == "int8" and final["tflite_accuracy"] > 0.85
 
 
 @pytest.mark.tf
 def test_status_reports_the_stand_in_plan(digits_job: dict[str, Any]) -> None:
-    runtime = read(digits_job["job_dir"], "status.json")["runtime"]
+    runtime = read(JobPaths(digits_job["job_dir"]).status)["runtime"]
     assert runtime["requested_strategy"] == "tpu" and runtime["strategy"] == "mirrored"
     assert (runtime["replicas"], runtime["precision"], runtime["global_batch_size"]) == (2, "mixed_bfloat16", 64)
     assert runtime["local_devices"] == 2 and runtime["warmup_steps"] == 33
@@ -56,7 +57,7 @@ def test_status_reports_the_stand_in_plan(digits_job: dict[str, Any]) -> None:
 
 @pytest.mark.tf
 def test_metrics_record_each_epoch_with_throughput_and_input_wait(digits_job: dict[str, Any]) -> None:
-    history = read(digits_job["job_dir"], "metrics.json")["history"]
+    history = read(JobPaths(digits_job["job_dir"]).metrics)["history"]
     assert [e["epoch"] for e in history] == [1, 2, 3, 4]
     for entry in history:
         assert entry["examples_per_sec"] > 0 and entry["step_time_ms"] > 0
@@ -71,11 +72,12 @@ def test_artifact_manifest_lists_every_artifact_with_its_hash(digits_job: dict[s
     import hashlib
 
     job_dir = digits_job["job_dir"]
-    manifest = read(job_dir, "artifacts/manifest.json")
+    manifest = read(JobPaths(job_dir).artifact_manifest)
     paths = {e["path"] for e in manifest}
-    assert {"model.tflite", "metrics.json", "history.json", "labels.json", "saved_model/saved_model.pb"} <= paths
-    listed = {u.removeprefix(f"{job_dir}/artifacts/") for u in storage.list_uris(f"{job_dir}/artifacts/")}
-    assert listed == paths | {"manifest.json"}
+    assert {"model.tflite", ARTIFACT_METRICS, ARTIFACT_HISTORY, "labels.json", "saved_model/saved_model.pb"} <= paths
+    artifacts = f"{JobPaths(job_dir).artifacts}/"
+    listed = {u.removeprefix(artifacts) for u in storage.list_uris(artifacts)}
+    assert listed == paths | {ARTIFACT_MANIFEST}
     tflite = next(e for e in manifest if e["path"] == "model.tflite")
     data = storage.blob(tflite["uri"]).download_as_bytes()
     assert (len(data), hashlib.sha256(data).hexdigest()) == (tflite["size"], tflite["sha256"])
@@ -83,11 +85,11 @@ def test_artifact_manifest_lists_every_artifact_with_its_hash(digits_job: dict[s
 
 @pytest.mark.tf
 def test_class_names_are_in_labels_json_and_on_the_job(digits_job: dict[str, Any]) -> None:
-    labels = read(digits_job["job_dir"], "artifacts/labels.json")
+    labels = read(JobPaths(digits_job["job_dir"]).artifact("labels.json"))
     names = [str(i) for i in range(10)]  # what stage() wrote as the manifest's class_names
     assert labels == {"num_classes": 10, "class_names": names, "label_mapping": {n: n for n in names}}
-    assert read(digits_job["job_dir"], "artifacts/saved_model/assets/labels.json") == labels
-    dataset = read(digits_job["job_dir"], "status.json")["runtime"]["dataset"]
+    assert read(JobPaths(digits_job["job_dir"]).artifact("saved_model/assets/labels.json")) == labels
+    dataset = read(JobPaths(digits_job["job_dir"]).status)["runtime"]["dataset"]
     assert dataset == {"train_examples": 1438, "validation_examples": 359, "dropped_examples": 0,
                        "feature_shape": [8, 8, 1], "num_classes": 10, "class_names": names}
 
@@ -97,12 +99,12 @@ def test_downloaded_saved_model_predicts_the_reported_accuracy(digits_job: dict[
     import tensorflow as tf
 
     local = digits_job["tmp"] / "saved_model"
-    storage.download_prefix(f"{digits_job['job_dir']}/artifacts/saved_model", local)
+    storage.download_prefix(JobPaths(digits_job["job_dir"]).artifact("saved_model"), local)
     loaded = tf.saved_model.load(str(local))  # held: a bare .serve would outlive the variables
     probs = loaded.signatures["serving_default"](tf.constant(digits_job["x_val"]))
     probs = next(iter(probs.values())).numpy()
     accuracy = float(np.mean(probs.argmax(axis=-1) == digits_job["y_val"]))
-    final = read(digits_job["job_dir"], "artifacts/metrics.json")
+    final = read(JobPaths(digits_job["job_dir"]).final_metrics)
     assert accuracy == pytest.approx(final["saved_model_accuracy"])
     assert accuracy == pytest.approx(final["val_accuracy"], abs=0.015)  # float32 export of a bfloat16 model
 
@@ -110,11 +112,11 @@ def test_downloaded_saved_model_predicts_the_reported_accuracy(digits_job: dict[
 @pytest.mark.tf
 def test_logs_and_tensorboard_events_are_uploaded(digits_job: dict[str, Any]) -> None:
     job_dir = digits_job["job_dir"]
-    log_text = storage.blob(f"{job_dir}/logs/agent-1-0.log").download_as_bytes().decode()
+    log_text = storage.blob(JobPaths(job_dir).log(1, 0)).download_as_bytes().decode()
     assert "succeeded" in log_text
     import tensorflow as tf
 
-    events = [u for u in storage.list_uris(f"{job_dir}/tensorboard/") if "events.out.tfevents" in u]
+    events = [u for u in storage.list_uris(f"{JobPaths(job_dir).tensorboard}/") if "events.out.tfevents" in u]
     local = digits_job["tmp"] / "events"
     storage.blob(events[0]).download_to_filename(str(local))
     steps = {(v.tag, e.step) for e in tf.compat.v1.train.summary_iterator(str(local)) for v in e.summary.value}
@@ -211,7 +213,7 @@ def test_user_module_failure_is_reported_in_status(bucket: str, tmp_path: Path, 
     job_dir = make_job(bucket, spec(model={"module": str(module)}), dataset)
     rc, out = run_agent(job_dir)
     assert rc == 1, out[-3000:]
-    status = read(job_dir, "status.json")
+    status = read(JobPaths(job_dir).status)
     assert status["state"] == "failed"
     assert status["error"]["type"] == "ModelError" and message in status["error"]["message"]
     assert status["error"]["logs"]

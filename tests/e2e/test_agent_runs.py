@@ -18,9 +18,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from agent.checkpoints import LATEST
 from tests.support import scaled
 from tests.support.agent import AGENT_TIMEOUT_S, digits, make_job, read, run_agent, spec, stage, start_agent, wait_for
 from trainjobs import storage
+from trainjobs.job_paths import ARTIFACT_HISTORY, JobPaths
 
 pytestmark = pytest.mark.tf
 
@@ -53,10 +55,10 @@ def test_resumes_from_the_last_checkpoint_after_being_killed(bucket: str, slow_d
     """Killed once a checkpoint of the awaited kind is in GCS, a second attempt goes on from it and
     trains exactly the steps an uninterrupted run would have."""
     job_id, s = _slow_job(bucket, slow_dataset, epochs=2, **schedule)
-    job_dir = storage.JobPaths.for_job(job_id, bucket).root
+    job_dir = JobPaths.for_job(job_id, bucket).root
 
     def awaited_checkpoint_is_in() -> bool:
-        latest = read(job_dir, "checkpoints/latest.json")
+        latest = read(f"{JobPaths(job_dir).checkpoints}/{LATEST}")
         return latest is not None and (latest["step"] > 0 or not mid_epoch)
 
     first = start_agent(job_dir)
@@ -65,29 +67,29 @@ def test_resumes_from_the_last_checkpoint_after_being_killed(bucket: str, slow_d
     finally:
         first.kill()  # SIGKILL: nothing gets to clean up, as when a VM vanishes
         first.wait()
-    assert read(job_dir, "status.json")["state"] == "running"
-    taken = read(job_dir, "checkpoints/latest.json")
+    assert read(JobPaths(job_dir).status)["state"] == "running"
+    taken = read(f"{JobPaths(job_dir).checkpoints}/{LATEST}")
     assert (taken["step"] > 0) == mid_epoch
 
     make_job(bucket, s, slow_dataset, attempt=2, job_id=job_id)
     rc, out = run_agent(job_dir)
     assert rc == 0, out[-5000:]
-    status = read(job_dir, "status.json")
+    status = read(JobPaths(job_dir).status)
     assert (status["state"], status["attempt"]) == ("succeeded", 2)
     runtime = status["runtime"]
     assert (runtime["initial_epoch"], runtime["initial_step"]) == (taken["epoch"], taken["step"])
     steps_per_epoch = runtime["steps_per_epoch"]
     assert taken["global_step"] == taken["epoch"] * steps_per_epoch + taken["step"]
-    history = read(job_dir, "artifacts/history.json")
+    history = read(JobPaths(job_dir).artifact(ARTIFACT_HISTORY))
     assert [e["epoch"] for e in history] == [1, 2]
     assert {e["attempt"] for e in history if e["epoch"] <= taken["epoch"]} <= {1}
     assert {e["attempt"] for e in history if e["epoch"] > taken["epoch"]} == {2}
     resumed = history[taken["epoch"]]  # the epoch the checkpoint was taken in, or the one after it
     assert resumed.get("resumed_at_step", 0) == taken["step"]
     assert resumed["steps"] == steps_per_epoch - taken["step"]
-    final = read(job_dir, "artifacts/metrics.json")
+    final = read(JobPaths(job_dir).final_metrics)
     assert final["optimizer_iterations"] == 2 * steps_per_epoch
-    assert read(job_dir, "artifacts/manifest.json")
+    assert read(JobPaths(job_dir).artifact_manifest)
 
 
 def test_two_workers_train_together_and_only_the_chief_writes_artifacts(bucket: str, tmp_path: Path) -> None:
@@ -105,12 +107,12 @@ def test_two_workers_train_together_and_only_the_chief_writes_artifacts(bucket: 
              for i in range(2)]
     outs = [p.communicate(timeout=AGENT_TIMEOUT_S)[0].decode(errors="replace") for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
-    chief, other = read(job_dir, "status.json"), read(job_dir, "status-1.json")
+    chief, other = read(JobPaths(job_dir).status), read(JobPaths(job_dir).status_of(1))
     assert (chief["state"], chief["task_index"], other["state"], other["task_index"]) == ("succeeded", 0, "succeeded", 1)
     assert chief["runtime"]["strategy"] == "multi_worker_mirrored" and chief["runtime"]["replicas"] == 2
     assert chief["metrics"]["val_accuracy"] == other["metrics"]["val_accuracy"]  # one model, trained together
-    assert read(job_dir, "artifacts/manifest.json")
-    assert read(job_dir, "checkpoints/latest.json")["global_step"] == 2 * chief["runtime"]["steps_per_epoch"]
+    assert read(JobPaths(job_dir).artifact_manifest)
+    assert read(f"{JobPaths(job_dir).checkpoints}/{LATEST}")["global_step"] == 2 * chief["runtime"]["steps_per_epoch"]
 
 
 @pytest.fixture(scope="module")
@@ -121,18 +123,18 @@ def interrupted_run(slow_dataset: str) -> dict[str, Any]:
     bucket = f"t-{uuid.uuid4().hex[:12]}"
     storage.ensure_bucket(bucket)
     job_id, _ = _slow_job(bucket, slow_dataset, epochs=20)
-    job_dir = storage.JobPaths.for_job(job_id, bucket).root
+    job_dir = JobPaths.for_job(job_id, bucket).root
     seen: dict[str, Any] = {"first": None, "refreshed": None, "rc": None, "last": None}
     # The cleanup after SIGTERM is what is judged here, not its time bound (test_agent_watchdog.py
     # judges that): on a loaded machine it can take longer than the default 30 s.
     proc = start_agent(job_dir, TRAINJOBS_TERM_GRACE_S=str(scaled(120)))
     try:
-        wait_for(lambda: (read(job_dir, "status.json") or {}).get("phase") == "training", proc)
-        seen["first"] = read(job_dir, "status.json")
+        wait_for(lambda: (read(JobPaths(job_dir).status) or {}).get("phase") == "training", proc)
+        seen["first"] = read(JobPaths(job_dir).status)
         try:
-            wait_for(lambda: read(job_dir, "status.json")["heartbeat_at"] > seen["first"]["heartbeat_at"], proc,
+            wait_for(lambda: read(JobPaths(job_dir).status)["heartbeat_at"] > seen["first"]["heartbeat_at"], proc,
                      timeout=30)
-            seen["refreshed"] = read(job_dir, "status.json")
+            seen["refreshed"] = read(JobPaths(job_dir).status)
         except AssertionError as exc:
             seen["refreshed_error"] = str(exc)
         if proc.poll() is None:
@@ -141,7 +143,7 @@ def interrupted_run(slow_dataset: str) -> dict[str, Any]:
                 seen["rc"] = proc.wait(timeout=scaled(180))
             except subprocess.TimeoutExpired:
                 pass
-        seen["last"] = read(job_dir, "status.json")
+        seen["last"] = read(JobPaths(job_dir).status)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -173,8 +175,8 @@ def test_mixed_float16_job_trains_with_loss_scaling_and_exports_int8(bucket: str
     ), dataset)
     rc, out = run_agent(job_dir)
     assert rc == 0, out[-5000:]
-    runtime = read(job_dir, "status.json")["runtime"]
+    runtime = read(JobPaths(job_dir).status)["runtime"]
     assert (runtime["precision"], runtime["loss_scaling"], runtime["strategy"]) == ("mixed_float16", True, "mirrored")
-    final = read(job_dir, "artifacts/metrics.json")
+    final = read(JobPaths(job_dir).final_metrics)
     assert final["tflite_accuracy"] == pytest.approx(final["saved_model_accuracy"], abs=0.05)
     assert final["saved_model_accuracy"] > 0.5

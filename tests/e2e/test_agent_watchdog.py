@@ -17,11 +17,18 @@ import pytest
 from stack.embedded import GcsEmulator, start_gcs_emulator
 from tests.support.jobs import digits_spec
 from tests.support import scaled
+from trainjobs.job_paths import JobPaths, dataset_uri
 from trainjobs.messages import AgentAssignment
 from trainjobs.spec import JobSpec
 from trainjobs.stop_request import request_stop
 
 BUCKET = "watchdog-test"
+JOB = JobPaths.for_job("w1", BUCKET)
+
+
+def _key(uri: str) -> str:
+    """An object's key in BUCKET, for this test's own client of its own emulator."""
+    return uri.removeprefix(f"gs://{BUCKET}/")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -46,13 +53,13 @@ def _client(emu: GcsEmulator):  # type: ignore[no-untyped-def]
 
 
 def _start_agent(emu: GcsEmulator, tmp_path: Path, **env: str) -> tuple[subprocess.Popen[bytes], str]:
-    job_dir = f"gs://{BUCKET}/jobs/w1"
+    job_dir = JOB.root
     # A long job on a dataset that is there only as a name: the agent is busy, or stuck, when stopped.
     spec = JobSpec.model_validate(digits_spec(training={"epochs": 500}))
-    assignment = AgentAssignment(job_id="w1", attempt=1, spec=spec, dataset_uri=f"gs://{BUCKET}/datasets/none")
+    assignment = AgentAssignment(job_id="w1", attempt=1, spec=spec, dataset_uri=dataset_uri("none", BUCKET))
     import json
 
-    _client(emu).bucket(BUCKET).blob("jobs/w1/spec.json").upload_from_string(
+    _client(emu).bucket(BUCKET).blob(_key(JOB.spec)).upload_from_string(
         json.dumps(assignment.model_dump(mode="json")))
     child_env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "STORAGE_EMULATOR_HOST": emu.url,
                  "TRAINJOBS_BUCKET": BUCKET, "TRAINJOBS_METADATA_URL": "off", "TF_CPP_MIN_LOG_LEVEL": "3",
@@ -64,7 +71,7 @@ def _start_agent(emu: GcsEmulator, tmp_path: Path, **env: str) -> tuple[subproce
 
 
 def _wait_for_first_report(emu: GcsEmulator, proc: subprocess.Popen[bytes]) -> None:
-    blob = _client(emu).bucket(BUCKET).blob("jobs/w1/status.json")
+    blob = _client(emu).bucket(BUCKET).blob(_key(JOB.status))
     deadline = time.monotonic() + scaled(60)
     while not blob.exists():
         assert proc.poll() is None, "the agent exited before it reported"
@@ -104,7 +111,7 @@ def test_an_agent_stops_when_the_control_plane_asks(own_emulator: GcsEmulator, t
     assert _exit_code(proc, scaled(60), tmp_path) == 143
     assert "stop requested: the job was cancelled" in (tmp_path / "agent.out").read_text()
     # Stopped as on SIGTERM: its last word is written (it used to exit at once, its status still running).
-    status = json.loads(_client(own_emulator).bucket(BUCKET).blob("jobs/w1/status.json").download_as_bytes())
+    status = json.loads(_client(own_emulator).bucket(BUCKET).blob(_key(JOB.status)).download_as_bytes())
     assert status["state"] == "terminated", status
 
 
@@ -248,7 +255,7 @@ def test_a_stop_request_read_during_the_sigterm_cleanup_does_not_cut_off_the_las
         assert _exit_code(proc, scaled(60), tmp_path) == 143
     finally:
         proxy.close()
-    status = _client(own_emulator).bucket(BUCKET).blob("jobs/w1/status.json").download_as_bytes()
+    status = _client(own_emulator).bucket(BUCKET).blob(_key(JOB.status)).download_as_bytes()
     import json
 
     assert json.loads(status)["state"] == "terminated", out.read_text()[-3000:]
@@ -263,12 +270,12 @@ def test_a_terminated_agent_writes_its_status_even_when_its_log_cannot_be_upload
     try:
         proc, _ = _start_agent(own_emulator, tmp_path, STORAGE_EMULATOR_HOST=proxy.url, TRAINJOBS_TERM_GRACE_S="3")
         _wait_for_first_report(own_emulator, proc)
-        proxy.hold(lambda request: request.startswith(b"POST") and b"/logs/agent-" in request)  # never uploaded
+        proxy.hold(lambda request: request.startswith(b"POST") and _key(JOB.log(1, 0)).encode() in request)  # never uploaded
         proc.send_signal(signal.SIGTERM)
         assert _exit_code(proc, scaled(60), tmp_path) == 143
     finally:
         proxy.close()
-    status = _client(own_emulator).bucket(BUCKET).blob("jobs/w1/status.json").download_as_bytes()
+    status = _client(own_emulator).bucket(BUCKET).blob(_key(JOB.status)).download_as_bytes()
     import json
 
     assert json.loads(status)["state"] == "terminated", (tmp_path / "agent.out").read_text()[-3000:]
@@ -289,12 +296,12 @@ def test_a_sigterm_as_a_finished_agent_reports_still_leaves_a_final_status(bucke
     spec = JobSpec.model_validate(digits_spec(model={"name": "mlp"}, strategy="default",
                                               accelerator={"type": "cpu", "replicas": 1}, training={"epochs": 1}))
     dataset_uri = GcsStager(tmp_path / "staging")(spec, "w2", project_id="p")
-    job_dir = f"gs://{bucket}/jobs/w2"
+    job_dir = JobPaths.for_job("w2", bucket).root
     assignment = AgentAssignment(job_id="w2", attempt=1, spec=spec, dataset_uri=dataset_uri)
-    storage.write_json(f"{job_dir}/spec.json", assignment.model_dump(mode="json"))
+    storage.write_json(JobPaths(job_dir).spec, assignment.model_dump(mode="json"))
     proxy = _HoldingProxy(os.environ["STORAGE_EMULATOR_HOST"])
     # The work's last step, the artifact manifest, waits until the pipe is full.
-    proxy.hold(lambda request: request.startswith(b"POST") and b"artifacts/manifest.json" in request)
+    proxy.hold(lambda request: request.startswith(b"POST") and storage.split_uri(JobPaths(job_dir).artifact_manifest)[1].encode() in request)
     read_end, write_end = os.pipe()
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "STORAGE_EMULATOR_HOST": proxy.url,
            "TRAINJOBS_BUCKET": bucket, "TRAINJOBS_METADATA_URL": "off", "TF_CPP_MIN_LOG_LEVEL": "3",
@@ -333,7 +340,7 @@ def test_a_sigterm_as_a_finished_agent_reports_still_leaves_a_final_status(bucke
             proc.wait(scaled(120))
         finally:
             proxy.close()
-    status = storage.read_json(f"{job_dir}/status.json")
+    status = storage.read_json(JobPaths(job_dir).status)
     assert status["state"] in ("succeeded", "terminated"), (status["state"], (tmp_path / "agent.err").read_text()[-2000:])
 
 

@@ -12,6 +12,7 @@ from tests.support.jobs import digits_spec
 from tests.support.jobs import wait_for_job
 from tests.support.local import AGENT_JOB_S
 from trainjobs import storage
+from trainjobs.job_paths import JobPaths
 
 
 OVERSIZED_STATUS = '''
@@ -23,12 +24,13 @@ from datetime import datetime, timezone
 import keras
 
 from trainjobs import storage
+from trainjobs.job_paths import JobPaths
 
 
 def build_model(input_shape, num_classes, params):
     # The job's own status.json, valid but for its size, written over the agent's for a while.
     with open(params["job_dir_file"]) as f:  # the test wrote it once it knew the job's id
-        status = storage.JobPaths(f.read()).status
+        status = JobPaths(f.read()).status
     junk = {"state": "running", "attempt": 1, "metrics": {"junk": "x" * (2 << 20)}}
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -48,7 +50,7 @@ def test_a_job_that_writes_a_huge_status_fails_with_a_note_not_an_oom(api, bucke
     spec = digits_spec(model={"module": module, "params": {"job_dir_file": str(job_dir_file)}},
                        accelerator={"type": "cpu"}, strategy="default")
     job = api.post("/v1/jobs", json=spec).json()
-    job_dir_file.write_text(storage.JobPaths.for_job(job["id"]).root)
+    job_dir_file.write_text(JobPaths.for_job(job["id"]).root)
 
     failed = wait_for_job(api, job["id"], {"FAILED"}, timeout=AGENT_JOB_S)
 

@@ -13,8 +13,10 @@ from tests.support.jobs import digits_spec
 from tests.support.jobs import wait_for_job
 from tests.support.local import AGENT_JOB_S
 from trainjobs import storage
+from trainjobs.job_paths import ARTIFACT_HISTORY, ARTIFACT_METRICS, DATASETS, JobPaths, dataset_file, dataset_manifest
 from trainjobs.spec import JobSpec
-from worker.ports import LABEL_MANAGED, MachineRequest
+from trainjobs.vm_metadata import LABEL_MANAGED
+from worker.ports import MachineRequest
 
 pytestmark = pytest.mark.tf
 def test_digits_job_trains_and_its_saved_model_predicts_as_reported(api, local_stack, tmp_path):
@@ -33,7 +35,7 @@ def test_digits_job_trains_and_its_saved_model_predicts_as_reported(api, local_s
 
     listing = api.get(f"/v1/jobs/{job['id']}/artifacts").json()
     paths = {a["path"] for a in listing["artifacts"]}
-    assert {"model.tflite", "metrics.json", "history.json"} <= paths
+    assert {"model.tflite", ARTIFACT_METRICS, ARTIFACT_HISTORY} <= paths
     assert any(p.startswith("saved_model/") for p in paths)
     # Download as `trainjobs artifacts --download` does (API links: the emulator's credentials cannot sign).
     from trainjobs.client.api import Client
@@ -47,7 +49,7 @@ def test_digits_job_trains_and_its_saved_model_predicts_as_reported(api, local_s
 
     # Predict the staged validation split with the downloaded SavedModel.
     uri = _dataset_uri(job["id"])
-    x, y = _read_split(uri, storage.read_json(f"{uri}/manifest.json"), "validation", tmp_path / "val")
+    x, y = _read_split(uri, storage.read_json(dataset_manifest(uri)), "validation", tmp_path / "val")
     model = tf.saved_model.load(str(out / "saved_model"))
     probs = model.serve(tf.constant(x)).numpy()
     accuracy = float(np.mean(probs.argmax(-1) == y))
@@ -59,7 +61,7 @@ def test_digits_job_trains_and_its_saved_model_predicts_as_reported(api, local_s
 
 
 def _dataset_uri(job_id: str) -> str:
-    return storage.read_json(storage.JobPaths.for_job(job_id).spec)["dataset_uri"]
+    return storage.read_json(JobPaths.for_job(job_id).spec)["dataset_uri"]
 
 
 def _read_split(uri: str, manifest: dict, split: str, local: Path):
@@ -67,7 +69,7 @@ def _read_split(uri: str, manifest: dict, split: str, local: Path):
 
     files = []
     for shard in manifest["splits"][split]["shards"]:
-        src = shard if shard.startswith("gs://") else f"{uri}/{shard}"
+        src = shard if shard.startswith("gs://") else dataset_file(uri, shard)
         dst = local / Path(shard).name
         dst.parent.mkdir(parents=True, exist_ok=True)
         storage.blob(src).download_to_filename(str(dst))
@@ -87,11 +89,11 @@ def test_second_job_on_same_data_uploads_nothing(api, local_stack, bucket):
     first = api.post("/v1/jobs", json=digits_spec(strategy="default", accelerator={"type": "cpu"},
                                                   training={"epochs": 1}, model={"name": "mlp"})).json()
     wait_for_job(api, first["id"], {"SUCCEEDED"}, timeout=AGENT_JOB_S)
-    datasets_before = {b.name: b.generation for b in storage.client().list_blobs(bucket, prefix="datasets/")}
+    datasets_before = {b.name: b.generation for b in storage.client().list_blobs(bucket, prefix=f"{DATASETS}/")}
     second = api.post("/v1/jobs", json=digits_spec(strategy="default", accelerator={"type": "cpu"},
                                                    training={"epochs": 1}, model={"name": "mlp"})).json()
     wait_for_job(api, second["id"], {"SUCCEEDED"}, timeout=AGENT_JOB_S)
-    datasets_after = {b.name: b.generation for b in storage.client().list_blobs(bucket, prefix="datasets/")}
+    datasets_after = {b.name: b.generation for b in storage.client().list_blobs(bucket, prefix=f"{DATASETS}/")}
     assert datasets_after == datasets_before  # same objects, same generations: nothing re-uploaded
     assert _dataset_uri(first["id"]) == _dataset_uri(second["id"])
 

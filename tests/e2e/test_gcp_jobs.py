@@ -15,6 +15,7 @@ from tests.support.jobs import wait_for_job as wait
 from tests.support import eventually
 from tests.support.gcp import CLOUDS, Cloud, gpu_spec, tpu_spec
 from trainjobs import storage
+from trainjobs.vm_metadata import STARTUP_SCRIPT_KEY
 from worker.gcs_channel import GcsJobChannel
 
 
@@ -51,7 +52,7 @@ def test_a_tpu_job_trains_through_the_startup_script_and_its_node_is_deleted(api
     assert done["runtime"]["strategy"] == "mirrored" and done["runtime"]["precision"] == "mixed_bfloat16"
     assert gcp.fake.node_names() == []
     [create] = [r for r in gcp.fake.requests if r.method == "POST" and r.path.endswith("/nodes")]
-    assert "-m agent --job-dir" in create.body["metadata"]["startup-script"]  # type: ignore[index]
+    assert "-m agent --job-dir" in create.body["metadata"][STARTUP_SCRIPT_KEY]  # type: ignore[index]
 
 
 @pytest.mark.tf

@@ -122,7 +122,8 @@ def test_a_machine_whose_worker_was_killed_while_starting_it_is_listed_and_delet
         tmp_path: Path, bucket: str) -> None:
     import uuid
 
-    from worker.ports import LABEL_JOB, MachineState
+    from trainjobs.vm_metadata import LABEL_JOB
+    from worker.ports import MachineState
 
     root, job_id = tmp_path / "machines", str(uuid.uuid4())
     creator = subprocess.Popen([sys.executable, "-c", CREATOR, str(root), job_id, bucket])

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from tests.support.jobs import TABLES, make_key
 from tests.support import scaled
 from trainjobs import storage
+from trainjobs.job_paths import ARTIFACT_HISTORY, ARTIFACT_METRICS, JobPaths
 from trainjobs.spec import JobSpec, describe_errors
 from trainjobs.states import TERMINAL
 
@@ -208,8 +209,8 @@ def test_accepted_combination_trains_as_asked_and_exports(case: Case, matrix_job
     # Each epoch ran all the steps its data and batch imply, steps_per_execution of them per
     # train-function call but the last, which ran the rest.
     assert runtime["steps_per_epoch"] == (EXAMPLES - EXAMPLES // 5) // runtime["global_batch_size"]
-    paths = storage.JobPaths.for_job(jobs[case.id])
-    history = storage.read_json(paths.key("artifacts/history.json"))
+    paths = JobPaths.for_job(jobs[case.id])
+    history = storage.read_json(paths.artifact(ARTIFACT_HISTORY))
     assert [e["epoch"] for e in history] == list(range(1, EPOCHS + 1))
     for entry in history:
         assert entry["steps"] == runtime["steps_per_epoch"]
@@ -217,8 +218,8 @@ def test_accepted_combination_trains_as_asked_and_exports(case: Case, matrix_job
         assert entry["val_accuracy"] is not None
 
     manifest = {e["path"] for e in storage.read_json(paths.artifact_manifest)}
-    assert {"saved_model/saved_model.pb", "model.tflite", "metrics.json", "history.json"} <= manifest
-    final = storage.read_json(paths.key("artifacts/metrics.json"))
+    assert {"saved_model/saved_model.pb", "model.tflite", ARTIFACT_METRICS, ARTIFACT_HISTORY} <= manifest
+    final = storage.read_json(paths.final_metrics)
     assert final["tflite_quantization"] == case.quantization
     assert final["saved_model_accuracy"] > 0.9, final
     assert final["tflite_accuracy"] >= final["saved_model_accuracy"] - 0.05, final
@@ -230,7 +231,7 @@ def test_accepted_combination_trains_as_asked_and_exports(case: Case, matrix_job
         # seconds late keeps it there past the chief's export, issue 19). Either way its last word is
         # in: succeeded (it saw the chief finish) or terminated (the delete's SIGTERM), never a state
         # that says it still runs.
-        other = storage.read_json(paths.key("status-1.json"))
+        other = storage.read_json(paths.status_of(1))
         assert (other["task_index"], other["epoch"], other["progress"]) == (1, EPOCHS, 1.0), other
         assert (other["state"], other["phase"]) in {("succeeded", "waiting_for_chief"), ("terminated", "training"),
                                                      ("terminated", "waiting_for_chief")}, other

@@ -84,6 +84,7 @@ def test_a_users_csv_and_model_hand_back_class_names_and_an_integer_tflite(api, 
     import sklearn
 
     from trainjobs import storage
+    from trainjobs.job_paths import ARTIFACT_HISTORY, JobPaths
     from trainjobs.source_rules import HOST_DATA_DIRS_ENV
 
     shutil.copy(Path(sklearn.__file__).parent / "datasets" / "data" / "wine_data.csv", tmp_path / "wine_data.csv")
@@ -100,9 +101,9 @@ def test_a_users_csv_and_model_hand_back_class_names_and_an_integer_tflite(api, 
     dataset = job["runtime"]["dataset"]
     assert (dataset["train_examples"], dataset["feature_shape"], dataset["class_names"]) == (142, [13], ["0", "1", "2"])
     assert job["runtime"]["steps_per_epoch"] == 142 // 16
-    paths = storage.JobPaths.for_job(job["id"])
-    history = storage.read_json(paths.key("artifacts/history.json"))
+    paths = JobPaths.for_job(job["id"])
+    history = storage.read_json(paths.artifact(ARTIFACT_HISTORY))
     assert [(e["steps"], e["executions"]) for e in history] == [(8, 3), (8, 3)]  # calls of 3, 3 and 2 steps
-    assert storage.read_json(paths.key("artifacts/labels.json"))["label_mapping"] == {"0": "0", "1": "1", "2": "2"}
-    final = storage.read_json(paths.key("artifacts/metrics.json"))
+    assert storage.read_json(paths.artifact("labels.json"))["label_mapping"] == {"0": "0", "1": "1", "2": "2"}
+    final = storage.read_json(paths.final_metrics)
     assert final["tflite_io_type"] == "uint8" and final["tflite_accuracy"] is not None

@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from tests.support.jobs import digits_spec
 from tests.support.streams import Follower
 from trainjobs import storage
+from trainjobs.job_paths import JobPaths
 from worker.gcs_channel import GcsJobChannel
 
 MiB = 1 << 20
@@ -22,7 +23,7 @@ def _log_lines(count: int, width: int = 99) -> bytes:
 
 
 def _log_uri(job_id: str, name: str) -> str:
-    return f"{storage.JobPaths.for_job(job_id).logs}/{name}"
+    return f"{JobPaths.for_job(job_id).logs}/{name}"
 
 
 def test_logs_come_in_pages_of_whole_lines_that_add_up_to_the_log(api, bucket):
@@ -84,7 +85,7 @@ def test_a_log_stream_reads_a_page_per_poll_and_still_sends_every_line(api, buck
 
 def test_metrics_over_their_cap_are_refused_not_read(api, bucket):
     job = api.post("/v1/jobs", json=digits_spec()).json()
-    storage.blob(storage.JobPaths.for_job(job["id"]).metrics).upload_from_string(b" " * (storage.METRICS_MAX_BYTES + 1))
+    storage.blob(JobPaths.for_job(job["id"]).metrics).upload_from_string(b" " * (storage.METRICS_MAX_BYTES + 1))
 
     answer = api.get(f"/v1/jobs/{job['id']}/metrics")
     assert answer.status_code == 422 and answer.json()["error"]["error"] == "too_large"
@@ -95,7 +96,7 @@ def test_metrics_over_their_cap_are_refused_not_read(api, bucket):
 
 def test_metrics_that_are_not_json_are_a_422_and_end_no_stream_early_or_never(api, bucket):
     job = api.post("/v1/jobs", json=digits_spec()).json()
-    storage.blob(storage.JobPaths.for_job(job["id"]).metrics).upload_from_string(b"{not json")
+    storage.blob(JobPaths.for_job(job["id"]).metrics).upload_from_string(b"{not json")
 
     answer = api.get(f"/v1/jobs/{job['id']}/metrics")
     assert answer.status_code == 422 and answer.json()["error"]["error"] == "not_json"
@@ -118,14 +119,14 @@ def test_a_metric_stream_downloads_metrics_json_only_when_it_changed(api, bucket
     monkeypatch.setattr(storage, "read_json_bounded", counted)  # the API runs in this process
     monkeypatch.setattr(streams, "QUEUED_POLL_S", streams.POLL_S)
     job = api.post("/v1/jobs", json=digits_spec()).json()
-    storage.write_json(storage.JobPaths.for_job(job["id"]).metrics, {"history": [{"attempt": 1, "epoch": 1}]})
+    storage.write_json(JobPaths.for_job(job["id"]).metrics, {"history": [{"attempt": 1, "epoch": 1}]})
     follower = Follower(api, f"/v1/jobs/{job['id']}/metrics?follow=true")
     assert [follower.next().name, follower.next().name] == ["status", "metric"]
     with api.stream("GET", f"/v1/jobs/{job['id']}/metrics?follow=true") as second:  # polls while we wait
         lines = second.iter_lines()
         while next(lines) != "event: metric":
             pass
-    storage.write_json(storage.JobPaths.for_job(job["id"]).metrics,
+    storage.write_json(JobPaths.for_job(job["id"]).metrics,
                        {"history": [{"attempt": 1, "epoch": 1}, {"attempt": 1, "epoch": 2}]})
     assert follower.next().data == {"attempt": 1, "epoch": 2}
     api.post(f"/v1/jobs/{job['id']}/cancel")
@@ -141,7 +142,7 @@ def _report(**fields: object) -> dict:
 
 def test_the_worker_reads_a_status_over_its_cap_as_a_failure_that_says_so(bucket):
     channel = GcsJobChannel()
-    status = storage.JobPaths.for_job("j1").status
+    status = JobPaths.for_job("j1").status
     storage.write_json(status, _report(metrics={"junk": "x" * storage.STATUS_MAX_BYTES}))
 
     report = channel.read_status("j1", 1)
@@ -154,7 +155,7 @@ def test_the_worker_reads_a_status_over_its_cap_as_a_failure_that_says_so(bucket
 
 def test_a_success_whose_manifest_is_over_its_cap_is_read_as_a_failure(bucket):
     channel = GcsJobChannel()
-    paths = storage.JobPaths.for_job("j1")
+    paths = JobPaths.for_job("j1")
     storage.write_json(paths.status, _report(state="succeeded"))
     storage.blob(paths.artifact_manifest).upload_from_string(b"[" + b" " * storage.MANIFEST_MAX_BYTES + b"]")
 

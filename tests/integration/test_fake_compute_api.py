@@ -15,7 +15,10 @@ import pytest
 from stack.fakecloud import FakeComputeApi
 from stack.fakecloud.compute_inventory import ComputeTiming
 from tests.support import scaled
+from trainjobs.job_paths import JobPaths
 from trainjobs.spec import JobSpec
+from trainjobs.vm_metadata import (
+    GUEST_ATTRIBUTES_KEY, HOST_KEY, PUBLIC_KEY_ATTRIBUTE, PUBLIC_KEY_NAMESPACE, PUBLIC_KEY_PATH)
 from agent.watchdog import delete_own_instance, delete_own_tpu_node
 from worker.gcp.config import GcpConfig
 from worker.ports import MachineRequest
@@ -37,7 +40,7 @@ def create(fake: FakeComputeApi, script: str, workers: int = 1) -> str:
                                    "accelerator": {"type": "gpu", "gpu_type": "nvidia-l4"}})
     p = GceVmProvisioner(GcpConfig(project="proj", zone="us-central1-a", compute_api_endpoint=fake.url),
                          startup=lambda r: script, create_wait_s=scaled(30), poll_s=0.02)
-    request = MachineRequest("job-1", 1, spec, "gs://b/jobs/job-1")
+    request = MachineRequest("job-1", 1, spec, JobPaths.for_job("job-1", "b").root)
     p.create_wait_s = scaled(30)
     p._clustered.add(request.name)  # no storage here: the cluster file is test_gcp_gpu's business
     return p.create(request).name
@@ -79,7 +82,7 @@ def test_an_insert_is_an_operation_that_finishes_when_the_vm_runs(fake: FakeComp
 def test_each_vm_runs_the_script_and_learns_its_number_from_its_metadata_server(fake: FakeComputeApi,
                                                                                   tmp_path: Path) -> None:
     script = ('#!/bin/bash\ncurl -sf -H "Metadata-Flavor: Google" '
-              '"$TRAINJOBS_METADATA_URL/instance/attributes/agent-worker-number" > worker-number\n')
+              f'"$TRAINJOBS_METADATA_URL/instance/attributes/{HOST_KEY}" > worker-number\n')
     name = create(fake, script, workers=2)
     files = [tmp_path / f"{name}-{i}" / "host-0" / "worker-number" for i in range(2)]
     deadline = time.monotonic() + scaled(30)
@@ -107,21 +110,21 @@ def test_a_vm_writes_a_guest_attribute_that_the_compute_api_reads(fake: FakeComp
 
     from worker.gcp.compute import compute_clients
 
-    body = vm(metadata={"items": [{"key": "enable-guest-attributes", "value": "TRUE"}]})
+    body = vm(metadata={"items": [{"key": GUEST_ATTRIBUTES_KEY, "value": "TRUE"}]})
     assert httpx.post(f"{fake.url}{ZONE_PATH}/instances", json=body).status_code == 200
     clients = compute_clients(GcpConfig(project="proj", zone="us-central1-a", compute_api_endpoint=fake.url))
     with pytest.raises(gexc.NotFound):  # nothing written yet
         clients.instances.get_guest_attributes(request={"project": "proj", "zone": "us-central1-a", "instance": "vm-1",
-                                                        "variable_key": "trainjobs/public-key"})
-    put = httpx.put(f"{fake.metadata_url('vm-1', 0)}/instance/guest-attributes/trainjobs/public-key", content="k1",
+                                                        "variable_key": PUBLIC_KEY_PATH})
+    put = httpx.put(f"{fake.metadata_url('vm-1', 0)}/instance/guest-attributes/{PUBLIC_KEY_PATH}", content="k1",
                     headers={"Metadata-Flavor": "Google"})
     assert put.status_code == 200
     found = clients.instances.get_guest_attributes(request={
-        "project": "proj", "zone": "us-central1-a", "instance": "vm-1", "variable_key": "trainjobs/public-key"})
+        "project": "proj", "zone": "us-central1-a", "instance": "vm-1", "variable_key": PUBLIC_KEY_PATH})
     assert found.variable_value == "k1"
     listed = clients.instances.get_guest_attributes(request={
         "project": "proj", "zone": "us-central1-a", "instance": "vm-1", "query_path": "trainjobs/"})
-    assert [(i.namespace, i.key, i.value) for i in listed.query_value.items] == [("trainjobs", "public-key", "k1")]
+    assert [(i.namespace, i.key, i.value) for i in listed.query_value.items] == [(PUBLIC_KEY_NAMESPACE, PUBLIC_KEY_ATTRIBUTE, "k1")]
 
 
 def test_set_metadata_needs_the_fingerprint_of_the_metadata_it_replaces(fake: FakeComputeApi) -> None:

@@ -13,7 +13,10 @@ import pytest
 from stack.fakecloud import FakeTpuApi
 from stack.fakecloud.tpu_inventory import Timing
 from tests.support import scaled
+from trainjobs.job_paths import JobPaths
 from trainjobs.spec import JobSpec
+from trainjobs.vm_metadata import (
+    GUEST_ATTRIBUTES_KEY, HOST_KEY, PUBLIC_KEY_ATTRIBUTE, PUBLIC_KEY_NAMESPACE, PUBLIC_KEY_PATH)
 from agent.watchdog import delete_own_tpu_node
 from worker.gcp.config import GcpConfig
 from worker.ports import MachineRequest
@@ -35,7 +38,7 @@ def create(fake: FakeTpuApi, tpu_type: str, script: str) -> str:
                                    "accelerator": {"type": "tpu", "tpu_type": tpu_type}})
     p = TpuVmProvisioner(GcpConfig(project="proj", zone="us-central1-a", tpu_api_endpoint=fake.url),
                          startup=lambda r: script, create_wait_s=scaled(30))
-    return p.create(MachineRequest("job-1", 1, spec, "gs://b/jobs/job-1")).name
+    return p.create(MachineRequest("job-1", 1, spec, JobPaths.for_job("job-1", "b").root)).name
 
 
 @pytest.mark.parametrize("method, path, body, code, status", [
@@ -61,7 +64,7 @@ def test_creating_an_existing_node_is_a_409(fake: FakeTpuApi) -> None:
 def test_each_host_of_a_slice_runs_the_script_and_learns_its_number_from_the_metadata_server(
         fake: FakeTpuApi, tmp_path: Path) -> None:
     script = ('#!/bin/bash\ncurl -sf -H "Metadata-Flavor: Google" '
-              '"$TRAINJOBS_METADATA_URL/instance/attributes/agent-worker-number" > worker-number\n')
+              f'"$TRAINJOBS_METADATA_URL/instance/attributes/{HOST_KEY}" > worker-number\n')
     name = create(fake, "v4-16", script)  # 8 TensorCores' worth of replicas over 2 hosts
     deadline = time.monotonic() + scaled(30)
     files = [tmp_path / name / f"host-{i}" / "worker-number" for i in range(2)]
@@ -73,7 +76,7 @@ def test_each_host_of_a_slice_runs_the_script_and_learns_its_number_from_the_met
 
 def test_the_metadata_server_refuses_requests_without_the_flavor_header(fake: FakeTpuApi) -> None:
     name = create(fake, "v5litepod-8", "#!/bin/bash\n")
-    url = f"{fake.url}/metadata/{name}/0/computeMetadata/v1/instance/attributes/agent-worker-number"
+    url = f"{fake.url}/metadata/{name}/0/computeMetadata/v1/instance/attributes/{HOST_KEY}"
     assert httpx.get(url).status_code == 403
     assert httpx.get(url, headers={"Metadata-Flavor": "Google"}).text == "0"
 
@@ -95,14 +98,14 @@ def test_off_a_cloud_vm_there_is_no_node_to_delete() -> None:
 # --- guest attributes and metadata updates: how a VM's first storage token reaches it (tests/test_sealed_tokens.py)
 
 def _node_with_hosts(fake: FakeTpuApi, node_id: str, tpu_type: str, guest_attributes: bool = True) -> str:
-    metadata = {"enable-guest-attributes": "TRUE"} if guest_attributes else {}
+    metadata = {GUEST_ATTRIBUTES_KEY: "TRUE"} if guest_attributes else {}
     node = {"acceleratorType": tpu_type, "runtimeVersion": "tpu-vm-tf-2.18.0-pjrt", "metadata": metadata}
     assert httpx.post(f"{fake.url}{PARENT}/nodes?nodeId={node_id}", json=node).status_code == 200
     return f"projects/proj/locations/us-central1-a/nodes/{node_id}"
 
 
 def _put(fake: FakeTpuApi, node_id: str, host: int, value: str) -> httpx.Response:
-    return httpx.put(f"{fake.metadata_url(node_id, host)}/instance/guest-attributes/trainjobs/public-key",
+    return httpx.put(f"{fake.metadata_url(node_id, host)}/instance/guest-attributes/{PUBLIC_KEY_PATH}",
                      content=value, headers={"Metadata-Flavor": "Google"})
 
 
@@ -113,9 +116,9 @@ def test_each_host_writes_its_own_guest_attributes_and_the_tpu_api_reads_them_pe
     assert _put(fake, "n1", 0, "key-of-host-0").status_code == 200
     assert _put(fake, "n1", 1, "key-of-host-1").status_code == 200
     client = tpu_client(GcpConfig(project="proj", zone="us-central1-a", tpu_api_endpoint=fake.url))
-    every = client.get_guest_attributes(request={"name": name, "query_path": "trainjobs/public-key"})
+    every = client.get_guest_attributes(request={"name": name, "query_path": PUBLIC_KEY_PATH})
     assert [[(i.namespace, i.key, i.value) for i in g.query_value.items] for g in every.guest_attributes] == [
-        [("trainjobs", "public-key", "key-of-host-0")], [("trainjobs", "public-key", "key-of-host-1")]]
+        [(PUBLIC_KEY_NAMESPACE, PUBLIC_KEY_ATTRIBUTE, "key-of-host-0")], [(PUBLIC_KEY_NAMESPACE, PUBLIC_KEY_ATTRIBUTE, "key-of-host-1")]]
     second = client.get_guest_attributes(request={"name": name, "query_path": "trainjobs/", "worker_ids": ["1"]})
     assert [i.value for g in second.guest_attributes for i in g.query_value.items] == ["key-of-host-1"]
 
@@ -138,7 +141,7 @@ def test_a_metadata_update_through_the_client_wakes_a_host_waiting_for_change(fa
     name = _node_with_hosts(fake, "n1", "v5litepod-8")
     meta, flavor = fake.metadata_url("n1", 0), {"Metadata-Flavor": "Google"}
     first = httpx.get(f"{meta}/instance/attributes/", params={"recursive": "true"}, headers=flavor)
-    assert first.json()["enable-guest-attributes"] == "TRUE" and first.headers["ETag"]
+    assert first.json()[GUEST_ATTRIBUTES_KEY] == "TRUE" and first.headers["ETag"]
     seen: list[dict[str, str]] = []
     waiter = threading.Thread(target=lambda: seen.append(httpx.get(
         f"{meta}/instance/attributes/", headers=flavor, timeout=scaled(30), params={
@@ -152,7 +155,7 @@ def test_a_metadata_update_through_the_client_wakes_a_host_waiting_for_change(fa
     client.update_node(node=tpu_v2.Node(name=name, metadata={**node.metadata, "new-key": "new value"}),
                        update_mask=field_mask_pb2.FieldMask(paths=["metadata"])).result(timeout=scaled(10))
     waiter.join(scaled(10))
-    assert seen and seen[0]["new-key"] == "new value" and seen[0]["enable-guest-attributes"] == "TRUE"
+    assert seen and seen[0]["new-key"] == "new value" and seen[0][GUEST_ATTRIBUTES_KEY] == "TRUE"
     with pytest.raises(gexc.BadRequest):  # only description, tags, labels, metadata, external IPs may change
         client.update_node(node=tpu_v2.Node(name=name, runtime_version="other"),
                            update_mask=field_mask_pb2.FieldMask(paths=["runtime_version"]))

@@ -12,6 +12,7 @@ from typing import Any
 
 
 from trainjobs import storage
+from trainjobs.job_paths import agent_wheel_uri
 from worker.gcp.bootstrap import build_agent_wheel, startup_script, upload_agent_wheel
 
 
@@ -51,12 +52,12 @@ def test_the_wheel_is_uploaded_once_under_its_sha256(bucket: str) -> None:
     import hashlib
 
     name, data = build_agent_wheel()
-    assert uri == f"gs://{bucket}/agent/{hashlib.sha256(data).hexdigest()}/{name}"
+    assert uri == agent_wheel_uri(bucket, hashlib.sha256(data).hexdigest(), name)
     assert storage.blob(uri).download_as_bytes() == data
 
 
 def test_the_startup_script_is_valid_bash_that_runs_the_agent_for_the_job(tmp_path: Path) -> None:
-    script = startup_script("gs://b/jobs/j'1", "gs://b/agent/abc/trainjobs-0.1.0-py3-none-any.whl")
+    script = startup_script("gs://b/jobs/j'1", agent_wheel_uri("b", "abc", "trainjobs-0.1.0-py3-none-any.whl"))
     (tmp_path / "s.sh").write_text(script)
     subprocess.run(["bash", "-n", str(tmp_path / "s.sh")], check=True)
     assert "-m agent --job-dir \"$JOB_DIR\"" in script

@@ -17,17 +17,21 @@ from stack.fakecloud.compute_inventory import ComputeTiming
 from stack.fakecloud.tpu_inventory import Timing
 from tests.support import scaled
 from trainjobs import storage
+from trainjobs.job_paths import JobPaths
 from trainjobs.spec import JobSpec
+from trainjobs.vm_metadata import (
+    COMPUTE_API_KEY, HOST_KEY, INSTALL_GPU_DRIVER_KEY, INSTANCE_KEY, JOB_DIR_KEY, LABEL_ATTEMPT, LABEL_HOSTS, LABEL_JOB,
+    LABEL_MACHINE, LABEL_MANAGED, STARTUP_SCRIPT_KEY)
 from worker.boundary.access import JobBoundary, Scope
 from worker.gcp.config import GcpConfig
 from worker.gcp.errors import MachineRefused
-from worker.ports import LABEL_JOB, MachineRequest, MachineState
+from worker.ports import MachineRequest, MachineState
 from worker.gcp.router import GcpProvisioner
-from worker.gcp.compute import GceVmProvisioner, cluster_uri, compute_clients
+from worker.gcp.compute import GceVmProvisioner, compute_clients
 from worker.gcp.tpu import TpuVmProvisioner
 
 ZONE, FALLBACK = "us-central1-a", "us-central1-b"
-SCRIPT = "#!/bin/bash\nexec python3 -m agent --job-dir gs://b/jobs/j\n"
+SCRIPT = f"#!/bin/bash\nexec python3 -m agent --job-dir {JobPaths.for_job('j', 'b').root}\n"
 JOB = "6f1c2a9e-0d4b-4c1e-9a7f-3b2d1e0f9a8c"
 
 
@@ -44,7 +48,7 @@ def provisioner(fake: FakeComputeApi, **config: Any) -> GceVmProvisioner:
                             backoff_s=0.01, poll_s=0.02)
 
 
-def request(job_dir: str = f"gs://bucket/jobs/{JOB}", workers: int = 1, **accelerator: Any) -> MachineRequest:
+def request(job_dir: str = JobPaths.for_job(JOB, "bucket").root, workers: int = 1, **accelerator: Any) -> MachineRequest:
     spec = JobSpec.model_validate({
         "dataset": {"source": "sklearn:digits"}, "model": {"name": "cnn"}, "labels": {"team": "vision"},
         "workers": workers, "accelerator": {"type": "gpu", "gpu_type": "nvidia-tesla-t4", **accelerator}})
@@ -80,11 +84,11 @@ def test_create_sends_the_vm_the_spec_and_configuration_ask_for(fake: FakeComput
     # The image family is resolved at create time: the VM boots the image the family named then.
     assert disk["initializeParams"]["sourceImage"] == (
         f"{fake.url}/compute/v1/projects/deeplearning-platform-release/global/images/tf-2-17-cu121-ubuntu-2204-py310-v20250101")
-    assert body["labels"] == {"team": "vision", "trainjobs-managed": "true", "trainjobs-job": JOB, "trainjobs-attempt": "1",
-                              "trainjobs-machine": r.name, "trainjobs-hosts": "1"}
-    assert metadata(body) == {"startup-script": SCRIPT, "install-nvidia-driver": "True", "agent-worker-number": "0",
-                              "trainjobs-job-dir": f"gs://bucket/jobs/{JOB}", "trainjobs-compute-api": fake.url,
-                              "trainjobs-instance": f"projects/proj/zones/{ZONE}/instances/{r.name}-0"}
+    assert body["labels"] == {"team": "vision", LABEL_MANAGED: "true", LABEL_JOB: JOB, LABEL_ATTEMPT: "1",
+                              LABEL_MACHINE: r.name, LABEL_HOSTS: "1"}
+    assert metadata(body) == {STARTUP_SCRIPT_KEY: SCRIPT, INSTALL_GPU_DRIVER_KEY: "True", HOST_KEY: "0",
+                              JOB_DIR_KEY: r.job_dir, COMPUTE_API_KEY: fake.url,
+                              INSTANCE_KEY: f"projects/proj/zones/{ZONE}/instances/{r.name}-0"}
     assert body["networkInterfaces"] == [{"network": "projects/proj/global/networks/train",
                                           "subnetwork": "regions/us-central1/subnetworks/s",
                                           "accessConfigs": [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}]}]
@@ -125,11 +129,11 @@ def test_an_on_demand_vm_is_standard_and_a_cpu_job_gets_a_plain_vm(fake: FakeCom
     p.create(request())
     cpu = JobSpec.model_validate({"dataset": {"source": "sklearn:digits"}, "model": {"name": "cnn"},
                                   "accelerator": {"type": "cpu", "replicas": 3}})
-    p.create(MachineRequest("cpu-job", 1, cpu, "gs://bucket/jobs/cpu-job"))
+    p.create(MachineRequest("cpu-job", 1, cpu, JobPaths.for_job("cpu-job", "bucket").root))
     gpu_vm, cpu_vm = (r.body for r in inserts(fake))
     assert "provisioningModel" not in gpu_vm["scheduling"]
     assert cpu_vm["machineType"].endswith("/n2-standard-8") and "guestAccelerators" not in cpu_vm
-    assert "install-nvidia-driver" not in metadata(cpu_vm)
+    assert INSTALL_GPU_DRIVER_KEY not in metadata(cpu_vm)
     assert cpu_vm["disks"][0]["initializeParams"]["sourceImage"].endswith("/tf-2-17-cpu-ubuntu-2204-py310-v20250101")
 
 
@@ -209,12 +213,12 @@ def test_a_preempted_spot_vm_reports_preempted_even_after_google_deletes_it(fake
 
 
 def test_a_multi_host_set_is_ready_once_every_vm_runs_and_the_cluster_is_written(fake: FakeComputeApi, bucket: str) -> None:
-    job_dir = f"gs://{bucket}/jobs/{JOB}"
+    job_dir = JobPaths.for_job(JOB, bucket).root
     p, r = provisioner(fake, tf_port=5000), request(job_dir=job_dir, workers=2, spot=True)
     assert p.create(r).state == MachineState.READY
     assert sorted(fake.instance_names()) == [f"{r.name}-0", f"{r.name}-1"]
-    assert [metadata(q.body)["agent-worker-number"] for q in inserts(fake)] == ["0", "1"]
-    assert storage.read_json(cluster_uri(job_dir, 1)) == {"worker": ["127.0.0.1:5000", "127.0.0.1:5001"]}
+    assert [metadata(q.body)[HOST_KEY] for q in inserts(fake)] == ["0", "1"]
+    assert storage.read_json(JobPaths(job_dir).cluster(1)) == {"worker": ["127.0.0.1:5000", "127.0.0.1:5001"]}
     fake.preempt(f"{r.name}-1")  # losing any host loses the set
     assert p.get(r).state == MachineState.PREEMPTED  # type: ignore[union-attr]
     p.delete(r.name)
@@ -225,7 +229,7 @@ def test_an_adopting_worker_writes_the_cluster_to_the_requests_job_directory_wha
         fake: FakeComputeApi, bucket: str) -> None:
     from google.cloud import compute_v1
 
-    job_dir, other_job_dir = f"gs://{bucket}/jobs/{JOB}", f"gs://{bucket}/jobs/another-job"
+    job_dir, other_job_dir = JobPaths.for_job(JOB, bucket).root, JobPaths.for_job("another-job", bucket).root
     r = request(job_dir=job_dir, workers=2)
     provisioner(fake, tf_port=5000).create(r)  # this worker dies; the set is not yet in its cluster file
     storage.bucket(bucket).blob(f"jobs/{JOB}/cluster/attempt-1.json").delete()
@@ -233,13 +237,13 @@ def test_an_adopting_worker_writes_the_cluster_to_the_requests_job_directory_wha
     instances = compute_clients(GcpConfig(project="proj", zone=ZONE, compute_api_endpoint=fake.url)).instances
     for host in (0, 1):
         vm = instances.get(project="proj", zone=ZONE, instance=f"{r.name}-{host}")
-        items = [compute_v1.Items(key=i.key, value=other_job_dir if i.key == "trainjobs-job-dir" else i.value)
+        items = [compute_v1.Items(key=i.key, value=other_job_dir if i.key == JOB_DIR_KEY else i.value)
                  for i in vm.metadata.items]
         instances.set_metadata_unary(project="proj", zone=ZONE, instance=vm.name, metadata_resource=compute_v1.Metadata(
             fingerprint=vm.metadata.fingerprint, items=items))
     assert provisioner(fake, tf_port=5000).get(r).state == MachineState.READY  # type: ignore[union-attr]
-    assert storage.read_json(cluster_uri(job_dir, 1)) == {"worker": ["127.0.0.1:5000", "127.0.0.1:5001"]}
-    assert storage.read_json(cluster_uri(other_job_dir, 1)) is None
+    assert storage.read_json(JobPaths(job_dir).cluster(1)) == {"worker": ["127.0.0.1:5000", "127.0.0.1:5001"]}
+    assert storage.read_json(JobPaths(other_job_dir).cluster(1)) is None
 
 
 def test_a_new_worker_finds_the_set_by_label_and_does_not_create_it_twice(fake: FakeComputeApi) -> None:
@@ -262,7 +266,7 @@ def test_the_gcp_provisioner_sends_tpu_jobs_to_cloud_tpu_and_the_rest_to_compute
         gcp = GcpProvisioner(tpu, GceVmProvisioner(config, startup=lambda r: SCRIPT, poll_s=0.02, backoff_s=0.01))
         tpu_spec = JobSpec.model_validate({"dataset": {"source": "sklearn:digits"}, "model": {"name": "cnn"},
                                            "accelerator": {"type": "tpu", "tpu_type": "v5litepod-8"}})
-        on_tpu = MachineRequest("tpu-job", 1, tpu_spec, "gs://b/jobs/tpu-job")
+        on_tpu = MachineRequest("tpu-job", 1, tpu_spec, JobPaths.for_job("tpu-job", "b").root)
         gcp.create(on_tpu)
         gcp.create(request())
         assert tpu_fake.node_names() == [on_tpu.name] and fake.instance_names() == [f"{request().name}-0"]

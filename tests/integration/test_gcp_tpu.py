@@ -16,14 +16,17 @@ from google.api_core.exceptions import TooManyRequests
 from stack.fakecloud import FakeTpuApi
 from stack.fakecloud.tpu_inventory import Timing
 from tests.support import scaled
+from trainjobs.job_paths import JobPaths
 from trainjobs.spec import JobSpec
+from trainjobs.vm_metadata import (
+    JOB_DIR_KEY, LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED, NODE_NAME_KEY, STARTUP_SCRIPT_KEY, TPU_API_KEY)
 from worker.gcp.config import GcpConfig
 from worker.gcp.errors import MachineRefused
-from worker.ports import LABEL_JOB, MachineRequest, MachineState
+from worker.ports import MachineRequest, MachineState
 from worker.gcp.tpu import TpuVmProvisioner
 
 ZONE, FALLBACK = "us-central1-a", "us-central1-b"
-SCRIPT = "#!/bin/bash\nexec python3 -m agent --job-dir gs://b/jobs/j\n"
+SCRIPT = f"#!/bin/bash\nexec python3 -m agent --job-dir {JobPaths.for_job('j', 'b').root}\n"
 JOB = "6f1c2a9e-0d4b-4c1e-9a7f-3b2d1e0f9a8c"
 
 
@@ -44,7 +47,7 @@ def tpu_request(attempt: int = 1, **accelerator: object) -> MachineRequest:
         "dataset": {"source": "sklearn:digits"}, "model": {"name": "cnn"}, "labels": {"team": "vision"},
         "accelerator": {"type": "tpu", "tpu_type": "v5litepod-8", "runtime_version": "tpu-vm-tf-2.18.0-pjrt",
                         **accelerator}})
-    return MachineRequest(JOB, attempt, spec, f"gs://bucket/jobs/{JOB}")
+    return MachineRequest(JOB, attempt, spec, JobPaths.for_job(JOB, "bucket").root)
 
 
 def sent(fake: FakeTpuApi, method: str, collection: str) -> list[dict]:
@@ -72,10 +75,10 @@ def test_create_sends_the_node_the_spec_and_configuration_ask_for(fake: FakeTpuA
     assert body["acceleratorType"] == "v5litepod-8"
     assert body["runtimeVersion"] == "tpu-vm-tf-2.18.0-pjrt"
     assert body["schedulingConfig"] == {"spot": True}
-    assert body["labels"] == {"team": "vision", "trainjobs-managed": "true", "trainjobs-job": JOB, "trainjobs-attempt": "1"}
-    assert body["metadata"] == {"startup-script": SCRIPT, "trainjobs-job-dir": f"gs://bucket/jobs/{JOB}",
-                                "trainjobs-node": f"projects/proj/locations/{ZONE}/nodes/{request.name}",
-                                "trainjobs-tpu-api": fake.url}
+    assert body["labels"] == {"team": "vision", LABEL_MANAGED: "true", LABEL_JOB: JOB, LABEL_ATTEMPT: "1"}
+    assert body["metadata"] == {STARTUP_SCRIPT_KEY: SCRIPT, JOB_DIR_KEY: request.job_dir,
+                                NODE_NAME_KEY: f"projects/proj/locations/{ZONE}/nodes/{request.name}",
+                                TPU_API_KEY: fake.url}
     assert body["networkConfig"] == {"network": "projects/proj/global/networks/train",
                                      "subnetwork": "regions/us-central1/subnetworks/s", "enableExternalIps": True}
     assert body["serviceAccount"] == {"email": "vm@proj.iam.gserviceaccount.com",
@@ -174,7 +177,7 @@ def test_a_stockout_in_the_first_zone_creates_in_the_fallback_zone(fake: FakeTpu
     assert p.create(request).state == MachineState.READY
     node = fake.node(request.name) or {}
     assert node["name"] == f"projects/proj/locations/{FALLBACK}/nodes/{request.name}"
-    assert node["metadata"]["trainjobs-node"] == node["name"]  # what the VM's watchdog deletes
+    assert node["metadata"][NODE_NAME_KEY] == node["name"]  # what the VM's watchdog deletes
 
 
 def test_with_every_zone_stocked_out_the_node_is_queued_until_capacity_returns(fake: FakeTpuApi) -> None:
@@ -205,7 +208,7 @@ def test_a_gpu_job_is_refused_by_the_tpu_provisioner(fake: FakeTpuApi) -> None:
     spec = JobSpec.model_validate({"dataset": {"source": "sklearn:digits"}, "model": {"name": "cnn"},
                                    "accelerator": {"type": "gpu", "gpu_type": "nvidia-l4"}})
     with pytest.raises(MachineRefused, match="runs TPU jobs, not gpu"):
-        provisioner(fake).create(MachineRequest(JOB, 1, spec, "gs://b/jobs/j"))
+        provisioner(fake).create(MachineRequest(JOB, 1, spec, JobPaths.for_job("j", "b").root))
     assert fake.requests == []
 
 

@@ -18,12 +18,13 @@ from stack.fakecloud.tpu_inventory import Timing
 from tests.support.jobs import digits_spec
 from tests.support import scaled
 from trainjobs import storage
+from trainjobs.job_paths import JobPaths, dataset_uri
 from trainjobs.spec import JobSpec
 from worker.boundary.access import JobBoundary, Scope
 from agent.token_refresh import refresh_once
 from worker.gcp.bootstrap import startup_script
 from worker.gcp.config import GcpConfig
-from worker.gcp.job_tokens import JobTokens, token_uri
+from worker.gcp.job_tokens import JobTokens
 from worker.gcs_channel import GcsJobChannel
 from worker.ports import MachineRequest
 from worker.gcp.tpu import TpuVmProvisioner
@@ -50,7 +51,7 @@ class Minter:
 def _job(bucket: str, job_id: str = "8d0c7f0e-5a34-4d59-8d7b-0a8e61c0b7d1") -> MachineRequest:
     spec = JobSpec.model_validate(digits_spec(accelerator={"type": "tpu", "tpu_type": "v5litepod-8"}, strategy="tpu"))
     channel = GcsJobChannel(bucket)
-    dataset = f"gs://{bucket}/datasets/{'a' * 64}"
+    dataset = dataset_uri("a" * 64, bucket)
     channel.prepare(job_id, 1, spec, dataset)
     boundary = JobBoundary(job_id, read=(Scope.from_uri(dataset, directory=True),),
                            write=(Scope.from_uri(channel.job_dir(job_id), directory=True),))
@@ -70,7 +71,7 @@ def test_the_worker_publishes_each_new_token_in_the_job_directory_until_the_mach
     assert first["access_token"] == f"token-{request.job_id}-1"
     assert minter.boundaries == [request.boundary]  # minted for the boundary the request carries
     deadline = time.monotonic() + scaled(10)
-    while (storage.read_json(token_uri(request.job_dir)) or {}).get("access_token") == first["access_token"]:
+    while (storage.read_json(JobPaths.of(request.job_dir).storage_token) or {}).get("access_token") == first["access_token"]:
         assert time.monotonic() < deadline, "no newer token was published"
         time.sleep(0.05)
     tokens.stop(request.name)
@@ -82,7 +83,7 @@ def test_the_worker_publishes_each_new_token_in_the_job_directory_until_the_mach
 
 def test_the_agent_copies_a_newer_published_token_into_its_file_and_never_an_older_one(bucket: str,
                                                                                          tmp_path: Path) -> None:
-    uri, token_file = f"gs://{bucket}/jobs/j/_credentials/storage-token.json", tmp_path / "storage-token.json"
+    uri, token_file = JobPaths.for_job("j", bucket).storage_token, tmp_path / "storage-token.json"
     now = datetime.now(UTC)
     token_file.write_text(json.dumps({"access_token": "old", "expiry": (now + timedelta(minutes=10)).isoformat()}))
     storage.write_json(uri, {"access_token": "older", "expiry": (now + timedelta(minutes=5)).isoformat()})

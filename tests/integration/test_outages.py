@@ -44,6 +44,7 @@ from tests.support.jobs import digits_spec, make_key
 from tests.support import scaled
 from tests.support import eventually
 from trainjobs import storage
+from trainjobs.job_paths import ARTIFACT_METRICS, JobPaths
 from trainjobs.messages import AgentReport, AgentState
 from trainjobs.loopback import free_port
 from trainjobs.spec import JobSpec
@@ -51,7 +52,8 @@ from trainjobs.states import TERMINAL
 from worker.driver import DriverConfig
 from worker.gcs_channel import GcsJobChannel
 from worker.loop import Worker, WorkerConfig
-from worker.ports import LABEL_JOB, MachineInfo, MachineRequest, MachineState
+from trainjobs.vm_metadata import LABEL_JOB
+from worker.ports import MachineInfo, MachineRequest, MachineState
 from worker.memory_cloud import MemoryCloud, memory_stager
 
 S = JobStatus
@@ -119,7 +121,7 @@ def patient_api(api: httpx.Client) -> httpx.Client:
 
 def _job_with_an_artifact(api: httpx.Client, db: Any) -> str:
     job_id = api.post("/v1/jobs", json=digits_spec()).json()["id"]
-    manifest = '[{"path": "metrics.json", "size": 2, "sha256": "' + "0" * 64 + '"}]'
+    manifest = json.dumps([{"path": ARTIFACT_METRICS, "size": 2, "sha256": "0" * 64}])
     with transaction(db) as session:
         session.execute(text("UPDATE jobs SET artifacts = CAST(:m AS jsonb) WHERE id = :id"),
                         {"m": manifest, "id": job_id})
@@ -176,7 +178,7 @@ def assert_unavailable_details(response: httpx.Response, down: list[str]) -> Non
 
 
 STAND_IN_METRICS = json.dumps({"val_accuracy": 0.9}).encode()
-STAND_IN_ARTIFACTS = [{"path": "metrics.json", "size": len(STAND_IN_METRICS),
+STAND_IN_ARTIFACTS = [{"path": ARTIFACT_METRICS, "size": len(STAND_IN_METRICS),
                        "sha256": hashlib.sha256(STAND_IN_METRICS).hexdigest()}]
 
 
@@ -223,7 +225,7 @@ class StandInMachines:
             logging.getLogger(__name__).warning("stand-in agent %s stopped: %s", request.name, exc)
 
     def _train(self, request: MachineRequest) -> None:
-        paths = storage.JobPaths(request.job_dir)
+        paths = JobPaths(request.job_dir)
 
         def report(state: AgentState, progress: float) -> None:
             storage.write_json(paths.status, AgentReport(state=state, attempt=request.attempt, progress=progress,
@@ -257,7 +259,7 @@ class StandInMachines:
             return
         with self._lock:
             self.trained.add(request.job_id)
-        storage.write_json(paths.key("artifacts/metrics.json"), json.loads(STAND_IN_METRICS))
+        storage.write_json(paths.final_metrics, json.loads(STAND_IN_METRICS))
         storage.write_json(paths.artifact_manifest, STAND_IN_ARTIFACTS)
         beating.join()  # its last RUNNING must not land after SUCCEEDED
         report(AgentState.SUCCEEDED, 1.0)

@@ -20,8 +20,9 @@ from stack.fakecloud import FakeComputeApi, FakeTpuApi
 from stack.fakecloud.compute_inventory import ComputeTiming
 from stack.fakecloud.tpu_inventory import Timing
 from tests.support import scaled
+from trainjobs.job_paths import JobPaths, agent_wheel_uri
 from trainjobs.sealed_token import KeyPair, SealError, open_mine
-from trainjobs.vm_metadata import SEALED_KEY
+from trainjobs.vm_metadata import PUBLIC_KEY_PATH, SEALED_KEY
 from trainjobs.spec import JobSpec
 from worker.boundary.access import JobBoundary, Scope
 from worker.gcp.bootstrap import REPO_ROOT, startup_script
@@ -47,7 +48,7 @@ def _minter(boundary: JobBoundary) -> Callable[[], tuple[str, datetime]]:
 def _request(bucket: str, accelerator: dict[str, Any], workers: int = 1) -> MachineRequest:
     spec = JobSpec.model_validate({"dataset": {"source": "sklearn:digits"}, "model": {"name": "cnn"},
                                    "accelerator": accelerator, "workers": workers})
-    job_dir = f"gs://{bucket}/jobs/{JOB}"
+    job_dir = JobPaths.for_job(JOB, bucket).root
     return MachineRequest(JOB, 1, spec, job_dir,
                           boundary=JobBoundary(JOB, read=(), write=(Scope.from_uri(job_dir, directory=True),)))
 
@@ -85,7 +86,7 @@ def _until_booted(hosts: list[subprocess.Popen[str]], look: Callable[[], object]
 
 def _got_token(output: str, job_dir: str) -> None:
     uri, mode, token = output.splitlines()
-    assert uri == f"{job_dir}/_credentials/storage-token.json" and mode == "600"
+    assert uri == JobPaths(job_dir).storage_token and mode == "600"
     assert json.loads(token)["access_token"] == f"ya29.token-of-{JOB}"
 
 
@@ -114,7 +115,7 @@ def compute(tmp_path: Path) -> Iterator[FakeComputeApi]:
 def test_every_host_of_a_tpu_slice_gets_the_token_and_no_reader_of_node_metadata_can_use_it(
         bucket: str, tpu: FakeTpuApi, tmp_path: Path) -> None:
     request = _request(bucket, {"type": "tpu", "tpu_type": "v4-16"})  # two hosts
-    script = startup_script(request.job_dir, f"gs://{bucket}/agent/x/trainjobs.whl")
+    script = startup_script(request.job_dir, agent_wheel_uri(bucket, "x", "trainjobs.whl"))
     config = GcpConfig(project="proj", zone=ZONE, tpu_api_endpoint=tpu.url)
     p = TpuVmProvisioner(config, startup=lambda r: script, create_wait_s=scaled(30), backoff_s=0.01,
                          tokens=JobTokens(_minter))
@@ -135,7 +136,7 @@ def test_every_host_of_a_tpu_slice_gets_the_token_and_no_reader_of_node_metadata
 def test_a_compute_engine_vm_gets_the_token_and_no_reader_of_instance_metadata_can_use_it(
         bucket: str, compute: FakeComputeApi, tmp_path: Path) -> None:
     request = _request(bucket, {"type": "gpu", "gpu_type": "nvidia-l4"}, workers=2)
-    script = startup_script(request.job_dir, f"gs://{bucket}/agent/x/trainjobs.whl")
+    script = startup_script(request.job_dir, agent_wheel_uri(bucket, "x", "trainjobs.whl"))
     config = GcpConfig(project="proj", zone=ZONE, compute_api_endpoint=compute.url)
     p = GceVmProvisioner(config, startup=lambda r: script, create_wait_s=scaled(30), backoff_s=0.01, poll_s=0.02,
                          tokens=JobTokens(_minter))
@@ -154,7 +155,7 @@ def test_a_compute_engine_vm_gets_the_token_and_no_reader_of_instance_metadata_c
 def test_the_worker_writes_the_sealed_token_once_and_then_only_rechecks_now_and_then(
         bucket: str, tpu: FakeTpuApi, tmp_path: Path) -> None:
     request = _request(bucket, {"type": "tpu", "tpu_type": "v5litepod-8"})
-    script = startup_script(request.job_dir, f"gs://{bucket}/agent/x/trainjobs.whl")
+    script = startup_script(request.job_dir, agent_wheel_uri(bucket, "x", "trainjobs.whl"))
     p = TpuVmProvisioner(GcpConfig(project="proj", zone=ZONE, tpu_api_endpoint=tpu.url), startup=lambda r: script,
                          create_wait_s=scaled(30), backoff_s=0.01, tokens=JobTokens(_minter))
     p.create(request)
@@ -169,14 +170,14 @@ def test_the_worker_writes_the_sealed_token_once_and_then_only_rechecks_now_and_
 def test_a_host_that_comes_back_with_a_new_key_gets_the_token_sealed_to_that_key(
         bucket: str, tpu: FakeTpuApi, tmp_path: Path) -> None:
     request = _request(bucket, {"type": "tpu", "tpu_type": "v5litepod-8"})
-    script = startup_script(request.job_dir, f"gs://{bucket}/agent/x/trainjobs.whl")
+    script = startup_script(request.job_dir, agent_wheel_uri(bucket, "x", "trainjobs.whl"))
     p = TpuVmProvisioner(GcpConfig(project="proj", zone=ZONE, tpu_api_endpoint=tpu.url), startup=lambda r: script,
                          create_wait_s=scaled(30), backoff_s=0.01, tokens=JobTokens(_minter))
     p.create(request)
     _until_booted([_boot(tmp_path, "host-0", script, tpu.metadata_url(request.name, 0))], lambda: p.get(request))
     # Google restarted the host: its startup script runs again, with a key of its own making.
     restarted = KeyPair.generate()
-    put = httpx.put(f"{tpu.metadata_url(request.name, 0)}/instance/guest-attributes/trainjobs/public-key",
+    put = httpx.put(f"{tpu.metadata_url(request.name, 0)}/instance/guest-attributes/{PUBLIC_KEY_PATH}",
                     content=restarted.public_text, headers={"Metadata-Flavor": "Google"})
     assert put.status_code == 200
     p._token_checks = DueChecks(recheck_s=0)  # the half minute between rechecks has passed
@@ -196,6 +197,6 @@ def test_a_host_whose_token_never_comes_stops_its_boot_instead_of_waiting_foreve
                           capture_output=True, text=True, timeout=scaled(30), cwd=REPO_ROOT)
     assert done.returncode == 1 and "no storage token sealed to this host's key" in done.stderr
     assert time.monotonic() - started < scaled(20) and not (tmp_path / "token.json").exists()
-    assert list(tpu.guest_attributes("n1")) == ["trainjobs/public-key"]  # it did publish its key
+    assert list(tpu.guest_attributes("n1")) == [PUBLIC_KEY_PATH]  # it did publish its key
 
 

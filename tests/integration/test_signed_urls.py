@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from service.routes import artifacts
-from trainjobs import storage
+from trainjobs.job_paths import JobPaths
 
 
 def test_credentials_that_cannot_sign_fall_back_to_api_links(gcs_emulator):
-    assert artifacts._signer(storage.JobPaths("gs://bkt/jobs/abc")) is None
+    assert artifacts._signer(JobPaths("gs://bkt/jobs/abc")) is None
 
 

@@ -17,7 +17,8 @@ import pytest
 from tests.support.staging import PROJECT, operators_folder, read_split, save_png, stage
 from tests.support.staging import operator_allows_test_files  # noqa: F401 - an autouse fixture
 from trainjobs import storage
-from trainjobs.uploads import store_upload
+from trainjobs.job_paths import dataset_manifest, dataset_uri
+from trainjobs.uploads import store_upload, upload_prefix
 from worker.staging import DatasetError
 from worker.staging.tfrecord import frame, write_examples
 
@@ -32,7 +33,7 @@ def test_sklearn_digits_stages_with_the_right_counts_and_shape(bucket: str, tmp_
     staged = stage("sklearn:digits", bucket, tmp_path)
 
     m = staged.manifest
-    assert staged.uri == f"gs://{bucket}/datasets/{staged.sha256}"
+    assert staged.uri == dataset_uri(staged.sha256, bucket)
     assert m["format_version"] == 1 and m["sha256"] == staged.sha256 and m["source"] == "sklearn:digits"
     assert m["num_classes"] == 10 and m["class_names"] == [str(i) for i in range(10)]
     assert m["feature"] == {"key": "x", "shape": [8, 8, 1], "dtype": "float32"}
@@ -46,7 +47,7 @@ def test_sklearn_digits_stages_with_the_right_counts_and_shape(bucket: str, tmp_
     assert (m["dropped_examples"], m["notes"]) == (0, [])
     x, y = read_split(staged, "train")
     assert x.shape == (1438, 64) and x.min() >= 0.0 and x.max() <= 1.0 and set(y) == set(range(10))
-    assert storage.read_json(f"{staged.uri}/manifest.json") == m
+    assert storage.read_json(dataset_manifest(staged.uri)) == m
     assert staged.uploaded_objects == 3
 
 
@@ -165,7 +166,7 @@ def test_gcs_tfrecord_prefix_is_used_in_place_without_copying(bucket: str, tmp_p
                                     "class_counts": [7, 7, 6]}
     assert m["splits"]["validation"] == {"examples": 10, "shards": [f"{raw}/validation-0.tfrecord"],
                                          "class_counts": [3, 3, 4]}
-    assert objects(bucket) == sorted(before + [f"{staged.uri}/manifest.json"])
+    assert objects(bucket) == sorted(before + [dataset_manifest(staged.uri)])
     assert staged.uploaded_objects == 1
 
 
@@ -188,7 +189,7 @@ def test_uploaded_file_stages_as_dataset_sha(bucket: str, tmp_path: Path) -> Non
     staged = stage(f"dataset:{sha}", bucket, tmp_path / "work", options={"label_column": "kind"})
 
     assert size == (tmp_path / "pets.csv").stat().st_size
-    assert f"gs://{bucket}/uploads/{PROJECT}/{sha}/pets.csv" in objects(bucket)
+    assert f"gs://{bucket}/{upload_prefix(PROJECT, sha)}pets.csv" in objects(bucket)
     assert staged.manifest["class_names"] == ["bird", "cat", "dog"]
     local = stage(str(tmp_path / "pets.csv"), bucket, tmp_path / "work", options={"label_column": "kind"})
     assert local.sha256 == staged.sha256 and local.uploaded_objects == 0
@@ -204,7 +205,7 @@ def test_storing_the_same_upload_twice_keeps_one_object(bucket: str) -> None:
     second = store_upload(io.BytesIO(b"a,label\n1,0\n2,1\n"), "two.csv", project_id=PROJECT, bucket=bucket)
 
     assert first == second
-    assert objects(bucket) == [f"gs://{bucket}/uploads/{PROJECT}/{first[0]}/one.csv"]
+    assert objects(bucket) == [f"gs://{bucket}/{upload_prefix(PROJECT, first[0])}one.csv"]
 
 
 @pytest.fixture

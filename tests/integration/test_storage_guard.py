@@ -24,7 +24,7 @@ from trainjobs import storage
 from worker.boundary import storage_guard
 from worker.boundary.access import JobBoundary, Scope
 from worker.boundary.guard_refusals import FORWARDED, REFUSALS, RefusalForwarder, RefusalLog
-from worker.ports import LABEL_JOB
+from trainjobs.vm_metadata import LABEL_JOB
 from worker.local.provisioner import LocalProvisioner
 
 TARGET = f"uploads/{PROJECT_A}/{'a' * 64}/their_model.py"  # another project's model code

@@ -14,10 +14,11 @@ from tests.support import scaled
 from tests.support.streams import Follower
 from tests.support.streams import queued_jobs_polled_like_running_ones  # noqa: F401 - an autouse fixture
 from trainjobs import storage
+from trainjobs.job_paths import JobPaths
 
 
 def _log_uri(job_id: str, name: str = "agent-1-0.log") -> str:
-    return f"{storage.JobPaths.for_job(job_id).logs}/{name}"
+    return f"{JobPaths.for_job(job_id).logs}/{name}"
 
 
 def _upload(uri: str, text: str) -> None:
@@ -61,7 +62,7 @@ def test_log_stream_resumes_after_the_last_event_id(api, bucket):
 
 def test_metric_stream_sends_each_epoch_once_and_resumes(api, bucket):
     job = api.post("/v1/jobs", json=digits_spec()).json()
-    uri = storage.JobPaths.for_job(job["id"]).metrics
+    uri = JobPaths.for_job(job["id"]).metrics
     entry = {"attempt": 1, "epoch": 1, "loss": 1.5, "accuracy": 0.5, "examples_per_sec": 900.0,
              "input_wait_fraction": 0.1}
     storage.write_json(uri, {"history": [entry]})

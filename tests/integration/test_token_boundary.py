@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -25,8 +26,11 @@ from tests.support import eventually, scaled
 from tests.support.jobs import wait_for_job as wait
 from tests.support.gcp import GcpStack, tpu_spec, wait_for_node
 from trainjobs import storage
+from trainjobs.job_paths import DATASETS, JOBS, UPLOADS, JobPaths, dataset_file, dataset_manifest, dataset_uri
 from trainjobs.messages import AgentReport, AgentState
 from trainjobs.spec import JobSpec
+from trainjobs.uploads import upload_prefix
+from trainjobs.vm_metadata import LABEL_JOB
 from worker import metrics
 from worker.boundary.access import JobBoundary, Scope, job_boundary
 from worker.gcp.config import GcpConfig
@@ -57,7 +61,7 @@ class StandInAgent:
     """Reports for attempt 1 through status.json, as the agent on the node would, until told to finish."""
 
     def __init__(self, job_dir: str) -> None:
-        self.paths, self.finish, self._stop = storage.JobPaths(job_dir), threading.Event(), threading.Event()
+        self.paths, self.finish, self._stop = JobPaths(job_dir), threading.Event(), threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -77,14 +81,14 @@ class StandInAgent:
 def widen_from_inside(job_dir: str, bucket: str) -> None:
     """What a job's code can do with its own access: rewrite its spec.json (dataset_uri, model.module) and
     plant a 'manifest' in its own directory naming other projects' uploads and another job's token."""
-    paths = storage.JobPaths(job_dir)
+    paths = JobPaths(job_dir)
     planted = f"{job_dir}/planted"
-    storage.write_json(f"{planted}/manifest.json", {"splits": {"train": {"shards": [
-        f"gs://{bucket}/uploads/{OTHER_PROJECT}/{'b' * 64}/their_model.py",
-        f"gs://{bucket}/jobs/{OTHER_JOB}/_credentials/storage-token.json"]}}})
+    storage.write_json(dataset_manifest(planted), {"splits": {"train": {"shards": [
+        f"gs://{bucket}/{upload_prefix(OTHER_PROJECT, 'b' * 64)}their_model.py",
+        JobPaths.for_job(OTHER_JOB, bucket).storage_token]}}})
     spec = storage.read_json(paths.spec)
     spec["dataset_uri"] = planted
-    spec["spec"]["model"] = {"module": f"gs://{bucket}/uploads/", "function": "build_model"}
+    spec["spec"]["model"] = {"module": f"gs://{bucket}/{UPLOADS}/", "function": "build_model"}
     storage.write_json(paths.spec, spec)
 
 
@@ -103,8 +107,8 @@ def test_a_fresh_worker_adopting_a_running_node_mints_the_boundary_the_job_start
         wait(api, job["id"], lambda j: j["status"] == "RUNNING")
         wait_for_node(first.fake, "READY")  # a node still booting is not adopted but replaced
         [original] = minted_at_create.boundaries
-        assert original.write == (Scope(bucket, f"jobs/{job['id']}/"),)
-        assert [s.key.split("/")[0] for s in original.read] == ["datasets"]
+        assert original.write == (Scope(bucket, f"{JOBS}/{job['id']}/"),)
+        assert [s.key.split("/")[0] for s in original.read] == [DATASETS]
 
         widen_from_inside(job_dir, bucket)
         first.worker.shutdown(timeout=scaled(10))  # a deploy: the node keeps running, the job is handed back
@@ -132,9 +136,9 @@ def test_a_later_attempts_local_machine_is_guarded_by_the_requests_boundary_not_
     job_id = str(uuid.uuid4())
     channel = GcsJobChannel(bucket)
     spec = JobSpec.model_validate({"name": "t", "dataset": {"source": "sklearn:digits"}, "model": {"name": "mlp"}})
-    dataset = storage.dataset_uri("d" * 64, bucket)
-    storage.write_json(f"{dataset}/manifest.json", {"splits": {"train": {"shards": [f"{dataset}/train-0.tfrecord"]}}})
-    storage.bucket(bucket).blob(f"uploads/{OTHER_PROJECT}/{'b' * 64}/their_model.py").upload_from_string(b"theirs")
+    dataset = dataset_uri("d" * 64, bucket)
+    storage.write_json(dataset_manifest(dataset), {"splits": {"train": {"shards": [dataset_file(dataset, "train-0.tfrecord")]}}})
+    storage.bucket(bucket).blob(f"{upload_prefix(OTHER_PROJECT, 'b' * 64)}their_model.py").upload_from_string(b"theirs")
     channel.prepare(job_id, 2, spec, dataset)
     widen_from_inside(channel.job_dir(job_id), bucket)  # attempt 1's code, before its machine was lost
     request = MachineRequest(job_id, 2, spec, channel.job_dir(job_id),
@@ -146,8 +150,8 @@ def test_a_later_attempts_local_machine_is_guarded_by_the_requests_boundary_not_
         machine_dir = tmp_path / "machines" / request.name
         assert JobBoundary.from_json((machine_dir / "boundary.json").read_text()) == request.boundary
         guard = f"http://127.0.0.1:{(machine_dir / 'storage-guard.port').read_text()}"
-        their_model = f"uploads%2F{OTHER_PROJECT}%2F{'b' * 64}%2Ftheir_model.py"
-        manifest = f"datasets%2F{'d' * 64}%2Fmanifest.json"
+        their_model = quote(f"{upload_prefix(OTHER_PROJECT, 'b' * 64)}their_model.py", safe="")
+        manifest = quote(storage.split_uri(dataset_manifest(dataset))[1], safe="")
         assert httpx.get(f"{guard}/storage/v1/b/{bucket}/o/{manifest}?alt=media").status_code == 200
         assert httpx.get(f"{guard}/storage/v1/b/{bucket}/o/{their_model}?alt=media").status_code == 403
     finally:
@@ -158,8 +162,8 @@ def test_a_later_attempts_local_machine_is_guarded_by_the_requests_boundary_not_
 def test_a_dataset_uri_outside_the_staged_datasets_is_refused_not_trusted(bucket: str) -> None:
     spec = JobSpec.model_validate({"name": "t", "dataset": {"source": "sklearn:digits"}, "model": {"name": "mlp"}})
     job_dir = GcsJobChannel(bucket).job_dir("j")
-    for uri in (f"{job_dir}/planted", f"gs://{bucket}/uploads/{OTHER_PROJECT}", f"gs://other/datasets/{'d' * 64}",
-                f"gs://{bucket}/datasets/{'d' * 64}/../../jobs/j"):
+    for uri in (f"{job_dir}/planted", f"gs://{bucket}/{UPLOADS}/{OTHER_PROJECT}", dataset_uri("d" * 64, "other"),
+                f"{dataset_uri('d' * 64, bucket)}/../../{JOBS}/j"):
         with pytest.raises(ValueError, match="is not a staged dataset"):
             job_boundary("j", spec, uri, job_dir)
 
@@ -279,10 +283,10 @@ def test_gpu_machines_are_created_found_and_deleted_in_a_project_whose_cloud_tpu
 
         spec = JobSpec.model_validate({"dataset": {"source": "sklearn:digits"}, "model": {"name": "cnn"},
                                        "accelerator": {"type": "gpu", "gpu_type": "nvidia-tesla-t4"}})
-        request = MachineRequest("gpu-job", 1, spec, "gs://b/jobs/gpu-job")
+        request = MachineRequest("gpu-job", 1, spec, JobPaths.for_job("gpu-job", "b").root)
         gcp().create(request)
         assert gcp().get(request) is not None
-        assert [m.name for m in gcp().list({"trainjobs-job": "gpu-job"})] == [request.name]
+        assert [m.name for m in gcp().list({LABEL_JOB: "gpu-job"})] == [request.name]
         gcp().delete(request.name)
         assert compute.instance_names() == []
         assert tpu_disabled.requests  # asked when the product was unknown (list, delete), and its 403 failed nothing

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from trainjobs import storage
+from trainjobs.job_paths import JobPaths
 from agent.watchdog import Watchdog
 from trainjobs.stop_request import request_stop
 
 
 def test_a_stop_request_from_the_worker_stops_the_agent(bucket: str) -> None:
-    job_dir = storage.JobPaths.for_job("j1", bucket).root
+    job_dir = JobPaths.for_job("j1", bucket).root
     dog = Watchdog(job_dir, on_stop=lambda reason: None)
     dog.poll()
     assert dog.verdict() is None
@@ -18,7 +18,7 @@ def test_a_stop_request_from_the_worker_stops_the_agent(bucket: str) -> None:
 
 
 def test_a_stop_request_for_an_earlier_attempt_leaves_a_later_one_running(bucket: str) -> None:
-    job_dir = storage.JobPaths.for_job("j2", bucket).root
+    job_dir = JobPaths.for_job("j2", bucket).root
     request_stop(job_dir, "attempt 1 was given up", attempt=1)
     first, second = (Watchdog(job_dir, on_stop=lambda reason: None, attempt=n) for n in (1, 2))
     first.poll()

@@ -19,7 +19,8 @@ from worker import metrics
 from trainjobs.spec import JobSpec
 from trainjobs.states import ACTIVE
 from worker.loop import Worker
-from worker.ports import LABEL_JOB, DatasetError
+from trainjobs.vm_metadata import LABEL_JOB
+from worker.ports import DatasetError
 from worker.memory_cloud import MemoryCloud
 
 S = JobStatus

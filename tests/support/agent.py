@@ -16,6 +16,7 @@ import numpy as np
 
 from tests.support import eventually, scaled
 from trainjobs import storage
+from trainjobs.job_paths import DATASET_SHARDS, JobPaths, dataset_file, dataset_manifest, dataset_uri
 from trainjobs.spec import JobSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,7 +38,7 @@ def stage(bucket: str, tmp: Path, x: np.ndarray, y: np.ndarray, num_classes: int
     import tensorflow as tf
 
     sha = uuid.uuid4().hex * 2
-    uri = storage.dataset_uri(sha, bucket)
+    uri = dataset_uri(sha, bucket)
     splits = {"train": (x[:-val], y[:-val]), "validation": (x[-val:], y[-val:])}
     manifest: dict[str, Any] = {
         "format_version": 1, "sha256": sha, "num_classes": num_classes,
@@ -47,7 +48,7 @@ def stage(bucket: str, tmp: Path, x: np.ndarray, y: np.ndarray, num_classes: int
     }
     for name, (xs, ys) in splits.items():
         n = shards if name == "train" else 1
-        paths = [f"shards/{name}-{i:05d}-of-{n:05d}.tfrecord" for i in range(n)]
+        paths = [f"{DATASET_SHARDS}/{name}-{i:05d}-of-{n:05d}.tfrecord" for i in range(n)]
         for i, rel in enumerate(paths):
             local = tmp / rel
             local.parent.mkdir(parents=True, exist_ok=True)
@@ -57,15 +58,15 @@ def stage(bucket: str, tmp: Path, x: np.ndarray, y: np.ndarray, num_classes: int
                         "x": tf.train.Feature(float_list=tf.train.FloatList(value=xi.ravel())),
                         "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(yi)])),
                     })).SerializeToString())
-            storage.blob(f"{uri}/{rel}").upload_from_filename(str(local))
+            storage.blob(dataset_file(uri, rel)).upload_from_filename(str(local))
         manifest["splits"][name] = {"examples": len(ys), "shards": paths}
-    storage.write_json(f"{uri}/manifest.json", manifest)
+    storage.write_json(dataset_manifest(uri), manifest)
     return uri
 
 
 def make_job(bucket: str, spec: dict[str, Any], dataset_uri: str, attempt: int = 1, job_id: str | None = None) -> str:
     job_id = job_id or str(uuid.uuid4())
-    paths = storage.JobPaths.for_job(job_id, bucket)
+    paths = JobPaths.for_job(job_id, bucket)
     validated = JobSpec.model_validate(spec)
     storage.write_json(paths.spec, {"job_id": job_id, "attempt": attempt, "spec": validated.model_dump(mode="json"),
                                     "dataset_uri": dataset_uri})
@@ -87,8 +88,9 @@ def run_agent(job_dir: str) -> tuple[int, str]:
     return proc.returncode, out.decode(errors="replace")
 
 
-def read(job_dir: str, rel: str) -> Any:
-    return storage.read_json(f"{job_dir}/{rel}")
+def read(uri: str) -> Any:
+    """A JSON object the agent wrote (None if it has not): `uri` is one of its job's JobPaths."""
+    return storage.read_json(uri)
 
 
 def wait_for(predicate: Callable[[], Any], proc: subprocess.Popen[bytes], timeout: float = AGENT_S) -> None:

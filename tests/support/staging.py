@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from trainjobs import storage
+from trainjobs.job_paths import dataset_file
 from trainjobs.source_rules import FETCH_ALLOW_HOSTS_ENV, HOST_DATA_DIRS_ENV, SOURCE_BUCKETS_ENV
 from trainjobs.spec import DatasetSpec
 from worker.staging import StagedDataset, stage_dataset
@@ -42,7 +43,7 @@ def stage(source: str, bucket: str, work_dir: Path, **spec: Any) -> StagedDatase
 
 
 def shard_uri(staged: StagedDataset, shard: str) -> str:
-    return shard if shard.startswith("gs://") else f"{staged.uri}/{shard}"
+    return shard if shard.startswith("gs://") else dataset_file(staged.uri, shard)
 
 
 def read_split(staged: StagedDataset, split: str) -> tuple[np.ndarray, np.ndarray]:

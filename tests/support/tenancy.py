@@ -13,6 +13,7 @@ import httpx
 
 from tests.support import guard_attacks
 from trainjobs import storage
+from trainjobs.job_paths import JobPaths
 
 # A job, another job, and two projects, by id.
 JOB = "0b7f3f7e-5f0c-4d7e-9f51-0c2a52d4c001"
@@ -39,8 +40,8 @@ def succeeded_job(db: Any, api: httpx.Client, bucket: str, files: dict[str, byte
     job_id = api.post("/v1/jobs", json={"dataset": {"source": "sklearn:digits"}, "model": {"name": "mlp"}}).json()["id"]
     manifest = [{"path": p, "size": len(b), "sha256": hashlib.sha256(b).hexdigest()} for p, b in files.items()]
     for path, content in files.items():
-        storage.bucket(bucket).blob(f"jobs/{job_id}/artifacts/{path}").upload_from_string(content)
-    storage.write_json(f"gs://{bucket}/jobs/{job_id}/artifacts/manifest.json", manifest)
+        storage.blob(JobPaths.for_job(job_id, bucket).artifact(path)).upload_from_string(content)
+    storage.write_json(JobPaths.for_job(job_id, bucket).artifact_manifest, manifest)
     with transaction(db) as session:
         session.execute(text("UPDATE jobs SET status = 'SUCCEEDED', artifacts = CAST(:a AS jsonb) WHERE id = :id"),
                         {"a": json.dumps(manifest), "id": job_id})

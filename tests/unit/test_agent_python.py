@@ -30,9 +30,11 @@ import pytest
 from pydantic import BaseModel
 
 from tests.support import scaled
+from trainjobs.job_paths import JobPaths, agent_wheel_uri
 from trainjobs.messages import AgentState
 from trainjobs.states import JobStatus
 from trainjobs.str_enum import StrEnum
+from trainjobs.vm_metadata import HOST_KEY
 from worker.gcp.bootstrap import build_agent_wheel, startup_script
 
 TARGET = (3, 10)
@@ -157,10 +159,11 @@ def test_the_startup_script_installs_the_wheel_within_the_bounds_of_the_images_t
     (bin_dir / "python").write_text(f'#!/bin/bash\nif [ "$1" = -m ]; then echo "$*" >> {calls}; exit 0; fi\n'
                                     f'PYTHONPATH={image} exec {sys.executable} -S "$@"\n')
     (bin_dir / "gcloud").write_text('#!/bin/bash\n: > "$4/trainjobs-0.1.0-py3-none-any.whl"\n')  # storage cp URI DIR/
-    (bin_dir / "curl").write_text('#!/bin/bash\ncase "${@: -1}" in */agent-worker-number) echo 0;; *) exit 22;; esac\n')
+    (bin_dir / "curl").write_text(f'#!/bin/bash\ncase "${{@: -1}}" in */{HOST_KEY}) echo 0;; *) exit 22;; esac\n')
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
-    script = startup_script("gs://b/jobs/j1", "gs://b/agent/abc/trainjobs-0.1.0-py3-none-any.whl")
+    job_dir = JobPaths.for_job("j1", "b").root
+    script = startup_script(job_dir, agent_wheel_uri("b", "abc", "trainjobs-0.1.0-py3-none-any.whl"))
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "TRAINJOBS_PYTHON": str(bin_dir / "python"),
            "TMPDIR": str(tmp_path)}
     out = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=scaled(60))
@@ -169,4 +172,4 @@ def test_the_startup_script_installs_the_wheel_within_the_bounds_of_the_images_t
     pinned = [] if image_tensorflow is None else [f"{image_tensorflow}==2.18.0"]
     assert install.split()[:4] == ["-m", "pip", "install", "--quiet"]
     assert install.split()[4].endswith("/trainjobs-0.1.0-py3-none-any.whl") and install.split()[5:] == pinned
-    assert run == "-m agent --job-dir gs://b/jobs/j1 --task-index 0"
+    assert run == f"-m agent --job-dir {job_dir} --task-index 0"

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from trainjobs.sealed_token import KeyPair, SealError, open_mine, open_sealed, recipients, seal, seal_all
+from trainjobs.vm_metadata import PUBLIC_KEY_ATTRIBUTE, PUBLIC_KEY_NAMESPACE
 from worker.gcp.token_delivery import published_keys, sealed_value
 
 TOKEN = json.dumps({"access_token": "ya29.job-token", "expiry": "2030-01-01T00:00:00+00:00"})
@@ -69,5 +70,5 @@ def test_a_published_key_that_is_no_x25519_key_is_refused(published: str) -> Non
 
 
 def test_a_published_value_that_is_no_key_gets_no_token() -> None:
-    assert published_keys("m", [("trainjobs", "public-key", "not a key"), ("other", "public-key", "x")]) == []
+    assert published_keys("m", [(PUBLIC_KEY_NAMESPACE, PUBLIC_KEY_ATTRIBUTE, "not a key"), ("other", PUBLIC_KEY_ATTRIBUTE, "x")]) == []
     assert sealed_value("m", [], None, TOKEN) is None

@@ -8,6 +8,7 @@ import pytest
 from service.errors import ApiError
 from service.routes import artifacts
 from trainjobs import storage
+from trainjobs.job_paths import JobPaths
 
 
 def _service_account_client():
@@ -28,7 +29,7 @@ def _service_account_client():
 
 def test_signing_credentials_give_15_minute_v4_urls(monkeypatch):
     monkeypatch.setattr(storage, "client", _service_account_client)
-    sign = artifacts._signer(storage.JobPaths("gs://bkt/jobs/abc"))
+    sign = artifacts._signer(JobPaths("gs://bkt/jobs/abc"))
     assert sign is not None
     url = sign("saved_model/saved_model.pb")
     assert "/bkt/jobs/abc/artifacts/saved_model/saved_model.pb?" in url

@@ -31,12 +31,12 @@ from trainjobs.catalogue import bundled_gpus, cpu_machine_type, default_gpu_mach
 from trainjobs.spec import CpuAccelerator, GpuAccelerator, TpuAccelerator
 from trainjobs.vm_metadata import (
     COMPUTE_API_KEY, HOST_KEY, INSTALL_GPU_DRIVER_KEY, INSTANCE_KEY, JOB_DIR_KEY, LABEL_HOSTS, LABEL_MACHINE, LABEL_MANAGED,
-    MACHINE_KEY, SEALED_KEY, STARTUP_SCRIPT_KEY)
+    MACHINE_KEY, PUBLIC_KEY_PATH, SEALED_KEY, STARTUP_SCRIPT_KEY)
 from worker.gcp.bootstrap import startup_script, upload_agent_wheel
 from worker.gcp.config import GcpConfig
 from worker.gcp.errors import MachineRefused, cloud_message, is_transient, with_backoff
 from worker.gcp.job_tokens import JobTokens, default_job_tokens
-from worker.gcp.token_delivery import QUERY_PATH, DueChecks, create_metadata, published_keys, sealed_value
+from worker.gcp.token_delivery import DueChecks, create_metadata, published_keys, sealed_value
 from worker.ports import MachineInfo, MachineRequest, MachineState
 
 log = logging.getLogger("trainjobs.worker")
@@ -91,13 +91,9 @@ def compute_clients(config: GcpConfig) -> ComputeClients:
                           compute_v1.ImagesClient(**options))
 
 
-def cluster_uri(job_dir: str, attempt: int) -> str:
-    return JobPaths.of(job_dir).cluster(attempt)
-
-
 def agent_startup_script(request: MachineRequest) -> str:
     bucket, _ = storage.split_uri(request.job_dir)
-    cluster = cluster_uri(request.job_dir, request.attempt) if request.spec.workers > 1 else None
+    cluster = JobPaths.of(request.job_dir).cluster(request.attempt) if request.spec.workers > 1 else None
     return startup_script(request.job_dir, upload_agent_wheel(bucket), cluster)
 
 
@@ -308,7 +304,7 @@ class GceVmProvisioner:
         try:
             try:
                 found = self.clients.instances.get_guest_attributes(request={
-                    "project": self.config.project, "zone": zone, "instance": vm.name, "query_path": QUERY_PATH})
+                    "project": self.config.project, "zone": zone, "instance": vm.name, "query_path": PUBLIC_KEY_PATH})
                 entries = [(e.namespace, e.key, e.value) for e in found.query_value.items]
             except gexc.NotFound:  # the VM has not published its key yet
                 entries = []
@@ -360,7 +356,7 @@ class GceVmProvisioner:
         to the request's job directory, never to one named by the VMs' metadata."""
         ordered = sorted(members, key=lambda m: int(m.name.rsplit("-", 1)[-1]))
         workers = [f"{m.network_interfaces[0].network_i_p}:{self.config.tf_port + i}" for i, m in enumerate(ordered)]
-        storage.write_json(cluster_uri(request.job_dir, request.attempt), {"worker": workers})
+        storage.write_json(JobPaths.of(request.job_dir).cluster(request.attempt), {"worker": workers})
         log.info("cluster of %s: %s", ordered[0].name.rsplit("-", 1)[0], ", ".join(workers))
 
     def _preempted(self, zone: str, name_prefix: str) -> bool:

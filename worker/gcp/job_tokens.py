@@ -26,10 +26,6 @@ from worker.ports import MachineRequest
 log = logging.getLogger("trainjobs.worker")
 
 
-def token_uri(job_dir: str) -> str:
-    return JobPaths.of(job_dir).storage_token
-
-
 def token_json(token: str, expiry: datetime) -> dict[str, str]:
     return {"access_token": token, "expiry": expiry.astimezone(UTC).isoformat()}
 
@@ -54,7 +50,7 @@ class JobTokens:
         with self._lock:
             if (running := self._refreshers.get(name)) is not None and running.token and running.expiry:
                 return json.dumps(token_json(running.token, running.expiry))
-            uri = token_uri(request.job_dir)
+            uri = JobPaths.of(request.job_dir).storage_token
             refresher = TokenFileRefresher(
                 None, self.minter_for(boundary), label=name, min_wait_s=self.min_wait_s,
                 sink=lambda token, expiry: storage.write_json(uri, token_json(token, expiry)))

@@ -18,13 +18,12 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
-from trainjobs.sealed_token import KEY, NAMESPACE, SealError, canonical, recipients
-from trainjobs.vm_metadata import GUEST_ATTRIBUTES_KEY, MACHINE_KEY
+from trainjobs.sealed_token import SealError, canonical, recipients
+from trainjobs.vm_metadata import GUEST_ATTRIBUTES_KEY, MACHINE_KEY, PUBLIC_KEY_ATTRIBUTE, PUBLIC_KEY_NAMESPACE
 from trainjobs.sealed_token import seal_all
 
 log = logging.getLogger("trainjobs.worker")
 
-QUERY_PATH = f"{NAMESPACE}/{KEY}"  # the guest attribute each host publishes its key under
 RECHECK_S = 30.0  # how often a machine whose every host has its envelope is asked again (a host restarted)
 
 
@@ -38,7 +37,7 @@ def published_keys(machine: str, entries: Iterable[tuple[str, str, str]]) -> lis
     key (code on the VM may write anything there) is skipped with a warning."""
     keys = []
     for namespace, key, value in entries:
-        if (namespace, key) != (NAMESPACE, KEY):
+        if (namespace, key) != (PUBLIC_KEY_NAMESPACE, PUBLIC_KEY_ATTRIBUTE):
             continue
         try:
             keys.append(canonical(value))

@@ -19,12 +19,13 @@ from typing import Any
 
 from trainjobs import storage
 from trainjobs.spec import TpuAccelerator
-from trainjobs.vm_metadata import JOB_DIR_KEY, MACHINE_KEY, NODE_NAME_KEY, SEALED_KEY, STARTUP_SCRIPT_KEY, TPU_API_KEY
+from trainjobs.vm_metadata import (
+    JOB_DIR_KEY, MACHINE_KEY, NODE_NAME_KEY, PUBLIC_KEY_PATH, SEALED_KEY, STARTUP_SCRIPT_KEY, TPU_API_KEY)
 from worker.gcp.bootstrap import startup_script, upload_agent_wheel
 from worker.gcp.config import GcpConfig
 from worker.gcp.errors import MachineRefused, cloud_message, is_stockout, is_transient, with_backoff
 from worker.gcp.job_tokens import JobTokens, default_job_tokens
-from worker.gcp.token_delivery import QUERY_PATH, DueChecks, create_metadata, published_keys, sealed_value
+from worker.gcp.token_delivery import DueChecks, create_metadata, published_keys, sealed_value
 from worker.ports import MachineInfo, MachineRequest, MachineState
 
 log = logging.getLogger("trainjobs.worker")
@@ -265,7 +266,7 @@ class TpuVmProvisioner:
                                                                      metadata.get(SEALED_KEY)):
             return
         try:
-            found = self.client.get_guest_attributes(request={"name": node.name, "query_path": QUERY_PATH})
+            found = self.client.get_guest_attributes(request={"name": node.name, "query_path": PUBLIC_KEY_PATH})
             keys = published_keys(name, ((e.namespace, e.key, e.value)
                                          for g in found.guest_attributes for e in g.query_value.items))
             value = sealed_value(name, keys, metadata.get(SEALED_KEY), self.tokens.start(request))
