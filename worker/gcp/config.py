@@ -24,7 +24,8 @@ class GcpConfig:
     capacity_wait_s: float = 1800.0  # how long a job waits for a stocked-out type before it fails
     tpu_api_endpoint: str | None = None  # http://host:port: a fake TPU API (anonymous, REST)
     compute_api_endpoint: str | None = None  # http://host:port: a fake Compute Engine API (anonymous, REST)
-    # Compute Engine VMs boot from the newest image of this family (resolved at each create).
+    # Compute Engine VMs boot from the newest image of this family (resolved at each create). The defaults'
+    # TensorFlow (2.17) is one `make test-images` runs the agent under (tests/unit/test_default_images.py).
     image_project: str = "deeplearning-platform-release"
     gpu_image_family: str = "tf-2-17-cu121-ubuntu-2204-py310"
     cpu_image_family: str = "tf-2-17-cpu-ubuntu-2204-py310"
