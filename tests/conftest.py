@@ -235,3 +235,20 @@ def make_gce(db, bucket: str, tmp_path: Path):  # type: ignore[no-untyped-def]
 
     with gce_stacks(tmp_path) as make:
         yield make
+
+
+@pytest.fixture
+def fake(request: pytest.FixtureRequest, gcs_emulator: GcsEmulator, tmp_path: Path):  # type: ignore[no-untyped-def]
+    """The fake Google API a module names as its FAKE (FakeTpuApi or FakeComputeApi), its VMs under
+    tmp_path, with short timings. Its VMs do not boot (what a provisioner test wants) unless the module
+    sets FAKE_BOOTS = True (what a test of the fake itself wants: hosts that run the startup script).
+    Storage is the emulator, as for the VMs: the provisioner mints no per-job storage tokens (which
+    would need Application Default Credentials; tests/integration/test_job_tokens.py covers them)."""
+    from stack.fakecloud import FakeComputeApi, FakeTpuApi
+    from stack.fakecloud.compute_inventory import ComputeTiming
+    from stack.fakecloud.tpu_inventory import Timing
+
+    kind = request.module.FAKE
+    timing = {FakeTpuApi: Timing, FakeComputeApi: ComputeTiming}[kind](boot_s=0.2, delete_s=0.1)
+    with kind(sandbox=tmp_path, boot=getattr(request.module, "FAKE_BOOTS", False), timing=timing) as api:
+        yield api

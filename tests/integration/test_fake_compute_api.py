@@ -5,7 +5,6 @@ own instance."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,6 @@ import httpx
 import pytest
 
 from stack.fakecloud import FakeComputeApi
-from stack.fakecloud.compute_inventory import ComputeTiming
 from tests.support import scaled
 from trainjobs.job_paths import JobPaths
 from trainjobs.spec import JobSpec
@@ -28,11 +26,7 @@ ZONE_PATH = "/compute/v1/projects/proj/zones/us-central1-a"
 IMAGE = {"boot": True, "initializeParams": {"sourceImage": "projects/p/global/images/i"}}
 
 
-@pytest.fixture
-def fake(tmp_path: Path, gcs_emulator: Any) -> Iterator[FakeComputeApi]:
-    # Storage is the emulator (gcs_emulator), as for the VMs: the provisioner mints no per-job tokens.
-    with FakeComputeApi(sandbox=tmp_path, timing=ComputeTiming(boot_s=0.1, delete_s=0.1)) as api:
-        yield api
+FAKE, FAKE_BOOTS = FakeComputeApi, True  # the `fake` fixture (tests/conftest.py): its VMs run their startup script
 
 
 def create(fake: FakeComputeApi, script: str, workers: int = 1) -> str:

@@ -4,14 +4,12 @@ hosts of a multi-host slice, each host's metadata server, and a VM deleting its 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 from stack.fakecloud import FakeTpuApi
-from stack.fakecloud.tpu_inventory import Timing
 from tests.support import scaled
 from trainjobs.job_paths import JobPaths
 from trainjobs.spec import JobSpec
@@ -25,12 +23,7 @@ from worker.gcp.tpu import TpuVmProvisioner
 PARENT = "/v2/projects/proj/locations/us-central1-a"
 
 
-@pytest.fixture
-def fake(tmp_path: Path, gcs_emulator: object) -> Iterator[FakeTpuApi]:
-    # With the emulator, as the fake cloud always runs: the provisioner mints no per-job storage tokens
-    # (which would need Application Default Credentials); tests/test_job_tokens.py covers those.
-    with FakeTpuApi(sandbox=tmp_path, timing=Timing(boot_s=0.1, delete_s=0.1)) as api:
-        yield api
+FAKE, FAKE_BOOTS = FakeTpuApi, True  # the `fake` fixture (tests/conftest.py): its hosts run their startup script
 
 
 def create(fake: FakeTpuApi, tpu_type: str, script: str) -> str:

@@ -5,7 +5,6 @@ Google would get, not what our code meant to send."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,6 @@ from typing import Any
 import pytest
 
 from stack.fakecloud import FakeComputeApi, FakeTpuApi
-from stack.fakecloud.compute_inventory import ComputeTiming
 from stack.fakecloud.tpu_inventory import Timing
 from tests.support import scaled
 from trainjobs import storage
@@ -35,11 +33,7 @@ SCRIPT = f"#!/bin/bash\nexec python3 -m agent --job-dir {JobPaths.for_job('j', '
 JOB = "6f1c2a9e-0d4b-4c1e-9a7f-3b2d1e0f9a8c"
 
 
-@pytest.fixture
-def fake(tmp_path: Path, gcs_emulator: Any) -> Iterator[FakeComputeApi]:
-    # Storage is the emulator (gcs_emulator), as for the VMs: the provisioner mints no per-job tokens.
-    with FakeComputeApi(sandbox=tmp_path, boot=False, timing=ComputeTiming(boot_s=0.2, delete_s=0.1)) as api:
-        yield api
+FAKE = FakeComputeApi  # the `fake` fixture (tests/conftest.py): its VMs do not boot
 
 
 def provisioner(fake: FakeComputeApi, **config: Any) -> GceVmProvisioner:
@@ -232,7 +226,7 @@ def test_an_adopting_worker_writes_the_cluster_to_the_requests_job_directory_wha
     job_dir, other_job_dir = JobPaths.for_job(JOB, bucket).root, JobPaths.for_job("another-job", bucket).root
     r = request(job_dir=job_dir, workers=2)
     provisioner(fake, tf_port=5000).create(r)  # this worker dies; the set is not yet in its cluster file
-    storage.bucket(bucket).blob(f"jobs/{JOB}/cluster/attempt-1.json").delete()
+    storage.blob(JobPaths(job_dir).cluster(1)).delete()
     # The job's code on the VM, with the VM's compute scope, points its metadata at another job.
     instances = compute_clients(GcpConfig(project="proj", zone=ZONE, compute_api_endpoint=fake.url)).instances
     for host in (0, 1):

@@ -7,7 +7,6 @@ would get, not what our code meant to send.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,11 +29,7 @@ SCRIPT = f"#!/bin/bash\nexec python3 -m agent --job-dir {JobPaths.for_job('j', '
 JOB = "6f1c2a9e-0d4b-4c1e-9a7f-3b2d1e0f9a8c"
 
 
-@pytest.fixture
-def fake(tmp_path: Path, gcs_emulator: object) -> Iterator[FakeTpuApi]:
-    # With the emulator, as the fake cloud always runs: no per-job storage tokens (tests/test_job_tokens.py).
-    with FakeTpuApi(sandbox=tmp_path, boot=False, timing=Timing(boot_s=0.2, delete_s=0.1)) as api:
-        yield api
+FAKE = FakeTpuApi  # the `fake` fixture (tests/conftest.py): its VMs do not boot
 
 
 def provisioner(fake: FakeTpuApi, **config: object) -> TpuVmProvisioner:

@@ -7,14 +7,11 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import pytest
 
 from stack.fakecloud import FakeTpuApi
-from stack.fakecloud.tpu_inventory import Timing
 from tests.support.jobs import digits_spec
 from tests.support import scaled
 from trainjobs import storage
@@ -58,10 +55,7 @@ def _job(bucket: str, job_id: str = "8d0c7f0e-5a34-4d59-8d7b-0a8e61c0b7d1") -> M
     return MachineRequest(job_id, 1, spec, channel.job_dir(job_id), boundary)
 
 
-@pytest.fixture
-def fake(tmp_path: Path) -> Iterator[FakeTpuApi]:
-    with FakeTpuApi(sandbox=tmp_path, boot=False, timing=Timing(boot_s=0.2, delete_s=0.1)) as api:
-        yield api
+FAKE = FakeTpuApi  # the `fake` fixture (tests/conftest.py): its VMs do not boot
 
 
 def test_the_worker_publishes_each_new_token_in_the_job_directory_until_the_machine_goes(bucket: str) -> None:
