@@ -97,14 +97,16 @@ def test_an_agent_starts_as_a_process_of_its_own_when_the_zygote_is_gone(tmp_pat
 CREATOR = """
 import sys
 from pathlib import Path
+from trainjobs.job_paths import JobPaths
 from trainjobs.spec import JobSpec
 from worker.boundary.access import JobBoundary, Scope
 from worker.ports import MachineRequest
 from worker.local.provisioner import LocalProvisioner
 root, job_id, bucket = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 spec = JobSpec.model_validate({"dataset": {"source": "sklearn:digits"}, "model": {"name": "mlp"}})
-boundary = JobBoundary(job_id, read=(), write=(Scope(bucket, f"jobs/{job_id}/"),))
-LocalProvisioner(root).create(MachineRequest(job_id, 1, spec, f"gs://{bucket}/jobs/{job_id}", boundary))
+job_dir = JobPaths.for_job(job_id, bucket).root
+boundary = JobBoundary(job_id, read=(), write=(Scope.from_uri(job_dir, directory=True),))
+LocalProvisioner(root).create(MachineRequest(job_id, 1, spec, job_dir, boundary))
 """
 
 

@@ -16,6 +16,7 @@ from tests.support.jobs import digits_spec
 from tests.support import eventually
 from tests.support.worker import make_worker, submit, wait_for
 from trainjobs import storage
+from trainjobs.job_paths import DATASET_MANIFEST
 from trainjobs.loopback import free_port
 from trainjobs.spec import JobSpec
 from worker import metrics
@@ -127,7 +128,7 @@ def test_staging_counts_uploaded_bytes_and_time_by_outcome(bucket, tmp_path):
     stager = GcsStager(tmp_path)
     uri = stager(spec, "job-1", project_id=str(uuid.uuid4()))
     _, prefix = storage.split_uri(uri + "/")
-    shards = sum(b.size for b in storage.client().list_blobs(bucket, prefix=prefix) if not b.name.endswith("manifest.json"))
+    shards = sum(b.size for b in storage.client().list_blobs(bucket, prefix=prefix) if not b.name.endswith(DATASET_MANIFEST))
     assert worker_sample("trainjobs_worker_staging_bytes_total") - bytes_before == shards > 0
     assert worker_sample("trainjobs_worker_staging_seconds_count", outcome="staged") - staged_before == 1
 
