@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.support.agent import make_job, read, run_agent, spec, stage, digits
+from tests.support.agent import digits, make_job, read, run_agent, spec, write_dataset
 from trainjobs import storage
 from trainjobs.job_paths import ARTIFACT_HISTORY, ARTIFACT_MANIFEST, ARTIFACT_METRICS, JobPaths
 
@@ -25,7 +25,7 @@ def digits_job(gcs_emulator: Any, tmp_path_factory: pytest.TempPathFactory) -> d
     bucket = f"t-{uuid.uuid4().hex[:12]}"
     storage.ensure_bucket(bucket)
     x, y = digits()
-    dataset = stage(bucket, tmp_path_factory.mktemp("digits"), x, y, 10, val=359)
+    dataset = write_dataset(bucket, tmp_path_factory.mktemp("digits"), x, y, 10, val=359)
     job_dir = make_job(bucket, spec(
         accelerator={"type": "tpu", "tpu_type": "v5litepod-8"},
         model={"name": "cnn"},
@@ -86,7 +86,7 @@ def test_artifact_manifest_lists_every_artifact_with_its_hash(digits_job: dict[s
 @pytest.mark.tf
 def test_class_names_are_in_labels_json_and_on_the_job(digits_job: dict[str, Any]) -> None:
     labels = read(JobPaths(digits_job["job_dir"]).artifact("labels.json"))
-    names = [str(i) for i in range(10)]  # what stage() wrote as the manifest's class_names
+    names = [str(i) for i in range(10)]  # what write_dataset() wrote as the manifest's class_names
     assert labels == {"num_classes": 10, "class_names": names, "label_mapping": {n: n for n in names}}
     assert read(JobPaths(digits_job["job_dir"]).artifact("saved_model/assets/labels.json")) == labels
     dataset = read(JobPaths(digits_job["job_dir"]).status)["runtime"]["dataset"]
@@ -209,7 +209,7 @@ def test_user_module_failure_is_reported_in_status(bucket: str, tmp_path: Path, 
     module = tmp_path / "my_model.py"
     module.write_text(module_source)
     x, y = digits()
-    dataset = stage(bucket, tmp_path, x[:300], y[:300], 10, val=60, shards=1)
+    dataset = write_dataset(bucket, tmp_path, x[:300], y[:300], 10, val=60, shards=1)
     job_dir = make_job(bucket, spec(model={"module": str(module)}), dataset)
     rc, out = run_agent(job_dir)
     assert rc == 1, out[-3000:]

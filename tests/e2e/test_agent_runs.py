@@ -20,7 +20,7 @@ import pytest
 
 from agent.checkpoints import LATEST
 from tests.support import scaled
-from tests.support.agent import AGENT_TIMEOUT_S, digits, make_job, read, run_agent, spec, stage, start_agent, wait_for
+from tests.support.agent import AGENT_TIMEOUT_S, digits, make_job, read, run_agent, spec, start_agent, wait_for, write_dataset
 from trainjobs import storage
 from trainjobs.job_paths import ARTIFACT_HISTORY, JobPaths
 
@@ -34,7 +34,7 @@ def slow_dataset(gcs_emulator: Any, tmp_path_factory: pytest.TempPathFactory) ->
     bucket = f"t-{uuid.uuid4().hex[:12]}"
     storage.ensure_bucket(bucket)
     x, y = digits()
-    return stage(bucket, tmp_path_factory.mktemp("slow"), np.tile(x, (8, 1, 1, 1)), np.tile(y, 8), 10, val=359,
+    return write_dataset(bucket, tmp_path_factory.mktemp("slow"), np.tile(x, (8, 1, 1, 1)), np.tile(y, 8), 10, val=359,
                  shards=2)
 
 
@@ -96,7 +96,7 @@ def test_two_workers_train_together_and_only_the_chief_writes_artifacts(bucket: 
     from trainjobs.loopback import free_port
 
     x, y = digits()
-    dataset = stage(bucket, tmp_path, x, y, 10, val=359, shards=1)
+    dataset = write_dataset(bucket, tmp_path, x, y, 10, val=359, shards=1)
     # Mid-epoch checkpoints too: every worker writes them (the writes are collective), the chief uploads.
     job_dir = make_job(bucket, spec(accelerator={"type": "cpu"}, workers=2, model={"name": "cnn"}, training={
         "epochs": 2, "per_replica_batch_size": 32, "learning_rate": 0.003, "checkpoint_every_steps": 8,
@@ -168,7 +168,7 @@ def test_mixed_float16_job_trains_with_loss_scaling_and_exports_int8(bucket: str
     """Two T4s on the stand-in: mirrored, auto precision float16, so Keras must scale the loss, and
     the exports must still come out of a float16-trained model."""
     x, y = digits()
-    dataset = stage(bucket, tmp_path, x, y, 10, val=359, shards=1)
+    dataset = write_dataset(bucket, tmp_path, x, y, 10, val=359, shards=1)
     job_dir = make_job(bucket, spec(
         accelerator={"type": "gpu", "gpu_type": "nvidia-tesla-t4", "count": 2}, model={"name": "cnn"},
         export={"tflite": {"quantization": "int8", "calibration_examples": 50}},

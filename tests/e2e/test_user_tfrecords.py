@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.support.staging import OPERATORS_BUCKET, PROJECT, operators_folder, read_split
+from tests.support.staging import OPERATORS_BUCKET, PROJECT, operators_folder, read_split, stage
 from tests.support.staging import operator_allows_test_files  # noqa: F401 - an autouse fixture
 from trainjobs.spec import DatasetSpec, TfliteExport
-from worker.staging import DatasetError, StagedDataset, stage_dataset
+from worker.staging import DatasetError, stage_dataset
 
 pytestmark = pytest.mark.tf
 
@@ -49,11 +49,6 @@ def write_records(path: Path, examples: list[dict[str, Any]], compression: str |
             features = tf.train.Features(feature={k: feature(v) for k, v in example.items()})
             writer.write(tf.train.Example(features=features).SerializeToString())
     return path
-
-
-def stage(path: Path, bucket: str, **dataset: Any) -> StagedDataset:
-    return stage_dataset(DatasetSpec(source=str(path), **dataset), project_id=PROJECT, bucket=bucket,
-                         work_dir=path.parent / "work")
 
 
 def test_tf_image_layout_keeps_its_image_shape_and_reads_gzip(bucket: str, tmp_path: Path) -> None:

@@ -19,13 +19,13 @@ import numpy as np
 import pytest
 
 from tests.support.jobs import make_key
+from tests.support.staging import stage
 from tests.support.tenancy import job, project_id, refusal
 from tests.support import scaled
 from trainjobs import storage
 from trainjobs.source_rules import FETCH_ALLOW_HOSTS_ENV, HOST_DATA_DIRS_ENV, DataAccessRules
-from trainjobs.spec import DatasetSpec, JobSpec
+from trainjobs.spec import JobSpec
 from worker.ports import DatasetError, StagingStopped
-from worker.staging import StagedDataset, stage_dataset
 from worker.staging.budget import StagingLimits
 from worker.staging.tfrecord import frame
 from worker.staging_adapter import GcsStager
@@ -48,13 +48,6 @@ def upload(client: httpx.Client, name: str, data: bytes, kind: str = "datasets")
     return body
 
 
-def stage(source: str, project: str, work: Path, *, rules: DataAccessRules = DataAccessRules(),
-          limits: StagingLimits = StagingLimits(), should_stop: Callable[[], bool] = lambda: False,
-          **spec: Any) -> StagedDataset:
-    return stage_dataset(DatasetSpec(source=source, **spec), project_id=project, work_dir=work, rules=rules,
-                         limits=limits, should_stop=should_stop)
-
-
 # --- 1. uploads are one project's ---------------------------------------------------------------
 
 
@@ -70,8 +63,9 @@ def test_a_dataset_uploaded_by_another_project_does_not_resolve(api, db, bucket,
     sha = upload(api, "a.csv", CSV)["sha256"]
 
     with pytest.raises(DatasetError, match=f"no dataset {sha} was uploaded by this project"):
-        stage(f"dataset:{sha}", project_id(db, "beta"), tmp_path)
-    assert stage(f"dataset:{sha}", project_id(db, "alpha"), tmp_path).manifest["num_classes"] == 2
+        stage(f"dataset:{sha}", work_dir=tmp_path, project=project_id(db, "beta"), rules=DataAccessRules())
+    assert stage(f"dataset:{sha}", work_dir=tmp_path,
+                 project=project_id(db, "alpha"), rules=DataAccessRules()).manifest["num_classes"] == 2
 
 
 def test_a_module_uploaded_by_another_project_is_refused_at_submit(api, other, bucket):
@@ -156,7 +150,8 @@ def test_the_client_uploads_a_local_folder_so_no_host_path_is_needed(api, db, bu
 
     source = client.upload_dataset(tmp_path / "shapes")["dataset"]
 
-    assert stage(source, project_id(db, "alpha"), tmp_path / "work").manifest["class_names"] == ["blue", "red"]
+    assert stage(source, work_dir=tmp_path / "work",
+                 project=project_id(db, "alpha"), rules=DataAccessRules()).manifest["class_names"] == ["blue", "red"]
 
 
 @pytest.fixture
@@ -184,18 +179,20 @@ def test_dot_dot_and_symlinks_cannot_leave_an_allowed_directory(api, allowed, es
 
 def test_staging_refuses_host_paths_the_operator_does_not_allow(allowed, bucket, tmp_path):
     with pytest.raises(DatasetError, match="host paths are not accepted"):
-        stage(str(allowed / "data.csv"), "6d1f4a52-5d0e-4c3a-9a53-2a4f4f0f1b11", tmp_path / "work")
+        stage(str(allowed / "data.csv"), work_dir=tmp_path / "work",
+              project="6d1f4a52-5d0e-4c3a-9a53-2a4f4f0f1b11", rules=DataAccessRules())
 
 
 def test_a_path_too_long_for_the_filesystem_is_bad_data_not_a_crash(allowed, bucket, tmp_path):
     with pytest.raises(DatasetError, match="no file or folder at"):
-        stage(f"{allowed}/{'x' * 1000}.csv", PROJECT, tmp_path / "work", rules=DataAccessRules.from_env())
+        stage(f"{allowed}/{'x' * 1000}.csv", work_dir=tmp_path / "work",
+              project=PROJECT, rules=DataAccessRules.from_env())
 
 
 def test_staging_refuses_a_link_inside_an_allowed_folder_that_leads_out(allowed, bucket, tmp_path):
     rules = DataAccessRules.from_env()
     with pytest.raises(DatasetError) as err:
-        stage(str(allowed), "6d1f4a52-5d0e-4c3a-9a53-2a4f4f0f1b11", tmp_path / "work", rules=rules)
+        stage(str(allowed), work_dir=tmp_path / "work", project="6d1f4a52-5d0e-4c3a-9a53-2a4f4f0f1b11", rules=rules)
     assert "link.csv in allowed links outside" in str(err.value) and "hunter2" not in str(err.value)
 
 
@@ -227,7 +224,8 @@ def test_data_errors_name_the_file_and_place_not_the_bytes(bucket, tmp_path, nam
     rules = DataAccessRules(host_dirs=(tmp_path.resolve(),))
 
     with pytest.raises(DatasetError) as err:
-        stage(str(tmp_path / name), "6d1f4a52-5d0e-4c3a-9a53-2a4f4f0f1b11", tmp_path / "work", rules=rules)
+        stage(str(tmp_path / name), work_dir=tmp_path / "work",
+              project="6d1f4a52-5d0e-4c3a-9a53-2a4f4f0f1b11", rules=rules)
     assert says in str(err.value)
     assert SECRET not in str(err.value) and "0.25" not in str(err.value)
 
@@ -310,7 +308,8 @@ def test_a_host_name_that_resolves_to_a_private_address_is_not_contacted(bucket,
     this_machine = socket.gethostname()  # resolves to a loopback or private address, never a public one
 
     with pytest.raises(DatasetError, match=f"{this_machine} is not a public address"):
-        stage(f"https://{this_machine}:{target.port}/data.npz", PROJECT, tmp_path / "work")
+        stage(f"https://{this_machine}:{target.port}/data.npz", work_dir=tmp_path / "work",
+              project=PROJECT, rules=DataAccessRules())
     assert target.hits == 0
 
 
@@ -320,7 +319,8 @@ def test_every_redirect_is_held_to_the_same_rules(bucket, tmp_path, sites, where
     start.redirect_to = where.format(host=socket.gethostname(), port=target.port)
 
     with pytest.raises(DatasetError, match="public|plain http"):
-        stage(f"http://127.0.0.1:{start.port}/data.npz", PROJECT, tmp_path / "work", rules=LOCAL_ALLOWED)
+        stage(f"http://127.0.0.1:{start.port}/data.npz", work_dir=tmp_path / "work",
+              project=PROJECT, rules=LOCAL_ALLOWED)
     assert start.hits == 1 and target.hits == 0
 
 
@@ -329,28 +329,30 @@ def test_redirects_are_followed_a_bounded_number_of_times(bucket, tmp_path, site
     start.redirect_to = f"http://127.0.0.1:{start.port}/again"
 
     with pytest.raises(DatasetError, match="more than 5 redirects"):
-        stage(f"http://127.0.0.1:{start.port}/data.npz", PROJECT, tmp_path / "work", rules=LOCAL_ALLOWED)
+        stage(f"http://127.0.0.1:{start.port}/data.npz", work_dir=tmp_path / "work",
+              project=PROJECT, rules=LOCAL_ALLOWED)
     assert start.hits == 6
 
 
 def test_a_download_past_the_size_cap_fails(bucket, tmp_path, sites):
     start, _ = sites
     with pytest.raises(DatasetError, match="more than 100000 bytes"):
-        stage(f"http://127.0.0.1:{start.port}/data.npz", PROJECT, tmp_path / "work", rules=LOCAL_ALLOWED,
-              limits=StagingLimits(max_bytes=100_000))
+        stage(f"http://127.0.0.1:{start.port}/data.npz", work_dir=tmp_path / "work",
+              project=PROJECT, rules=LOCAL_ALLOWED, limits=StagingLimits(max_bytes=100_000))
 
 
 def test_a_download_that_stalls_fails_at_its_deadline(bucket, tmp_path, sites):
     start, _ = sites
     start.stall_s = scaled(30)
     with pytest.raises(DatasetError, match="did not answer in time|took longer"):
-        stage(f"http://127.0.0.1:{start.port}/data.npz", PROJECT, tmp_path / "work", rules=LOCAL_ALLOWED,
-              limits=StagingLimits(fetch_timeout_s=0.5))
+        stage(f"http://127.0.0.1:{start.port}/data.npz", work_dir=tmp_path / "work",
+              project=PROJECT, rules=LOCAL_ALLOWED, limits=StagingLimits(fetch_timeout_s=0.5))
 
 
 def test_an_allow_listed_local_server_is_fetched(bucket, tmp_path, sites):
     start, _ = sites
-    staged = stage(f"http://127.0.0.1:{start.port}/data.npz", PROJECT, tmp_path / "work", rules=LOCAL_ALLOWED)
+    staged = stage(f"http://127.0.0.1:{start.port}/data.npz", work_dir=tmp_path / "work",
+                   project=PROJECT, rules=LOCAL_ALLOWED)
     assert staged.manifest["feature"]["shape"] == [4]
 
 
@@ -364,7 +366,8 @@ def test_a_tree_with_too_many_files_fails_while_walking(bucket, tmp_path):
     rules = DataAccessRules(host_dirs=(tmp_path.resolve(),))
 
     with pytest.raises(DatasetError, match="tree holds more than 10 files"):
-        stage(str(tmp_path / "tree"), PROJECT, tmp_path / "work", rules=rules, limits=StagingLimits(max_files=10))
+        stage(str(tmp_path / "tree"), work_dir=tmp_path / "work",
+              project=PROJECT, rules=rules, limits=StagingLimits(max_files=10))
 
 
 def test_a_huge_file_fails_on_its_size_without_being_read(bucket, tmp_path):
@@ -374,7 +377,7 @@ def test_a_huge_file_fails_on_its_size_without_being_read(bucket, tmp_path):
     rules = DataAccessRules(host_dirs=(tmp_path.resolve(),))
 
     with pytest.raises(DatasetError, match=f"more than {StagingLimits().max_bytes} bytes"):
-        stage(str(tmp_path / "tree"), PROJECT, tmp_path / "work", rules=rules)
+        stage(str(tmp_path / "tree"), work_dir=tmp_path / "work", project=PROJECT, rules=rules)
 
 
 def test_an_archive_with_too_many_members_fails_before_it_is_unpacked(bucket, tmp_path):
@@ -384,7 +387,8 @@ def test_an_archive_with_too_many_members_fails_before_it_is_unpacked(bucket, tm
     rules = DataAccessRules(host_dirs=(tmp_path.resolve(),))
 
     with pytest.raises(DatasetError, match="many.zip holds more than 10 files"):
-        stage(str(tmp_path / "many.zip"), PROJECT, tmp_path / "work", rules=rules, limits=StagingLimits(max_files=10))
+        stage(str(tmp_path / "many.zip"), work_dir=tmp_path / "work",
+              project=PROJECT, rules=rules, limits=StagingLimits(max_files=10))
     assert not any((tmp_path / "work").rglob("*.csv"))
 
 
@@ -404,7 +408,7 @@ def test_cancel_stops_staging_between_files_and_chunks(bucket, tmp_path, sites, 
     rules = DataAccessRules(host_dirs=(tmp_path.resolve(),), fetch_allow_hosts=frozenset({"127.0.0.1"}))
 
     with pytest.raises(StagingStopped):
-        stage(where, PROJECT, tmp_path / "work", rules=rules, should_stop=stop_after(3))
+        stage(where, work_dir=tmp_path / "work", project=PROJECT, rules=rules, should_stop=stop_after(3))
     assert storage.list_uris(f"gs://{bucket}/datasets/") == []
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shutil
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +20,10 @@ from service.db.models import Job, JobEvent
 from service.db.projects import ensure_project
 from service.db.session import get_engine, transaction
 from tests.support import scaled
+from tests.support.staging import stage
 from trainjobs.source_rules import HOST_DATA_DIRS_ENV
-from trainjobs.spec import DatasetSpec, JobSpec, describe_errors
-from worker.staging import DatasetError, StagedDataset, stage_dataset
+from trainjobs.spec import JobSpec, describe_errors
+from worker.staging import DatasetError
 from worker.staging.preflight import plan_problems
 
 PROJECT = "6d1f4a52-5d0e-4c3a-9a53-2a4f4f0f1b12"
@@ -32,11 +32,6 @@ PROJECT = "6d1f4a52-5d0e-4c3a-9a53-2a4f4f0f1b12"
 @pytest.fixture(autouse=True)
 def operator_allows_test_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(HOST_DATA_DIRS_ENV, str(tmp_path))
-
-
-def stage(path: Path, bucket: str, **dataset: Any) -> StagedDataset:
-    return stage_dataset(DatasetSpec(source=str(path), **dataset), project_id=PROJECT, bucket=bucket,
-                         work_dir=path.parent / f"work-{uuid.uuid4().hex[:6]}")
 
 
 def write(tmp: Path, name: str, text: str) -> Path:

@@ -33,7 +33,7 @@ def digits() -> tuple[np.ndarray, np.ndarray]:
     return d.data[order].reshape(-1, 8, 8, 1).astype(np.float32), d.target[order].astype(np.int64)
 
 
-def stage(bucket: str, tmp: Path, x: np.ndarray, y: np.ndarray, num_classes: int, val: int, shards: int = 2) -> str:
+def write_dataset(bucket: str, tmp: Path, x: np.ndarray, y: np.ndarray, num_classes: int, val: int, shards: int = 2) -> str:
     """Write manifest + TFRecord shards the way staging does; return the dataset URI."""
     import tensorflow as tf
 

@@ -5,7 +5,9 @@ and staged shards read back with staging's own reader."""
 from __future__ import annotations
 
 import io
+import tempfile
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +16,10 @@ import pytest
 
 from trainjobs import storage
 from trainjobs.job_paths import dataset_file
-from trainjobs.source_rules import FETCH_ALLOW_HOSTS_ENV, HOST_DATA_DIRS_ENV, SOURCE_BUCKETS_ENV
+from trainjobs.source_rules import FETCH_ALLOW_HOSTS_ENV, HOST_DATA_DIRS_ENV, SOURCE_BUCKETS_ENV, DataAccessRules
 from trainjobs.spec import DatasetSpec
 from worker.staging import StagedDataset, stage_dataset
+from worker.staging.budget import StagingLimits
 from worker.staging.tfrecord import iter_examples
 
 PROJECT = "6d1f4a52-5d0e-4c3a-9a53-2a4f4f0f1b11"
@@ -38,8 +41,18 @@ def operators_folder() -> str:
     return f"gs://{OPERATORS_BUCKET}/{uuid.uuid4().hex[:12]}"
 
 
-def stage(source: str, bucket: str, work_dir: Path, **spec: Any) -> StagedDataset:
-    return stage_dataset(DatasetSpec(source=source, **spec), project_id=PROJECT, bucket=bucket, work_dir=work_dir)
+def stage(source: str | Path, bucket: str | None = None, work_dir: Path | None = None, *, project: str = PROJECT,
+          rules: DataAccessRules | None = None, limits: StagingLimits | None = None,
+          should_stop: Callable[[], bool] = lambda: False, **dataset: Any) -> StagedDataset:
+    """Stage `source` (a dataset spec's source; a local path as it is) with the dataset spec's other
+    fields `dataset`, as the worker would for a job of `project`: into `bucket` (default: the test's,
+    TRAINJOBS_BUCKET), working in `work_dir` (default: a fresh folder beside a local source, else a
+    temporary one), under `rules` and `limits` (default: the operator's, from the environment)."""
+    if work_dir is None:
+        work_dir = (Path(source).parent if isinstance(source, Path) else Path(tempfile.mkdtemp())) / \
+            f"work-{uuid.uuid4().hex[:6]}"
+    return stage_dataset(DatasetSpec(source=str(source), **dataset), project_id=project, bucket=bucket,
+                         work_dir=work_dir, rules=rules, limits=limits, should_stop=should_stop)
 
 
 def shard_uri(staged: StagedDataset, shard: str) -> str:
