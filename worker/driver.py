@@ -149,6 +149,13 @@ class JobDriver:
             self._waiting_seen = time.monotonic()  # the boot clock starts once capacity comes
             return False
         if machine.state in (MachineState.PREEMPTED, MachineState.STOPPED):
+            # A short job's agent may have trained and exited before the driver first saw it run (its
+            # process is a local machine): its last word decides, as in _watch.
+            last = self.channel.read_status(str(job.id), job.attempt)
+            if last is not None and last.state == AgentState.SUCCEEDED:
+                return self._move(job, S.RUNNING, f"agent succeeded on {machine.name}", record={"runtime": last.runtime})
+            if last is not None and last.state == AgentState.FAILED:
+                return self._finish_failed(job, last.error)
             return self._move(job, S.RECOVERING, f"machine {machine.state.value.lower()} while starting")
         if machine.state == MachineState.READY:
             self._note(job, request, "ready_at")

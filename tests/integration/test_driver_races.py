@@ -81,6 +81,53 @@ class AgentEndsBetweenLooks:
         return None
 
 
+@dataclass
+class AgentEndsBeforeItIsSeenRunning(AgentEndsBetweenLooks):
+    """A short job: the machine is created, the agent has not reported yet, and by the driver's next
+    provisioning step it has trained, written its last status and exited (its machine stopped): the
+    driver never sees it running."""
+
+    def create(self, request: MachineRequest) -> MachineInfo:
+        with self.lock:
+            self.machines[request.name] = request
+            return MachineInfo(request.name, MachineState.CREATING, request.labels)
+
+    def get(self, request: MachineRequest) -> MachineInfo | None:
+        with self.lock:
+            if request.name not in self.machines:
+                return None
+            self.ended = True  # the first look after create: the agent is done
+            return self._info(request)
+
+    def read_status(self, job_id: str, attempt: int) -> AgentReport | None:
+        with self.lock:
+            if not self.ended:
+                return None  # the create step's read: nothing reported yet
+        return super().read_status(job_id, attempt)
+
+
+@pytest.mark.parametrize("ends_as", [AgentState.SUCCEEDED, AgentState.FAILED], ids=lambda s: s.value)
+def test_an_agent_that_ends_before_the_driver_sees_it_running_ends_the_job_as_it_said(db, database_url,
+                                                                                      running_workers, ends_as):
+    """The same race one step earlier: the provisioning step found the machine stopped and moved the job
+    to RECOVERING without reading the agent's last status (the job then recovered to SUCCEEDED, with a
+    second machine and RECOVERING in its path)."""
+    cloud = AgentEndsBeforeItIsSeenRunning(ends_as)
+    w = make_worker(database_url, cloud, "w1")
+    running_workers.append(w)
+    w.start()
+    [job_id] = submit(db)
+    job = wait_for(db, job_id, TERMINAL)
+    assert cloud.ended, "the race was played"
+    if ends_as == AgentState.SUCCEEDED:
+        # PROVISIONING -> SUCCEEDED is no transition: the job passes RUNNING, where the watch reads the end
+        assert path(db, job_id) == ["QUEUED", "STAGING", "PROVISIONING", "RUNNING", "SUCCEEDED"]
+    else:
+        assert path(db, job_id) == ["QUEUED", "STAGING", "PROVISIONING", "FAILED"]
+        assert "the model diverged" in (job.error or "")
+    assert job.attempt == 1 and cloud.list({LABEL_JOB: str(job_id)}) == []
+
+
 @pytest.mark.parametrize("ends_as", [AgentState.SUCCEEDED, AgentState.FAILED], ids=lambda s: s.value)
 def test_an_agent_that_ends_as_its_machine_is_looked_at_ends_the_job_as_it_said(db, database_url, running_workers,
                                                                                 ends_as):
