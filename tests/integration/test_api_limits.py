@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.support.jobs import digits_spec
-from tests.support import scaled
+from tests.support import eventually, scaled
 from trainjobs import storage
 
 
@@ -96,10 +96,11 @@ def _serve(app) -> Iterator[str]:  # type: ignore[no-untyped-def]
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + scaled(30)
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline
-        time.sleep(0.02)
+    def started() -> bool:
+        assert thread.is_alive(), "the server thread ended"
+        return bool(server.started)
+
+    eventually(started, 30, "the server started", every=0.02)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

@@ -4,7 +4,6 @@ own instance."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,7 @@ import httpx
 import pytest
 
 from stack.fakecloud import FakeComputeApi
-from tests.support import scaled
+from tests.support import eventually, scaled
 from trainjobs.job_paths import JobPaths
 from trainjobs.spec import JobSpec
 from trainjobs.vm_metadata import (
@@ -64,10 +63,8 @@ def test_an_instance_compute_engine_would_refuse_is_a_400(fake: FakeComputeApi, 
 def test_an_insert_is_an_operation_that_finishes_when_the_vm_runs(fake: FakeComputeApi) -> None:
     op = httpx.post(f"{fake.url}{ZONE_PATH}/instances", json=vm()).json()
     assert (op["kind"], op["operationType"], op["status"]) == ("compute#operation", "insert", "RUNNING")
-    deadline = time.monotonic() + scaled(10)
-    while (op := httpx.get(f"{fake.url}{ZONE_PATH}/operations/{op['name']}").json())["status"] != "DONE":
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    eventually(lambda: httpx.get(f"{fake.url}{ZONE_PATH}/operations/{op['name']}").json()["status"] == "DONE", 10,
+               "the insert operation is DONE")
     assert httpx.get(f"{fake.url}{ZONE_PATH}/instances/vm-1").json()["status"] == "RUNNING"
     again = httpx.post(f"{fake.url}{ZONE_PATH}/instances", json=vm())
     assert again.status_code == 409
@@ -79,10 +76,8 @@ def test_each_vm_runs_the_script_and_learns_its_number_from_its_metadata_server(
               f'"$TRAINJOBS_METADATA_URL/instance/attributes/{HOST_KEY}" > worker-number\n')
     name = create(fake, script, workers=2)
     files = [tmp_path / f"{name}-{i}" / "host-0" / "worker-number" for i in range(2)]
-    deadline = time.monotonic() + scaled(30)
-    while not all(f.exists() and f.read_text() for f in files):
-        assert time.monotonic() < deadline, "the VMs did not run the startup script"
-        time.sleep(0.1)
+    eventually(lambda: all(f.exists() and f.read_text() for f in files), 30, "the VMs ran the startup script",
+               every=0.1)
     assert [f.read_text() for f in files] == ["0", "1"]
 
 
@@ -91,10 +86,7 @@ def test_a_vm_deletes_its_own_instance_with_what_the_metadata_server_tells_it(fa
     metadata = f"{fake.url}/metadata/{name}-0/0/computeMetadata/v1"
     assert delete_own_tpu_node(metadata) is None  # no TPU node here
     assert delete_own_instance(metadata) == f"projects/proj/zones/us-central1-a/instances/{name}-0"
-    deadline = time.monotonic() + scaled(10)
-    while fake.instance_names():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    eventually(lambda: not fake.instance_names(), 10, "the instance is gone")
 
 
 # --- guest attributes and metadata updates: how a VM's first storage token reaches it (tests/test_sealed_tokens.py)

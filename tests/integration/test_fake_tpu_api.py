@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from stack.fakecloud import FakeTpuApi
-from tests.support import scaled
+from tests.support import eventually, scaled
 from trainjobs.job_paths import JobPaths
 from trainjobs.spec import JobSpec
 from trainjobs.vm_metadata import (
@@ -59,11 +59,9 @@ def test_each_host_of_a_slice_runs_the_script_and_learns_its_number_from_the_met
     script = ('#!/bin/bash\ncurl -sf -H "Metadata-Flavor: Google" '
               f'"$TRAINJOBS_METADATA_URL/instance/attributes/{HOST_KEY}" > worker-number\n')
     name = create(fake, "v4-16", script)  # 8 TensorCores' worth of replicas over 2 hosts
-    deadline = time.monotonic() + scaled(30)
     files = [tmp_path / name / f"host-{i}" / "worker-number" for i in range(2)]
-    while not all(f.exists() and f.read_text() for f in files):
-        assert time.monotonic() < deadline, "the hosts did not run the startup script"
-        time.sleep(0.1)
+    eventually(lambda: all(f.exists() and f.read_text() for f in files), 30, "the hosts ran the startup script",
+               every=0.1)
     assert [f.read_text() for f in files] == ["0", "1"]
 
 
@@ -78,10 +76,7 @@ def test_a_vm_deletes_its_own_node_with_what_the_metadata_server_tells_it(fake: 
     name = create(fake, "v5litepod-8", "#!/bin/bash\n")
     deleted = delete_own_tpu_node(f"{fake.url}/metadata/{name}/0/computeMetadata/v1")
     assert deleted == f"projects/proj/locations/us-central1-a/nodes/{name}"
-    deadline = time.monotonic() + scaled(10)
-    while fake.node_names():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    eventually(lambda: not fake.node_names(), 10, "the node is gone")
 
 
 def test_off_a_cloud_vm_there_is_no_node_to_delete() -> None:

@@ -4,7 +4,6 @@ Google would get, not what our code meant to send."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ import pytest
 
 from stack.fakecloud import FakeComputeApi, FakeTpuApi
 from stack.fakecloud.tpu_inventory import Timing
-from tests.support import scaled
+from tests.support import eventually, scaled
 from trainjobs import storage
 from trainjobs.job_paths import JobPaths
 from trainjobs.spec import JobSpec
@@ -199,10 +198,8 @@ def test_a_preempted_spot_vm_reports_preempted_even_after_google_deletes_it(fake
     p.create(r)
     fake.preempt(f"{r.name}-0")
     assert p.get(r).state == MachineState.PREEMPTED  # type: ignore[union-attr]
-    deadline = time.monotonic() + scaled(10)
-    while fake.instance_names():  # instanceTerminationAction DELETE: Google deletes it
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    # instanceTerminationAction DELETE: Google deletes it
+    eventually(lambda: not fake.instance_names(), 10, "Google deleted the preempted VM")
     assert p.get(r).state == MachineState.PREEMPTED  # type: ignore[union-attr]
 
 

@@ -5,7 +5,6 @@ starts by itself when a slot frees; other projects' jobs start past it."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +19,7 @@ from service.db.queue import claim_next_job
 from service.db.quotas import set_quota
 from service.db.session import get_engine, transaction
 from tests.support.jobs import digits_spec, make_key
-from tests.support import scaled
+from tests.support import eventually
 from worker.driver import DriverConfig
 from worker.loop import Worker, WorkerConfig
 from worker.memory_cloud import MemoryCloud, memory_stager
@@ -165,9 +164,7 @@ def test_a_waiting_job_starts_by_itself_when_a_slot_frees(api, db, database_url)
                                  driver=DriverConfig(poll_s=0.05)))
     worker.start()
     try:
-        deadline = time.monotonic() + scaled(20)
-        while status(db, second) != JobStatus.SUCCEEDED and time.monotonic() < deadline:
-            time.sleep(0.1)
+        eventually(lambda: status(db, second) == JobStatus.SUCCEEDED, 20, "the second job succeeded", every=0.1)
     finally:
         worker.shutdown(timeout=5)
     with transaction(db) as s:

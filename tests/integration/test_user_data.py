@@ -7,7 +7,6 @@ TFRecords written by TensorFlow itself are in tests/e2e/test_user_tfrecords.py (
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +15,12 @@ import pytest
 from pydantic import ValidationError
 
 from service.db import jobs as jobdata
-from service.db.models import Job, JobEvent
+from service.db.jobstate import JobStatus
+from service.db.models import JobEvent
 from service.db.projects import ensure_project
 from service.db.session import get_engine, transaction
-from tests.support import scaled
 from tests.support.staging import stage
+from tests.support.worker import wait_for
 from trainjobs.source_rules import HOST_DATA_DIRS_ENV
 from trainjobs.spec import JobSpec, describe_errors
 from worker.staging import DatasetError
@@ -249,17 +249,9 @@ def test_a_plan_the_data_cannot_carry_fails_at_staging_without_a_machine(
                                  driver=DriverConfig(poll_s=0.1)))
     worker.start()
     try:
-        deadline = time.monotonic() + scaled(60)
-        while True:
-            with transaction(db) as s:
-                job = s.get(Job, job_id)
-                assert job is not None
-                if job.status.value == "FAILED" or time.monotonic() > deadline:
-                    break
-            time.sleep(0.1)
+        job = wait_for(db, job_id, {JobStatus.FAILED}, timeout=60)
     finally:
         worker.shutdown(timeout=5)
-    assert job.status.value == "FAILED", job.status
     assert job.error is not None and "the global batch of 256 is larger than the training split (120 examples)" in job.error
     with transaction(db) as s:
         path = [e.to_status.value for e in s.scalars(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id))]
