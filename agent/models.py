@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trainjobs import storage
+from trainjobs.job_paths import UPLOADS
 from trainjobs.model_params import features_problem
 from trainjobs.spec import ModelSpec
 from agent.builtin_models import BUILTIN_BUILDERS
@@ -108,7 +109,7 @@ def _user_builder(module: str, function: str, download_dir: Path) -> Builder:
 
 
 # Where POST /v1/modules stores code (trainjobs/uploads.py): uploads/<project>/<sha256 of the file>/<file>.
-_UPLOADED = re.compile(r"gs://[^/]+/uploads/[0-9a-f-]{36}/(?P<sha256>[0-9a-f]{64})/[^/]+")
+_UPLOADED = re.compile(rf"gs://[^/]+/{re.escape(UPLOADS)}/[0-9a-f-]{{36}}/(?P<sha256>[0-9a-f]{{64}})/[^/]+")
 
 
 def _local_module_path(module: str, download_dir: Path) -> Path:

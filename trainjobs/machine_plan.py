@@ -9,8 +9,6 @@ from dataclasses import dataclass
 from trainjobs.spec import CpuAccelerator, GpuAccelerator, JobSpec, TpuAccelerator
 from trainjobs.spec.derived import hosts, hourly_price_usd, job_accelerators, vm_machine_type
 
-__all__ = ["MachinePlan", "hourly_price_usd", "plan_machines"]  # hourly_price_usd: worker/driver.py imports it from here
-
 
 @dataclass(frozen=True)
 class MachinePlan:

@@ -47,7 +47,7 @@ class AgentAssignment(_Message):
     @field_validator("spec", mode="before")
     @classmethod
     def _accepted_spec(cls, v: Any) -> Any:
-        # The worker copies the spec the API stored: read it as stored, not as submitted (trainjobs/spec.py).
+        # The worker copies the spec the API stored: read it as stored, not as submitted (trainjobs/spec/job.py, parse_stored).
         return parse_stored(v) if isinstance(v, dict) else v
 
 

@@ -34,7 +34,7 @@ from trainjobs.messages import AgentError, AgentReport, AgentState
 from trainjobs.spec import JobSpec, parse_stored
 from worker import metrics
 from worker.boundary.access import JobBoundary, job_boundary
-from trainjobs.machine_plan import hourly_price_usd
+from trainjobs.spec.derived import hourly_price_usd
 from trainjobs.states import TERMINAL
 from trainjobs.vm_metadata import LABEL_ATTEMPT, LABEL_JOB
 from worker.ports import (
@@ -97,7 +97,7 @@ class JobDriver:
     def _step(self, job: Job) -> bool:
         if self._spec is None:
             # Read as stored, not as submitted: a validator tightened since the job was accepted must not
-            # fail it (trainjobs/spec.py). Once per driver, not once a second.
+            # fail it (trainjobs/spec/job.py, parse_stored). Once per driver, not once a second.
             self._spec = parse_stored(job.spec)
         spec = self._spec
         match job.status:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import re
 
+from trainjobs.vm_metadata import LABEL_PREFIX
+
 _LABEL_KEY = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 _LABEL_VALUE = re.compile(r"[a-z0-9_-]{0,63}")
-RESERVED_LABEL_PREFIX = "trainjobs-"
+RESERVED_LABEL_PREFIX = LABEL_PREFIX  # the machines' own labels use it (trainjobs/vm_metadata.py)
 MAX_LABELS = 32  # GCP allows 64; trainjobs adds its own
 
 

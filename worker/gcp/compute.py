@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainjobs import storage
+from trainjobs.catalogue import bundled_gpus
 from trainjobs.job_paths import JobPaths
-from trainjobs.catalogue import bundled_gpus, cpu_machine_type, default_gpu_machine_type
 from trainjobs.spec import CpuAccelerator, GpuAccelerator, TpuAccelerator
+from trainjobs.spec.derived import vm_machine_type
 from trainjobs.vm_metadata import (
     COMPUTE_API_KEY, HOST_KEY, INSTALL_GPU_DRIVER_KEY, INSTANCE_KEY, JOB_DIR_KEY, LABEL_HOSTS, LABEL_MACHINE, LABEL_MANAGED,
     MACHINE_KEY, PUBLIC_KEY_PATH, SEALED_KEY, STARTUP_SCRIPT_KEY)
@@ -426,13 +427,12 @@ def _done(operation: Any) -> bool:
 def _machine(acc: GpuAccelerator | CpuAccelerator | TpuAccelerator) -> tuple[str, tuple[str, int] | None]:
     """(machine type, guest accelerators or None). A2, A3 and G2 types bring their GPUs; N1 takes them
     as guest accelerators. A CPU job gets the n2-standard VM the catalogue prices (two vCPUs per replica)."""
-    match acc:
-        case GpuAccelerator():
-            machine_type = acc.machine_type or default_gpu_machine_type(acc.gpu_type, acc.count)
-            return machine_type, None if bundled_gpus(machine_type) else (acc.gpu_type, acc.count)
-        case CpuAccelerator():
-            return cpu_machine_type(acc.replicas), None
-    raise AssertionError(acc)
+    if isinstance(acc, TpuAccelerator):
+        raise AssertionError(acc)
+    machine_type = vm_machine_type(acc)
+    if isinstance(acc, GpuAccelerator) and not bundled_gpus(machine_type):
+        return machine_type, (acc.gpu_type, acc.count)
+    return machine_type, None
 
 
 def _describe(request: MachineRequest) -> str:
