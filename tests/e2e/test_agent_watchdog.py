@@ -16,7 +16,7 @@ import pytest
 
 from stack.embedded import GcsEmulator, start_gcs_emulator
 from tests.support.jobs import digits_spec
-from tests.support import scaled
+from tests.support import eventually, scaled
 from trainjobs.job_paths import JobPaths, dataset_uri
 from trainjobs.messages import AgentAssignment
 from trainjobs.spec import JobSpec
@@ -72,11 +72,11 @@ def _start_agent(emu: GcsEmulator, tmp_path: Path, **env: str) -> tuple[subproce
 
 def _wait_for_first_report(emu: GcsEmulator, proc: subprocess.Popen[bytes]) -> None:
     blob = _client(emu).bucket(BUCKET).blob(_key(JOB.status))
-    deadline = time.monotonic() + scaled(60)
-    while not blob.exists():
+    def reported() -> bool:
         assert proc.poll() is None, "the agent exited before it reported"
-        assert time.monotonic() < deadline, "the agent never reported"
-        time.sleep(0.2)
+        return bool(blob.exists())
+
+    eventually(reported, 60, "the agent reported", every=0.2)
 
 
 def _exit_code(proc: subprocess.Popen[bytes], within_s: float, tmp_path: Path) -> int:
@@ -247,10 +247,9 @@ def test_a_stop_request_read_during_the_sigterm_cleanup_does_not_cut_off_the_las
         # Until the watchdog has judged the stop request: the agent exited (what this guards
         # against) or says it leaves the stop to the cleanup under way.
         out = tmp_path / "agent.out"
-        deadline = time.monotonic() + scaled(60)
-        while proc.poll() is None and "already writing its last status" not in out.read_text():
-            assert time.monotonic() < deadline, out.read_text()[-3000:]
-            time.sleep(0.1)
+        eventually(lambda: proc.poll() is not None or "already writing its last status" in out.read_text(), 60,
+                   lambda: f"the watchdog judged the stop request; the agent's output: {out.read_text()[-3000:]}",
+                   every=0.1)
         proxy.release()
         assert _exit_code(proc, scaled(60), tmp_path) == 143
     finally:
@@ -328,10 +327,11 @@ def test_a_sigterm_as_a_finished_agent_reports_still_leaves_a_final_status(bucke
                 pass
         os.close(filler)
         proxy.release()
-        deadline = time.monotonic() + scaled(120)
-        while not _blocked_writing_stdout(proc.pid):
-            assert proc.poll() is None and time.monotonic() < deadline, "the agent never wrote its next line"
-            time.sleep(0.05)
+        def blocked() -> bool:
+            assert proc.poll() is None, "the agent exited"
+            return _blocked_writing_stdout(proc.pid)
+
+        eventually(blocked, 120, "the agent blocks writing its next line")
         proc.send_signal(signal.SIGTERM)
     finally:
         os.close(write_end)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import scaled
+from tests.support import eventually, scaled
 from worker.local import provisioner as local
 from worker.local.provisioner import LocalProvisioner
 
@@ -37,10 +37,11 @@ while True:
 def _machine(root: Path, name: str, out: Path, cleanup_s: float) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-c", SLOW_HOST, str(out), str(cleanup_s)], start_new_session=True)
     threading.Thread(target=proc.wait, daemon=True).start()
-    deadline = time.monotonic() + scaled(30)
-    while not Path(str(out) + ".ready").exists():
-        assert time.monotonic() < deadline and proc.poll() is None, "the stand-in host did not start"
-        time.sleep(0.05)
+    def started() -> bool:
+        assert proc.poll() is None, "the stand-in host exited"
+        return Path(str(out) + ".ready").exists()
+
+    eventually(started, 30, "the stand-in host started")
     logs = root / name
     logs.mkdir()
     (root / f"{name}.json").write_text(json.dumps({"name": name, "labels": {}, "devices": 1, "created": time.time(),
@@ -132,10 +133,11 @@ def test_a_machine_whose_worker_was_killed_while_starting_it_is_listed_and_delet
     # The machine's storage guard runs; its agent waits for the zygote's imports (seconds). Killed now,
     # the worker never returns from create: before, it recorded the machine only then.
     port_file = root / f"tj-{job_id.replace('-', '')[:20]}-a1" / "storage-guard.port"
-    deadline = time.monotonic() + scaled(60)
-    while not port_file.exists():
-        assert time.monotonic() < deadline and creator.poll() is None, "the machine did not start"
-        time.sleep(0.01)
+    def started() -> bool:
+        assert creator.poll() is None, "the worker exited before the machine started"
+        return port_file.exists()
+
+    eventually(started, 60, "the machine's storage guard runs", every=0.01)
     creator.kill()
     creator.wait()
     assert _serves(port_file)  # left running, as a killed worker leaves it

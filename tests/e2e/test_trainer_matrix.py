@@ -10,7 +10,6 @@ API + worker for the module and run a few at a time; each test then judges one j
 from __future__ import annotations
 
 import itertools
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,8 +21,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from tests.support.jobs import TABLES, make_key
-from tests.support import scaled
+from tests.support.jobs import TABLES, make_key, wait_for_job
 from trainjobs import storage
 from trainjobs.job_paths import ARTIFACT_HISTORY, ARTIFACT_METRICS, JobPaths
 from trainjobs.spec import JobSpec, describe_errors
@@ -46,7 +44,7 @@ RESOLVED_PRECISION = {"auto": "float32"}  # precision `auto` on a CPU
 
 EXAMPLES, FEATURES, CLASSES = 400, 16, 4  # 320 train / 80 validation
 EPOCHS, PER_REPLICA_BATCH = 2, 16
-JOB_TIMEOUT_S = scaled(420)
+JOB_S = 420  # how long one job of the matrix may take, before scaling
 PARALLEL_MACHINES = 4
 
 
@@ -180,20 +178,10 @@ def _selected_cases(items: list[pytest.Item]) -> list[Case]:
     return [c for c in ACCEPTED if c in wanted]
 
 
-def _finished(client: httpx.Client, job_id: str) -> dict[str, Any]:
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    while time.monotonic() < deadline:
-        job = client.get(f"/v1/jobs/{job_id}").json()
-        if job["status"] in TERMINAL:
-            return job  # type: ignore[no-any-return]
-        time.sleep(0.5)
-    raise AssertionError(f"job {job_id} still {job['status']} after {JOB_TIMEOUT_S}s")
-
-
 @pytest.mark.parametrize("case", ACCEPTED, ids=[c.id for c in ACCEPTED])
 def test_accepted_combination_trains_as_asked_and_exports(case: Case, matrix_jobs: MatrixJobs) -> None:
     client, jobs = matrix_jobs
-    job = _finished(client, jobs[case.id])
+    job = wait_for_job(client, jobs[case.id], TERMINAL, timeout=JOB_S)
     assert job["status"] == "SUCCEEDED", job.get("error")
     assert job["attempt"] == 1  # no machine was lost and replaced on the way
 

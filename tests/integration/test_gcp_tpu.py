@@ -6,7 +6,6 @@ would get, not what our code meant to send.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from google.api_core.exceptions import TooManyRequests
 
 from stack.fakecloud import FakeTpuApi
 from stack.fakecloud.tpu_inventory import Timing
-from tests.support import scaled
+from tests.support import eventually, scaled
 from trainjobs.job_paths import JobPaths
 from trainjobs.spec import JobSpec
 from trainjobs.vm_metadata import (
@@ -50,10 +49,11 @@ def sent(fake: FakeTpuApi, method: str, collection: str) -> list[dict]:
 
 
 def wait_state(p: TpuVmProvisioner, request: MachineRequest, state: MachineState | None, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + scaled(timeout)
-    while (info := p.get(request)) is not None and info.state != state or info is None and state is not None:
-        assert time.monotonic() < deadline, f"{request.name} is {info}, expected {state}"
-        time.sleep(0.05)
+    def reached() -> bool:
+        info = p.get(request)
+        return info is None and state is None or info is not None and info.state == state
+
+    eventually(reached, timeout, lambda: f"{request.name} is {p.get(request)}, expected {state}")
 
 
 # --- what is asked for ---------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import pytest
 from stack.fakecloud import FakeComputeApi, FakeTpuApi
 from stack.fakecloud.compute_inventory import ComputeTiming
 from stack.fakecloud.tpu_inventory import Timing
-from tests.support import scaled
+from tests.support import eventually, scaled
 from trainjobs.job_paths import JobPaths, agent_wheel_uri
 from trainjobs.sealed_token import KeyPair, SealError, open_mine
 from trainjobs.vm_metadata import PUBLIC_KEY_PATH, SEALED_KEY
@@ -71,11 +71,11 @@ def _boot(tmp_path: Path, host: str, script: str, metadata_url: str) -> subproce
 
 def _until_booted(hosts: list[subprocess.Popen[str]], look: Callable[[], object]) -> list[str]:
     """Each host's output once its script ends; `look` is the driver's poll of the machine meanwhile."""
-    deadline = time.monotonic() + scaled(60)
-    while any(h.poll() is None for h in hosts):
-        assert time.monotonic() < deadline, "a host never got its token"
+    def ended() -> bool:
         look()
-        time.sleep(0.1)
+        return all(h.poll() is not None for h in hosts)
+
+    eventually(ended, 60, "every host got its token and ended its script", every=0.1)
     outputs = []
     for h in hosts:
         out, err = h.communicate()
