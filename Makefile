@@ -34,7 +34,7 @@ bench: venv
 	$(PY) bench/claim_bench.py
 	$(PY) bench/trainer_bench.py
 
-clean:
+clean: clean-images
 	rm -rf $(VENV) .demo .test-tmp *.egg-info
 
 # test-images: the agent under each default image's TensorFlow.
