@@ -71,7 +71,7 @@ class MachineInfo:
 
 
 class Provisioner(Protocol):
-    kind: str  # "memory", "local", "gcp-tpu", "gcp-gpu"
+    kind: str  # "memory", "local", "cloud-tpu", "compute-engine"
 
     def create(self, request: MachineRequest) -> MachineInfo:
         """Create the machine and start the agent on it. Idempotent for the same request.name."""

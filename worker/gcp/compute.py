@@ -99,7 +99,7 @@ def agent_startup_script(request: MachineRequest) -> str:
 
 
 class GceVmProvisioner:
-    kind = "gcp-gpu"
+    kind = "compute-engine"  # GPU and CPU VMs
 
     def __init__(self, config: GcpConfig, *, clients: ComputeClients | None = None, create_wait_s: float = 120.0,
                  delete_wait_s: float = 600.0, backoff_s: float = 0.5, poll_s: float = 1.0,

@@ -91,7 +91,7 @@ def agent_startup_script(request: MachineRequest) -> str:
 
 
 class TpuVmProvisioner:
-    kind = "gcp-tpu"
+    kind = "cloud-tpu"
 
     def __init__(self, config: GcpConfig, *, client: Any = None, create_wait_s: float = 60.0,
                  delete_wait_s: float = 600.0, backoff_s: float = 0.5,
