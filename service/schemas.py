@@ -49,7 +49,7 @@ class JobList(BaseModel):
 # The hot routes (GET, list, submit) answer with JSON written straight from the row, not a
 # JobPublic validated and dumped again (issue 12): same fields in the same order, JSONB columns
 # embedded as the text PostgreSQL sent (orjson.Fragment), timestamps as pydantic writes them (UTC
-# as "Z"). tests/test_api_jobs.py checks the two agree, so a field added to JobPublic needs no change
+# as "Z"). tests/integration/test_api_jobs.py checks the two agree, so a field added to JobPublic needs no change
 # here as long as the row has a column of that name.
 _JOB_FIELDS = tuple(name for name in JobPublic.model_fields if name != "wait_reason")
 

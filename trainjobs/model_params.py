@@ -5,7 +5,7 @@ shape fail before a machine is paid for) and the agent's builders (the defaults 
 same checks for a job stored before them). Before this table the names lived only in the agent, so a
 typo passed submit, staging and provisioning and failed on the paid machine (issue 19).
 
-Pure data and checks: no Keras here, so the API can read it. tests/test_user_models.py checks the
+Pure data and checks: no Keras here, so the API can read it. tests/e2e/test_user_models.py checks the
 keras.applications rows against the pinned Keras's own signatures.
 """
 
@@ -67,7 +67,7 @@ BUILTIN_MODELS = tuple(BUILTIN_PARAMS)
 # The built-ins that convolve: their features are an image, (height, width) or (height, width, channels).
 BUILTIN_IMAGE_MODELS = ("cnn", "resnet")
 
-# keras.applications architectures in the pinned Keras (3.15); tests/test_user_models.py checks this
+# keras.applications architectures in the pinned Keras (3.15); tests/e2e/test_user_models.py checks this
 # list against Keras itself, so a Keras upgrade that drops one fails CI rather than a user's job. Their
 # features are an image with channels: (height, width, channels).
 KERAS_APPLICATIONS = (

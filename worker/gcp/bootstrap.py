@@ -30,7 +30,7 @@ EPOCH = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip can hold: no build time
 # installing PyPI's would replace it.
 NOT_INSTALLED_ON_VMS = ("tensorflow",)
 # ... and their system Python is 3.10 (tpu-vm-tf-* on Ubuntu 22.04, the Deep Learning VM images), where the
-# wheel is installed: the agent's files keep to 3.10 (tests/test_agent_python.py), the server stays 3.11+.
+# wheel is installed: the agent's files keep to 3.10 (tests/unit/test_agent_python.py), the server stays 3.11+.
 AGENT_REQUIRES_PYTHON = ">=3.10"
 
 
