@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from service import errors, metrics, outages
+from service import errors, outages, prometheus
 from service.auth_throttle import AuthThrottle, AuthThrottleConfig
 from service.db.session import POOL_TIMEOUT_S, check_migrated, get_engine, session_factory
 from service.deps import db_threads
@@ -67,5 +67,5 @@ def create_app(database_url: str, *, check_schema: bool = True) -> FastAPI:
     app.include_router(datasets.router)
     app.include_router(modules.router)
     dashboard.install(app)  # /ui, and / redirects there
-    metrics.install(app, app.state.session_factory)  # GET /metrics; its middleware, added last, times all
+    prometheus.install(app, app.state.session_factory)  # GET /metrics; its middleware, added last, times all
     return app

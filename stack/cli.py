@@ -340,9 +340,9 @@ def worker(data_dir: Path, provisioner: str, concurrency: int, local_devices: in
     storage = resolve_storage(data_dir) if provisioner != "memory" else None
     w = _make_worker(url, data_dir, provisioner, concurrency, local_devices, accelerators or None)
     if metrics_port is not None:
-        from worker import metrics
+        from worker import prometheus
 
-        metrics.serve(metrics_port)
+        prometheus.serve(metrics_port)
     w.start()
     click.echo(f"worker {w.name} running ({provisioner} provisioner, {concurrency} at once"
                + (f", {'/'.join(accelerators)} jobs only)" if accelerators else ")")

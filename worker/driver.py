@@ -32,7 +32,7 @@ from service.db.outages import is_outage
 from service.db.session import transaction
 from trainjobs.messages import AgentError, AgentReport, AgentState
 from trainjobs.spec import JobSpec, parse_stored
-from worker import metrics
+from worker import prometheus
 from worker.boundary.access import JobBoundary, job_boundary
 from trainjobs.spec.derived import hourly_price_usd
 from trainjobs.states import TERMINAL
@@ -132,7 +132,7 @@ class JobDriver:
             self._note(job, request, "requested_at")
             try:
                 machine = self.provisioner.create(request)
-                metrics.MACHINES_CREATED.inc()
+                prometheus.MACHINES_CREATED.inc()
             except NoCapacity as exc:
                 log.info("job %s waits for capacity: %s", job.id, exc)
                 return False
@@ -236,7 +236,7 @@ class JobDriver:
 
     def _step_failed(self, exc: Exception) -> None:
         self._failed_in_a_row += 1
-        metrics.DRIVER_ERRORS.labels("outage" if is_outage(exc) else "error").inc()
+        prometheus.DRIVER_ERRORS.labels("outage" if is_outage(exc) else "error").inc()
         if is_outage(exc):
             log.warning("job %s: a service is unreachable (%s); retrying, not counted as a failure",
                         self.job_id, _describe(exc))
@@ -326,7 +326,7 @@ class JobDriver:
         # a machine only the label finds.
         for m in self.provisioner.list({LABEL_JOB: str(job.id)}):
             self.provisioner.delete(m.name)
-            metrics.MACHINES_DELETED.inc()
+            prometheus.MACHINES_DELETED.inc()
             attempt = m.labels.get(LABEL_ATTEMPT, "")
             self._note(job, None, "deleted_at", name=m.name, attempt=int(attempt) if attempt.isdigit() else job.attempt)
 
@@ -375,7 +375,7 @@ class JobDriver:
             transition(session, job.id, job.status, to, reason=reason, owner=self.owner, error=error,
                        bump_attempt=bump_attempt)
         log.info("job %s: %s -> %s (%s)", job.id, job.status.value, to.value, reason)
-        metrics.left_phase(job, job.status)
+        prometheus.left_phase(job, job.status)
         return True
 
 

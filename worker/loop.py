@@ -29,7 +29,7 @@ from service.db.jobstate import NOTIFY_CHANGED, NOTIFY_QUEUED, JobStatus
 from service.db.session import session_factory, transaction
 from trainjobs.storage_limits import WORKER_LIMITS, limited_calls
 from trainjobs.uploads import sweep_incoming
-from worker import metrics
+from worker import prometheus
 from worker.driver import DriverConfig, JobDriver
 from worker.ports import JobChannel, Provisioner, Stager
 
@@ -151,7 +151,7 @@ class Worker:
         if claim is None:
             return False
         log.info("claimed job %s (%s -> %s)", claim.job_id, claim.from_status.value, claim.to_status.value)
-        metrics.claimed(claim.takeover)
+        prometheus.claimed(claim.takeover)
         with self._lock:
             if (running := self._active.get(claim.job_id)) is not None:
                 # Our own lease lapsed (a long database outage) and we took the job over from ourselves:
@@ -179,7 +179,7 @@ class Worker:
             self._claim_conn = None
             raise
         finally:
-            metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
+            prometheus.CLAIM_SECONDS.observe(time.perf_counter() - started)
 
     def _drive(self, driver: JobDriver) -> None:
         try:

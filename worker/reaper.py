@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.db.machines import attempts_in_use
 from service.db.session import transaction
 from trainjobs.vm_metadata import LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED
-from worker import metrics
+from worker import prometheus
 from worker.ports import MachineInfo, Provisioner
 
 log = logging.getLogger("trainjobs.worker")
@@ -52,7 +52,7 @@ def reap_orphans(provisioner: Provisioner, factory: sessionmaker[Session]) -> in
     for m in doomed:
         log.info("reaping %s (job %s, %s)", m.name, m.labels.get(LABEL_JOB), m.state.value)
         provisioner.delete(m.name)
-        metrics.MACHINES_REAPED.inc()
+        prometheus.MACHINES_REAPED.inc()
     if doomed:
         log.warning("reaper deleted %d orphaned machine(s): %s", len(doomed), ", ".join(m.name for m in doomed))
     return len(doomed)

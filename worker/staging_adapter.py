@@ -10,7 +10,7 @@ from pathlib import Path
 from trainjobs import storage
 from trainjobs.source_rules import DataAccessRules, SourceRefused, check_source
 from trainjobs.spec import JobSpec
-from worker import metrics
+from worker import prometheus
 from worker.ports import DatasetError, StagingStopped
 from worker.staging import stage_dataset
 from worker.staging.preflight import check_plan
@@ -33,7 +33,7 @@ class GcsStager:
             staged = stage_dataset(spec.dataset, project_id=project_id, bucket=self.bucket, work_dir=work,
                                    rules=rules, should_stop=should_stop)
             outcome = "staged" if staged.uploaded_objects else "reused"
-            metrics.STAGING_BYTES.inc(staged.uploaded_bytes)
+            prometheus.STAGING_BYTES.inc(staged.uploaded_bytes)
             # Staging first knows the data's size and shape: a plan it cannot carry fails now, not on a paid machine.
             check_plan(spec, staged.manifest)
             return staged.uri
@@ -44,7 +44,7 @@ class GcsStager:
             outcome = "stopped"
             raise
         finally:
-            metrics.STAGING_SECONDS.labels(outcome).observe(time.monotonic() - started)
+            prometheus.STAGING_SECONDS.labels(outcome).observe(time.monotonic() - started)
             shutil.rmtree(work, ignore_errors=True)  # downloads and shards; GCS has them now
 
 

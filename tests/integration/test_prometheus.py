@@ -19,7 +19,7 @@ from trainjobs import storage
 from trainjobs.job_paths import DATASET_MANIFEST
 from trainjobs.loopback import free_port
 from trainjobs.spec import JobSpec
-from worker import metrics
+from worker import prometheus
 from worker.memory_cloud import MemoryCloud
 
 
@@ -33,7 +33,7 @@ def sample(values: dict, name: str, **labels: str) -> float:
 
 
 def worker_sample(name: str, **labels: str) -> float:
-    return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
+    return prometheus.REGISTRY.get_sample_value(name, labels) or 0.0
 
 
 def test_api_metrics_count_jobs_by_status_across_projects(api, api_url, db):

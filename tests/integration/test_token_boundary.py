@@ -31,7 +31,7 @@ from trainjobs.messages import AgentReport, AgentState
 from trainjobs.spec import JobSpec
 from trainjobs.uploads import upload_prefix
 from trainjobs.vm_metadata import LABEL_JOB
-from worker import metrics
+from worker import prometheus
 from worker.boundary.access import JobBoundary, Scope, job_boundary
 from worker.gcp.config import GcpConfig
 from worker.gcp.job_tokens import JobTokens
@@ -241,7 +241,7 @@ def gcp_worker(fake_tpu_url: str, compute_url: str, database_url: str, staging: 
 def test_tpu_jobs_run_and_are_adopted_in_a_project_whose_compute_engine_api_is_disabled(
         api: Any, make_gcp: Any, compute_disabled: DisabledApi, database_url: str, tmp_path: Path) -> None:
     def errors() -> float:
-        return metrics.REGISTRY.get_sample_value("trainjobs_worker_driver_errors_total", {"kind": "error"}) or 0.0
+        return prometheus.REGISTRY.get_sample_value("trainjobs_worker_driver_errors_total", {"kind": "error"}) or 0.0
 
     tpu = make_gcp()
     failures_before = errors()

@@ -15,7 +15,7 @@ from tests.support.jobs import digits_spec
 from tests.support import scaled
 from tests.support import eventually
 from tests.support.worker import make_worker, path, submit, wait_for
-from worker import metrics
+from worker import prometheus
 from trainjobs.spec import JobSpec
 from trainjobs.states import ACTIVE
 from worker.loop import Worker
@@ -71,7 +71,7 @@ def test_two_workers_claim_100_jobs_exactly_once(db, database_url, monkeypatch):
 
 def claims_made() -> float:
     """Claim statements run by the workers of this process (found a job or not)."""
-    return metrics.REGISTRY.get_sample_value("trainjobs_worker_claim_seconds_count") or 0.0
+    return prometheus.REGISTRY.get_sample_value("trainjobs_worker_claim_seconds_count") or 0.0
 
 
 def test_notify_wakes_an_idle_worker_quickly(db, database_url, running_workers):
