@@ -35,9 +35,10 @@ from trainjobs.vm_metadata import (
     MACHINE_KEY, PUBLIC_KEY_PATH, SEALED_KEY, STARTUP_SCRIPT_KEY)
 from worker.gcp.bootstrap import startup_script, upload_agent_wheel
 from worker.gcp.config import GcpConfig
-from worker.gcp.errors import MachineRefused, cloud_message, is_transient, with_backoff
-from worker.gcp.job_tokens import JobTokens, default_job_tokens
-from worker.gcp.token_delivery import DueChecks, create_metadata, published_keys, sealed_value
+from worker.gcp.errors import MachineRefused, cloud_message, is_transient
+from worker.gcp.job_tokens import JobTokens
+from worker.gcp.token_delivery import create_metadata, published_keys, sealed_value
+from worker.gcp.zonal import ZonalProvisioner, duration
 from worker.ports import MachineInfo, MachineRequest, MachineState
 
 log = logging.getLogger("trainjobs.worker")
@@ -98,7 +99,7 @@ def agent_startup_script(request: MachineRequest) -> str:
     return startup_script(request.job_dir, upload_agent_wheel(bucket), cluster)
 
 
-class GceVmProvisioner:
+class GceVmProvisioner(ZonalProvisioner):
     kind = "compute-engine"  # GPU and CPU VMs
 
     def __init__(self, config: GcpConfig, *, clients: ComputeClients | None = None, create_wait_s: float = 120.0,
@@ -111,13 +112,11 @@ class GceVmProvisioner:
         operation polls; backoff_s: the first retry's delay; capacity_retry_s: how often a set that no
         zone had capacity for asks again; tokens: per-job storage tokens for the VMs
         (worker/gcp/job_tokens.py; default: on, unless storage is the emulator)."""
-        self.config, self.create_wait_s, self.delete_wait_s, self.poll_s = config, create_wait_s, delete_wait_s, poll_s
-        self.backoff_s, self.startup, self.clock = backoff_s, startup, clock
+        super().__init__(config, backoff_s=backoff_s, tokens=tokens)
+        self.create_wait_s, self.delete_wait_s, self.poll_s = create_wait_s, delete_wait_s, poll_s
+        self.startup, self.clock = startup, clock
         self.clients = clients if clients is not None else compute_clients(config)
-        self.tokens = tokens if tokens is not None else default_job_tokens()
-        self._zone_of: dict[str, str] = {}  # where each set was last seen: its zone is asked first
         self._clustered: set[str] = set()  # sets whose cluster file this process has written
-        self._token_checks = DueChecks()  # when each VM's published key is read next
         self._stocked_out_since: dict[str, float] = {}  # set -> when every zone first said no
         self._last_capacity_try: dict[str, float] = {}  # set -> when every zone last said no
         self.capacity_retry_s = capacity_retry_s
@@ -139,7 +138,7 @@ class GceVmProvisioner:
             if error is None or error == TIMED_OUT:  # still creating: get() follows it from here
                 self._stocked_out_since.pop(request.name, None)
                 self._last_capacity_try.pop(request.name, None)
-                self._zone_of[request.name] = zone
+                self._seen(request.name, zone)
                 break
             code, message = error
             self._delete_in(zone, request.name, hosts)  # a partial set is no use: all hosts in one zone
@@ -152,10 +151,10 @@ class GceVmProvisioner:
 
     def get(self, request: MachineRequest) -> MachineInfo | None:
         name, seen = request.name, self._zone_of.get(request.name)
-        for zone in sorted(self.config.zones, key=lambda z: z != seen):
+        for zone in self._zones_for(name):
             members = self._list(zone, f'labels.{LABEL_MACHINE} = "{name}"')
             if members:
-                self._zone_of[name] = zone
+                self._seen(name, zone)
                 info = self._set_info(zone, name, members, request)
                 if self.tokens is not None and info.state in (MachineState.CREATING, MachineState.READY):
                     self.tokens.keep(request)  # adopted from a dead worker: tokens go on, for the request's boundary
@@ -285,7 +284,7 @@ class GceVmProvisioner:
         if self.clock() - first >= self.config.capacity_wait_s:
             self._stocked_out_since.pop(request.name, None)
             self._last_capacity_try.pop(request.name, None)
-            raise MachineRefused(f"no capacity for {what} in {zones} after {_duration(self.config.capacity_wait_s)}")
+            raise MachineRefused(f"no capacity for {what} in {zones} after {duration(self.config.capacity_wait_s)}")
         return MachineInfo(request.name, MachineState.CREATING, request.labels,
                            f"no zone has capacity for {what} now ({zones})", waiting_for_capacity=True)
 
@@ -369,9 +368,6 @@ class GceVmProvisioner:
 
     # --- calls ---
 
-    def _call(self, what: str, call: Callable[[], Any]) -> Any:
-        return with_backoff(call, what=what, base_s=self.backoff_s)
-
     def _list(self, zone: str, filter_: str) -> builtins.list[Any]:
         found: builtins.list[Any] = self._call(f"list VMs in {zone}", lambda: builtins.list(self.clients.instances.list(
             request={"project": self.config.project, "zone": zone, "filter": filter_})))
@@ -444,6 +440,3 @@ def _describe(request: MachineRequest) -> str:
         case _:
             return f"{vms} of type {_machine(acc)[0]}"
 
-
-def _duration(seconds: float) -> str:
-    return f"{seconds / 60:.0f} minutes" if seconds >= 60 else f"{seconds:.0f} seconds"

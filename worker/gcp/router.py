@@ -1,5 +1,5 @@
 """`trainjobs worker --provisioner gcp`: each job to the Google Cloud product that runs its accelerator.
-TPU jobs go to Cloud TPU (gcp_tpu.py); GPU jobs, and CPU jobs, to Compute Engine VMs (gcp_gpu.py: a CPU
+TPU jobs go to Cloud TPU (tpu.py); GPU jobs, and CPU jobs, to Compute Engine VMs (compute.py: a CPU
 job gets an n2-standard VM with two vCPUs per replica, rather than being refused, so one gcp worker fleet
 runs every spec the API accepts).
 

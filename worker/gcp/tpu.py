@@ -23,9 +23,10 @@ from trainjobs.vm_metadata import (
     JOB_DIR_KEY, MACHINE_KEY, NODE_NAME_KEY, PUBLIC_KEY_PATH, SEALED_KEY, STARTUP_SCRIPT_KEY, TPU_API_KEY)
 from worker.gcp.bootstrap import startup_script, upload_agent_wheel
 from worker.gcp.config import GcpConfig
-from worker.gcp.errors import MachineRefused, cloud_message, is_stockout, is_transient, with_backoff
-from worker.gcp.job_tokens import JobTokens, default_job_tokens
-from worker.gcp.token_delivery import DueChecks, create_metadata, published_keys, sealed_value
+from worker.gcp.errors import MachineRefused, cloud_message, is_stockout, is_transient
+from worker.gcp.job_tokens import JobTokens
+from worker.gcp.token_delivery import create_metadata, published_keys, sealed_value
+from worker.gcp.zonal import ZonalProvisioner, duration
 from worker.ports import MachineInfo, MachineRequest, MachineState
 
 log = logging.getLogger("trainjobs.worker")
@@ -90,7 +91,7 @@ def agent_startup_script(request: MachineRequest) -> str:
     return startup_script(request.job_dir, upload_agent_wheel(bucket))
 
 
-class TpuVmProvisioner:
+class TpuVmProvisioner(ZonalProvisioner):
     kind = "cloud-tpu"
 
     def __init__(self, config: GcpConfig, *, client: Any = None, create_wait_s: float = 60.0,
@@ -99,11 +100,8 @@ class TpuVmProvisioner:
         """create_wait_s: how long create() follows the create operation before leaving it to get();
         delete_wait_s: how long delete() waits for Google to confirm; backoff_s: the first retry's delay;
         tokens: per-job storage tokens for the VMs (default: on, unless storage is the emulator)."""
-        self.config, self.create_wait_s, self.delete_wait_s, self.startup = config, create_wait_s, delete_wait_s, startup
-        self.tokens = tokens if tokens is not None else default_job_tokens()
-        self.backoff_s = backoff_s
-        self._zone_of: dict[str, str] = {}  # where each machine was last seen: its zone is asked first
-        self._token_checks = DueChecks()  # when each node's hosts' keys are read next
+        super().__init__(config, backoff_s=backoff_s, tokens=tokens)
+        self.create_wait_s, self.delete_wait_s, self.startup = create_wait_s, delete_wait_s, startup
         self.client = client if client is not None else tpu_client(config)
 
     # --- Provisioner ---
@@ -140,10 +138,10 @@ class TpuVmProvisioner:
         return self.get(request) or MachineInfo(request.name, MachineState.CREATING, request.labels)
 
     def get(self, request: MachineRequest) -> MachineInfo | None:
-        name, seen = request.name, self._zone_of.get(request.name)
-        for zone in sorted(self.config.zones, key=lambda z: z != seen):
+        name = request.name
+        for zone in self._zones_for(name):
             if (node := self._find(lambda: self.client.get_node(name=self._path(zone, "nodes", name)))) is not None:
-                self._zone_of[name] = zone
+                self._seen(name, zone)
                 info = self._node_info(node)
                 if self.tokens is not None and info.state in (MachineState.CREATING, MachineState.READY):
                     self.tokens.keep(request)  # adopted: tokens go on, for the request's boundary
@@ -151,7 +149,7 @@ class TpuVmProvisioner:
                 return info
             queued = self._find(lambda: self.client.get_queued_resource(name=self._path(zone, "queuedResources", name)))
             if queued is not None:
-                self._zone_of[name] = zone
+                self._seen(name, zone)
                 return self._queued_info(queued, zone)
         self._zone_of.pop(name, None)
         return None
@@ -295,7 +293,7 @@ class TpuVmProvisioner:
             detail = error.message or "the queued resource failed"
             if error.code == RESOURCE_EXHAUSTED:  # the queueing window closed before capacity came
                 tpu_type = spec.node.accelerator_type or spec.node.accelerator_config.topology
-                detail = f"no capacity in {zone} for {tpu_type} after {_duration(self.config.capacity_wait_s)}"
+                detail = f"no capacity in {zone} for {tpu_type} after {duration(self.config.capacity_wait_s)}"
         return MachineInfo(name, QUEUED_STATES.get(state_name, MachineState.CREATING), dict(spec.node.labels), detail,
                            waiting_for_capacity=state_name in WAITING_STATES,
                            refused=detail if state_name == "FAILED" else None)
@@ -307,9 +305,6 @@ class TpuVmProvisioner:
 
     def _path(self, zone: str, collection: str, name: str) -> str:
         return f"{self._parent(zone)}/{collection}/{name}"
-
-    def _call(self, what: str, call: Callable[[], Any]) -> Any:
-        return with_backoff(call, what=what, base_s=self.backoff_s)
 
     def _find(self, call: Callable[[], Any]) -> Any:
         from google.api_core import exceptions as gexc
@@ -330,6 +325,3 @@ class TpuVmProvisioner:
         except concurrent.futures.TimeoutError:
             log.warning("delete %s not confirmed within %.0fs; the reaper finishes it", what, self.delete_wait_s)
 
-
-def _duration(seconds: float) -> str:
-    return f"{seconds / 60:.0f} minutes" if seconds >= 60 else f"{seconds:.0f} seconds"
