@@ -28,7 +28,7 @@ def _variable(text: str, name: str) -> str:
     return m.group(1).strip()
 
 
-def tested_tensorflows() -> dict[tuple[int, int], str]:
+def image_matrix_tensorflows() -> dict[tuple[int, int], str]:
     """(major, minor) of each row of the matrix -> the tensorflow-cpu version its venv installs."""
     text = IMAGES_MK.read_text()
     rows = {}
@@ -53,13 +53,13 @@ def default_images() -> dict[str, tuple[int, int] | None]:
 def test_each_default_image_brings_a_tensorflow_the_agent_is_tested_under(image: str) -> None:
     tensorflow = default_images()[image]
     assert tensorflow is not None, f"which TensorFlow does the default image {image!r} bring?"
-    assert tensorflow in tested_tensorflows(), (
+    assert tensorflow in image_matrix_tensorflows(), (
         f"the default image {image!r} brings TensorFlow {tensorflow[0]}.{tensorflow[1]}, which `make test-images` "
         f"does not test: add its row to mk/images.mk (IMAGE_TENSORFLOWS, IMAGE_PACKAGES_<version>)")
 
 
 def test_each_row_of_the_matrix_installs_its_own_tensorflow() -> None:
-    for (major, minor), pinned in tested_tensorflows().items():
+    for (major, minor), pinned in image_matrix_tensorflows().items():
         assert pinned.startswith(f"{major}.{minor}."), f"the {major}.{minor} row installs tensorflow-cpu=={pinned!r}"
 
 
