@@ -74,12 +74,8 @@ def start_gcs_emulator(data_dir: Path | None, bucket: str, port: int | None = No
     """Run the emulator in its own process (it serves one request at a time, so keep it off the
     API's GIL) and wait until it answers. data_dir=None keeps objects in memory."""
     port = port or free_port()
-    # `python -m gcp_storage_emulator` with a listen backlog of 128, not http.server's 5: the emulator
-    # serves one connection at a time, and once 5 wait the kernel drops new ones, whose clients resend
-    # after 1, 3, 7... s. Every local agent, guard and worker talks to it, so a loaded machine saw
-    # status writes seconds late (issue 19; 40 requests at once: half over 1 s before, none after).
-    cmd = [sys.executable, "-c", "import http.server, runpy; http.server.HTTPServer.request_queue_size = 128; "
-           "runpy.run_module('gcp_storage_emulator', run_name='__main__', alter_sys=True)"]
+    # gcp-storage-emulator's main, run the way stack/emulator_process.py says why.
+    cmd = [sys.executable, "-m", "stack.emulator_process"]
     if data_dir is not None:
         data_dir.mkdir(parents=True, exist_ok=True)
         cmd += ["--data-dir", str(data_dir)]

@@ -35,7 +35,10 @@ def test_a_preempted_machine_is_replaced_and_the_new_attempt_resumes_from_the_ch
     gcp.fake.preempt(machine)
     done = wait(api, job["id"], lambda j: j["status"] in TERMINAL, timeout=600)
     assert (done["status"], done["attempt"]) == ("SUCCEEDED", 2), done
-    assert done["runtime"]["initial_epoch"] == taken["epoch"] >= 1
+    # The first attempt may save again between the read above and its end (an epoch ends, or the
+    # agent checkpoints in the preemption's grace), so the resume is from that checkpoint or a later
+    # one, and not from the end of training.
+    assert 1 <= taken["epoch"] <= done["runtime"]["initial_epoch"] < 3, (taken, done["runtime"])
     history = storage.read_json(f"{job_dir}/artifacts/history.json")
     assert history is not None and [e["epoch"] for e in history] == [1, 2, 3]
     assert cloud.machines(gcp.fake) == []
