@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from stack.embedded import EMULATOR_MODULE
 from stack.wiring import default_data_dir
 from trainjobs.client import log_format
 from trainjobs.client.cli import verbs as client_verbs
@@ -383,7 +384,7 @@ def up(host: str, port: int, data_dir: Path, provisioner: str, concurrency: int,
     pg_dir = data_dir / "postgres"
     left = json.loads((data_dir / STACK_FILE).read_text()) if (data_dir / STACK_FILE).exists() else {}
     crashed = bool(left.get("postgres")) and not _is_ours(left.get("pid") or 0, "stack.cli", "trainjobs")
-    if crashed and (emulator := left.get("emulator_pid")) and _is_ours(emulator, "gcp_storage_emulator"):
+    if crashed and (emulator := left.get("emulator_pid")) and _is_ours(emulator, EMULATOR_MODULE):
         os.killpg(emulator, signal.SIGTERM)  # the crashed one's; this `up` starts its own
     own_pg = database_url_from_env() is None and (embedded_postgres_pid(pg_dir) is None or crashed)
     url = _database(data_dir, migrate=True)
@@ -464,7 +465,7 @@ def down(data_dir: Path, wait_s: float) -> None:
         if _is_ours(pid, "stack.cli", "trainjobs"):
             os.kill(pid, signal.SIGKILL)
         stopped.append(f"trainjobs up (pid {pid})")
-    if (pid := record.get("emulator_pid")) and _is_ours(pid, "gcp_storage_emulator"):
+    if (pid := record.get("emulator_pid")) and _is_ours(pid, EMULATOR_MODULE):
         os.killpg(pid, signal.SIGTERM)  # it runs in its own session (stack/embedded.py)
         stopped.append(f"GCS emulator (pid {pid})")
     if (data_dir / "machines").is_dir():

@@ -52,6 +52,9 @@ def _ensure_database(admin_uri: str, database: str) -> None:
             conn.execute(f'CREATE DATABASE "{database}"')
 
 
+EMULATOR_MODULE = "stack.emulator_process"  # in the emulator's command line: how `trainjobs down` knows it
+
+
 @dataclass
 class GcsEmulator:
     host: str  # host:port, the form STORAGE_EMULATOR_HOST takes with a scheme
@@ -75,7 +78,7 @@ def start_gcs_emulator(data_dir: Path | None, bucket: str, port: int | None = No
     API's GIL) and wait until it answers. data_dir=None keeps objects in memory."""
     port = port or free_port()
     # gcp-storage-emulator's main, run the way stack/emulator_process.py says why.
-    cmd = [sys.executable, "-m", "stack.emulator_process"]
+    cmd = [sys.executable, "-m", EMULATOR_MODULE]
     if data_dir is not None:
         data_dir.mkdir(parents=True, exist_ok=True)
         cmd += ["--data-dir", str(data_dir)]
