@@ -25,7 +25,7 @@ def main() -> None:
     if "--in-memory" in sys.argv:
         from gcp_storage_emulator.storage import Storage
 
-        Storage._write_config_to_file = lambda self: None  # type: ignore[method-assign]
+        Storage._write_config_to_file = lambda self: None
     runpy.run_module("gcp_storage_emulator", run_name="__main__", alter_sys=True)
 
 
