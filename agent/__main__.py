@@ -146,14 +146,20 @@ def main(argv: list[str] | None = None) -> int:
 def _run(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> int:
     try:
         reporter.start()
-        from agent import devices
+        if job.spec.program is not None:
+            # The user's own program, in a process of its own: TensorFlow and the devices are its.
+            from agent.program import run_program
 
-        # Before anything else touches TensorFlow: logical devices are fixed once its runtime starts.
-        if (n := devices.local_device_count()) is not None:
-            devices.configure_local_devices(n)
-        from agent.run import run_job
+            run_program(job, work, reporter, Terminated)
+        else:
+            from agent import devices
 
-        run_job(job, work, reporter)
+            # Before anything else touches TensorFlow: logical devices are fixed once its runtime starts.
+            if (n := devices.local_device_count()) is not None:
+                devices.configure_local_devices(n)
+            from agent.run import run_job
+
+            run_job(job, work, reporter)
         # Inside the try: a SIGTERM up to here is caught below, one after it lets the last status be
         # written. Set after the try, a SIGTERM in between (the worker deletes the machine the moment
         # the chief reports, just as a non-chief sees the same report and returns) escaped every

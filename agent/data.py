@@ -7,6 +7,7 @@ gs:// filesystem ignores STORAGE_EMULATOR_HOST (and local reads are steadier any
 
 from __future__ import annotations
 
+import json
 import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -86,6 +87,31 @@ def download_dataset(dataset_uri: str, local_dir: Path) -> LocalDataset:
         validation=splits["validation"] if splits.get("validation") and splits["validation"].examples else None,
         dropped_examples=int(manifest.get("dropped_examples", 0)),
         staging_notes=tuple(manifest.get("notes", ())),
+    )
+
+
+LOCAL_DATASET = "dataset.json"  # what the agent downloaded, for a program's runtime (agent/program.py)
+
+
+def save_local(ds: LocalDataset, local_dir: Path) -> None:
+    """Describe a downloaded dataset next to its shards, so a program's runtime reads it without storage."""
+    doc = {"num_classes": ds.num_classes, "class_names": list(ds.class_names), "feature_key": ds.feature_key,
+           "feature_shape": list(ds.feature_shape), "feature_dtype": ds.feature_dtype, "label_key": ds.label_key,
+           "dropped_examples": ds.dropped_examples, "staging_notes": list(ds.staging_notes),
+           "splits": {name: {"examples": split.examples, "files": [str(f.relative_to(local_dir)) for f in split.files]}
+                      for name, split in (("train", ds.train), ("validation", ds.validation)) if split is not None}}
+    (local_dir / LOCAL_DATASET).write_text(json.dumps(doc))
+
+
+def load_local(local_dir: Path) -> LocalDataset:
+    doc = json.loads((local_dir / LOCAL_DATASET).read_text())
+    splits = {name: Split(int(s["examples"]), tuple(local_dir / f for f in s["files"]))
+              for name, s in doc["splits"].items()}
+    return LocalDataset(
+        num_classes=int(doc["num_classes"]), class_names=tuple(doc["class_names"]), feature_key=doc["feature_key"],
+        feature_shape=tuple(doc["feature_shape"]), feature_dtype=doc["feature_dtype"], label_key=doc["label_key"],
+        train=splits["train"], validation=splits.get("validation"), dropped_examples=int(doc["dropped_examples"]),
+        staging_notes=tuple(doc["staging_notes"]),
     )
 
 
@@ -179,3 +205,25 @@ def read_arrays(ds: LocalDataset, split: Split, limit: int | None = None) -> tup
     if not xs:
         return np.zeros((0, *ds.feature_shape), np.float32), np.zeros((0,), np.int32)
     return np.concatenate(xs), np.concatenate(ys)
+
+
+def split_dataset(ds: LocalDataset, split: str, batch_size: int, *, shuffle: bool, seed: int,
+                  drop_remainder: bool) -> Any:
+    """One pass over a split as (features, labels) batches, for a program's own fit or loop
+    (trainjobs/runtime): finite, so `fit(epochs=N)` ends its epochs by itself."""
+    import tensorflow as tf
+
+    chosen = {"train": ds.train, "validation": ds.validation}.get(split)
+    if chosen is None:
+        raise DataError(f"the dataset has no {split!r} split (it has: train"
+                        f"{', validation' if ds.validation else ''})")
+    auto = tf.data.AUTOTUNE
+    files = tf.data.Dataset.from_tensor_slices([str(f) for f in chosen.files])
+    records = files.interleave(tf.data.TFRecordDataset, cycle_length=min(len(chosen.files), 8),
+                               num_parallel_calls=auto, deterministic=True)
+    if shuffle:
+        records = records.shuffle(min(chosen.examples, SHUFFLE_BUFFER), seed=seed, reshuffle_each_iteration=True)
+    batches = records.batch(batch_size, drop_remainder=drop_remainder)
+    steps = chosen.examples // batch_size if drop_remainder else -(-chosen.examples // batch_size)
+    batches = batches.apply(tf.data.experimental.assert_cardinality(steps))
+    return batches.map(_parser(ds), num_parallel_calls=auto).prefetch(auto).with_options(_options())

@@ -92,5 +92,9 @@ class WorkDir:
         return self.root / "user_model"
 
     @property
+    def program(self) -> Path:
+        return self.root / "program"
+
+    @property
     def log_file(self) -> Path:
         return self.root / "agent.log"

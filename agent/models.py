@@ -88,7 +88,7 @@ def _application_builder(name: str) -> Builder:
 
 
 def _user_builder(module: str, function: str, download_dir: Path) -> Builder:
-    path = _local_module_path(module, download_dir)
+    path = local_code_path(module, download_dir, "model module")
     try:
         loaded = _import_path(path)
     except Exception as exc:
@@ -112,28 +112,34 @@ def _user_builder(module: str, function: str, download_dir: Path) -> Builder:
 _UPLOADED = re.compile(rf"gs://[^/]+/{re.escape(UPLOADS)}/[0-9a-f-]{{36}}/(?P<sha256>[0-9a-f]{{64}})/[^/]+")
 
 
-def _local_module_path(module: str, download_dir: Path) -> Path:
+def local_code_path(module: str, download_dir: Path, what: str) -> Path:
+    """The user's code (a model module, a program's source) on this machine: an upload downloaded and
+    checked against the sha256 its address names, another gs:// file or folder downloaded, a host path
+    as it is. `what` names it in errors."""
     if module.startswith("gs://"):
         name = module.rstrip("/").rsplit("/", 1)[-1]
         if uploaded := _UPLOADED.fullmatch(module):
             download_dir.mkdir(parents=True, exist_ok=True)
             storage.blob(module).download_to_filename(str(download_dir / name))
-            _check_content(module, download_dir / name, uploaded["sha256"])
-        elif module.endswith(".py"):
+            _check_content(module, download_dir / name, uploaded["sha256"], what)
+        elif module.endswith(ARCHIVES_AND_FILES):
             download_dir.mkdir(parents=True, exist_ok=True)
             storage.blob(module).download_to_filename(str(download_dir / name))
-        elif not storage.download_prefix(module, download_dir / name):
-            raise ModelError(f"model module {module} not found")
+        elif not storage.download_prefix(module.rstrip("/") + "/", download_dir / name):
+            raise ModelError(f"{what} {module} not found")
         return download_dir / name
     if module.startswith("upload:"):
-        raise ModelError(f"model module {module} was not resolved to a gs:// URI before launch")
+        raise ModelError(f"{what} {module} was not resolved to a gs:// URI before launch")
     path = Path(module.removeprefix("file://")).expanduser()
     if not path.exists():
-        raise ModelError(f"model module {module} not found on this machine")
+        raise ModelError(f"{what} {module} not found on this machine")
     return path.resolve()
 
 
-def _check_content(module: str, path: Path, sha256: str) -> None:
+ARCHIVES_AND_FILES = (".py", ".zip", ".tar.gz", ".tgz")
+
+
+def _check_content(module: str, path: Path, sha256: str, what: str = "model module") -> None:
     """An upload's key names the sha256 of the bytes the user sent. The key comes from the job's spec,
     which the worker wrote from the job's row; the object is in a bucket other code writes too (a
     storage guard bypass once let one project's job overwrite another's module). Code whose bytes
@@ -144,7 +150,7 @@ def _check_content(module: str, path: Path, sha256: str) -> None:
             digest.update(chunk)
     if digest.hexdigest() != sha256:
         path.unlink()
-        raise ModelError(f"model module {module} is not the file that was uploaded: its bytes hash to sha256 "
+        raise ModelError(f"{what} {module} is not the file that was uploaded: its bytes hash to sha256 "
                          f"{digest.hexdigest()}, not the {sha256} its address names; it was changed in storage "
                          "after the upload, and is not run")
 

@@ -42,6 +42,7 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
     import keras
 
     spec = job.spec
+    assert spec.model is not None, "a program job runs in agent/program.py"
     hardware = devices.detect_hardware(spec)
     strategy_name = strategy_to_build(spec, hardware)
     strategy = devices.build_strategy(strategy_name, hardware)

@@ -100,10 +100,18 @@ class StatusReporter:
             self.first_step_at = utc_now()
         self.progress = min(1.0, epochs_done / self.job.spec.training.epochs)
 
-    def epoch_done(self, epoch: int, metrics: dict[str, Any], *, write: bool = True) -> None:
-        """write=False: the caller uploads status.json itself (off the training thread, run.py)."""
+    def step_progress_fraction(self, done: float) -> None:
+        """A program's own count of how far it is (agent/program.py), 0..1."""
+        if self.first_step_at is None:
+            self.first_step_at = utc_now()
+        self.progress = min(1.0, max(0.0, done))
+
+    def epoch_done(self, epoch: int, metrics: dict[str, Any], *, write: bool = True, progress: bool = True) -> None:
+        """write=False: the caller uploads status.json itself (off the training thread, run.py).
+        progress=False: the epoch says nothing of how far the job is (a program's own epochs)."""
         self.epoch, self.metrics = epoch, metrics
-        self.progress = epoch / self.job.spec.training.epochs
+        if progress:
+            self.progress = epoch / self.job.spec.training.epochs
         if write:
             self.write()
 

@@ -84,9 +84,20 @@ class CountingTrainFunction:
 def make_test_function(model: Any, steps_per_execution: int) -> Any:
     """Up to `steps_per_execution` validation steps per call, fewer at the end of the data. Keras
     calls it only while at least one batch is left (it knows the count: eval_dataset asserts it)."""
+    return _fetch_ahead_function(model, model.test_step, steps_per_execution)
+
+
+def make_finite_train_function(model: Any, steps_per_execution: int) -> Any:
+    """Training on finite data the way validation runs (make_test_function): up to
+    `steps_per_execution` steps per call, fewer where the data ends, no step inside a cond. For a
+    program's own fit (trainjobs/runtime), whose data and epochs are Keras' to count."""
+    return _fetch_ahead_function(model, model.train_step, steps_per_execution)
+
+
+def _fetch_ahead_function(model: Any, step_fn: Any, steps_per_execution: int) -> Any:
     import tensorflow as tf
 
-    one_step = _distributed_step(model, model.test_step)
+    one_step = _distributed_step(model, step_fn)
 
     def execution(iterator: Any) -> Any:
         outputs = one_step(next(iterator))

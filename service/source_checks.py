@@ -22,10 +22,10 @@ def check_job_sources(session: Session, project_id: uuid.UUID, spec: JobSpec) ->
     def own_job(job_id: str) -> bool:
         return get_job(session, project_id, uuid.UUID(job_id)) is not None
 
-    named = {"dataset.source": spec.dataset.source, "model.module": spec.model.module}
+    named = dict([("dataset.source", spec.dataset.source)] if spec.dataset is not None else [])
+    if spec.code is not None:
+        named[spec.code[0]] = spec.code[1]
     for field, value in named.items():
-        if value is None:
-            continue
         try:
             check_source(value, rules=rules, bucket=storage.bucket_name(), project_id=str(project_id), own_job=own_job)
         except SourceRefused as exc:

@@ -38,7 +38,8 @@ from trainjobs.spec.derived import hourly_price_usd
 from trainjobs.states import TERMINAL
 from trainjobs.vm_metadata import LABEL_ATTEMPT, LABEL_JOB
 from worker.ports import (
-    DatasetError, JobChannel, MachineRefused, MachineRequest, MachineState, NoCapacity, Provisioner, Stager, StagingStopped,
+    DatasetError, JobChannel, MachineRefused, MachineRequest, MachineState, NoCapacity, ProgramError, Provisioner, Stager,
+    StagingStopped,
 )
 
 log = logging.getLogger("trainjobs.worker")
@@ -120,9 +121,12 @@ class JobDriver:
             uri = self.stager(spec, str(job.id), project_id=str(job.project_id), should_stop=self._should_stop_staging)
         except StagingStopped:
             return True  # re-read: the job is CANCELLING, or the loop ends because the worker stops
+        except ProgramError as exc:
+            return self._move(job, S.FAILED, "program rejected", error=str(exc))
         except DatasetError as exc:
             return self._move(job, S.FAILED, "dataset rejected", error=f"dataset: {exc}")
-        return self._move(job, S.PROVISIONING, f"dataset staged at {uri}", record={"dataset_uri": uri})
+        note = f"dataset staged at {uri}" if uri else "no dataset to stage: the program names none"
+        return self._move(job, S.PROVISIONING, note, record={"dataset_uri": uri})
 
     def _provision(self, job: Job, spec: JobSpec) -> bool:
         request = self._request(job, spec)

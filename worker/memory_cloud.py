@@ -108,4 +108,6 @@ class MemoryCloud:
 
 
 def memory_stager(spec: JobSpec, job_id: str, *, project_id: str, should_stop: Callable[[], bool] = lambda: False) -> str:
+    if spec.dataset is None:
+        return ""  # a program job without data: nothing staged
     return f"mem://datasets/{abs(hash(spec.dataset.source))}"

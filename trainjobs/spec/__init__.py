@@ -10,6 +10,7 @@ One module per section of the spec, what is declared apart from what follows fro
     accelerator.py   spec.accelerator (TPU, GPU, CPU)
     dataset.py       spec.dataset and each format's options
     model.py         spec.model (the model table itself: trainjobs/model_params.py)
+    program.py       spec.program: the user's own training program (excludes model)
     training.py      spec.training: epochs, batch, optimizer, learning rate, checkpoints
     export.py        spec.export
     limits.py        spec.limits
@@ -34,6 +35,7 @@ from trainjobs.spec.job import SPEC_VERSION, JobSpec, parse_stored
 from trainjobs.spec.labels import RESERVED_LABEL_PREFIX, label_problem
 from trainjobs.spec.limits import MAX_RUNTIME, LimitsSpec
 from trainjobs.spec.model import MAX_PARAMS_BYTES, ModelSpec
+from trainjobs.spec.program import ProgramSpec
 from trainjobs.spec.strict import MAX_NESTING, STORED, Int, Number
 from trainjobs.spec.training import TrainingSpec
 
@@ -41,7 +43,7 @@ __all__ = [
     "BUILTIN_MODELS", "DEFAULT_CALIBRATION_EXAMPLES", "KERAS_APPLICATIONS", "MAX_NESTING", "MAX_PARAMS_BYTES",
     "MAX_RUNTIME", "OPTION_FORMATS", "RESERVED_LABEL_PREFIX", "SPEC_VERSION", "STORED", "Accelerator",
     "CpuAccelerator", "DatasetFormat", "DatasetOptions", "DatasetSpec", "ExportSpec", "GpuAccelerator", "Int",
-    "JobSpec", "LimitsSpec", "ModelSpec", "Number", "Precision", "Strategy", "TfliteExport", "TpuAccelerator",
+    "JobSpec", "LimitsSpec", "ModelSpec", "ProgramSpec", "Number", "Precision", "Strategy", "TfliteExport", "TpuAccelerator",
     "TrainingSpec", "check_consistency", "closest_field", "describe_errors", "guess_format", "label_problem",
     "options_problem", "parse_stored", "resolve_strategy",
 ]

@@ -20,12 +20,14 @@ from trainjobs.spec.export import ExportSpec
 from trainjobs.spec.labels import labels_problem
 from trainjobs.spec.limits import LimitsSpec
 from trainjobs.spec.model import ModelSpec
+from trainjobs.spec.program import ProgramSpec
 from trainjobs.spec.strict import STORED, Int, StrictModel, fail, submitting
 from trainjobs.spec.training import TrainingSpec
 
 # The spec rules a stored job was accepted under. 1: every job stored before versions were written;
-# 2: built-in models' params checked at submit.
-SPEC_VERSION = 2
+# 2: built-in models' params checked at submit; 3: `program` jobs (the user's own code), `model` and
+# `dataset` optional beside it.
+SPEC_VERSION = 3
 
 
 class JobSpec(StrictModel):
@@ -35,8 +37,10 @@ class JobSpec(StrictModel):
     strategy: Strategy = "auto"
     precision: Precision = "auto"
     steps_per_execution: Int | Literal["auto"] = "auto"
-    dataset: DatasetSpec
-    model: ModelSpec
+    dataset: DatasetSpec | None = Field(default=None, description="The data: required with `model`; with "
+                                        "`program`, staged and handed to it if given.")
+    model: ModelSpec | None = Field(default=None, description="Our trainer's model; or give `program`.")
+    program: ProgramSpec | None = Field(default=None, description="Your own training program; or give `model`.")
     training: TrainingSpec = TrainingSpec()
     export: ExportSpec = ExportSpec()
     limits: LimitsSpec = LimitsSpec()
@@ -73,6 +77,30 @@ class JobSpec(StrictModel):
         if problem := labels_problem(v):
             raise fail("labels", problem)
         return v
+
+    @model_validator(mode="after")
+    def _one_kind_of_work(self) -> JobSpec:
+        if self.model is not None and self.program is not None:
+            raise fail("program", "give model (the managed trainer) or program (your own code), not both")
+        if self.model is None and self.program is None:
+            raise fail("model", "give model (the managed trainer: a built-in, keras.applications or your "
+                                "build_model module) or program (your own training script)")
+        if self.model is not None and self.dataset is None:
+            raise fail("dataset", "the managed trainer (model) trains on a dataset: give dataset.source")
+        return self
+
+    @property
+    def is_program(self) -> bool:
+        return self.program is not None
+
+    @property
+    def code(self) -> tuple[str, str] | None:
+        """(field, URI) of the user's code the job runs, if it runs any: model.module or program.source."""
+        if self.program is not None:
+            return "program.source", self.program.source
+        if self.model is not None and self.model.module is not None:
+            return "model.module", self.model.module
+        return None
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:

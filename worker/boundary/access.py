@@ -84,7 +84,7 @@ def boundary_for(assignment: AgentAssignment, job_dir: str, dataset_manifest: di
         read.append(Scope.from_uri(assignment.dataset_uri, directory=True))
     for split in (dataset_manifest or {}).get("splits", {}).values():
         read += [Scope.from_uri(s, directory=False) for s in split.get("shards", []) if s.startswith("gs://")]
-    module = assignment.spec.model.module
+    module = assignment.spec.code[1] if assignment.spec.code is not None else None
     if module and module.startswith("gs://"):
         # A .py file or an archive is one object; anything else was uploaded as a package directory.
         read.append(Scope.from_uri(module, directory=not module.endswith(_MODULE_FILES)))

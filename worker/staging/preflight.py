@@ -34,7 +34,7 @@ def plan_problems(spec: JobSpec, manifest: dict[str, Any]) -> list[str]:
 
     if problem := batch_fits_problem(spec.global_batch_size, train):
         problems.append(problem)
-    if spec.model.name is not None and (problem := features_problem(spec.model.name, shape)):
+    if spec.model is not None and spec.model.name is not None and (problem := features_problem(spec.model.name, shape)):
         problems.append(problem)
 
     tflite = spec.export.tflite

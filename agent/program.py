@@ -1,0 +1,368 @@
+"""A program job on the machine (issue 20): the user's own training script, run as a child process of
+the agent with the runtime (trainjobs/runtime) to hand it the spec's strategy, precision, step fusion,
+batch, data and directories.
+
+The agent itself starts no TensorFlow here: the accelerators are the program's (a TPU opens in one
+process only). What it does around the program:
+
+- fetches the code (the uploaded .py, archive or folder; trainjobs/program_source.py decides its root
+  and entrypoint) and the staged dataset, if the job names one;
+- installs `program.requirements` into an environment layered over its own (agent/requirements.py);
+- restores the checkpoint directory from the job's storage before the program starts, and uploads it
+  whenever the runtime says it saved one, every TRAINJOBS_PROGRAM_SYNC_S (60) seconds, and at the end;
+- follows the runtime's reports (trainjobs/program_env.REPORTS_FILE: JSON lines) into the job's status,
+  metrics.json and progress;
+- passes a SIGTERM on to the program (the runtime's callback saves at the next step and stops), kills
+  it when the grace runs out, and uploads the checkpoint it left;
+- on exit 0, uploads the chief's model directory as the job's artifacts, with the manifest; on any other
+  status the job fails with the exit status and the end of the program's output.
+
+The program's output is the job's live log, line by line, in the agent's log file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from trainjobs import program_env, storage
+from trainjobs.job_paths import ARTIFACT_HISTORY, ARTIFACT_METRICS
+from trainjobs.program_source import entrypoint_in, is_archive, root_of, single_file_entrypoint, unpack
+from trainjobs.stop_request import term_grace_s
+from agent import export
+from agent.job import AgentJob, WorkDir
+from agent.status import StatusReporter
+
+log = logging.getLogger("trainjobs.agent")
+program_log = logging.getLogger("trainjobs.program")
+
+OUTPUT_TAIL_LINES = 40  # of the program's output, in job.error when it fails
+STOP_MARGIN_S = 5.0  # of the SIGTERM grace kept for the last uploads after the program is stopped
+CHIEF_POLL_S = 1.0
+
+
+class ProgramFailed(Exception):
+    """The program exited with a status other than 0; the message says which and how it ended."""
+
+
+def sync_every_s() -> float:
+    try:
+        return float(os.environ.get("TRAINJOBS_PROGRAM_SYNC_S") or 60.0)
+    except ValueError:
+        return 60.0
+
+
+def run_program(job: AgentJob, work: WorkDir, reporter: StatusReporter, terminated: type[BaseException]) -> None:
+    from agent.data import download_dataset, save_local
+    from agent.requirements import install_requirements
+    from agent.models import local_code_path
+
+    spec = job.spec
+    program = spec.program
+    assert program is not None
+    reporter.set_phase("downloading")
+    root, entrypoint = _fetch(local_code_path(program.source, work.program, "program source"),
+                              program.entrypoint, work.program)
+    data_dir = None
+    summary: dict[str, Any] | None = None
+    if job.dataset_uri:
+        data = download_dataset(job.dataset_uri, work.data)
+        save_local(data, work.data)
+        data_dir, summary = work.data, data.summary()
+
+    python = sys.executable
+    timings: dict[str, float] = {}
+    if program.requirements:
+        reporter.set_phase("installing")
+        started = time.monotonic()
+        python = str(install_requirements(program.requirements, work.root / "requirements"))
+        timings["install_s"] = round(time.monotonic() - started, 3)
+
+    model_dir = work.artifacts if job.is_chief else work.root / "model-not-chief"
+    for d in (model_dir, work.checkpoints, work.tensorboard):
+        d.mkdir(parents=True, exist_ok=True)
+    restored = storage.download_prefix(f"{job.paths.checkpoints}/", work.checkpoints)
+    if restored:
+        log.info("restored %d checkpoint file(s) of an earlier attempt into the program's checkpoint directory",
+                 len(restored))
+    reports = work.root / "reports.jsonl"
+    runtime_file = work.root / "runtime.json"
+    runtime_file.write_text(json.dumps({
+        "job_id": job.job_id, "attempt": job.attempt, "task_index": job.task_index,
+        "spec": spec.model_dump(mode="json"), "restored_checkpoint": bool(restored),
+    }))
+    env = _environment(program.env, program.args, runtime_file, reports, model_dir, work, data_dir)
+
+    follower = ReportFollower(job, reporter, reports, summary, timings)
+    syncer = CheckpointSync(work.checkpoints, job.paths.checkpoints, upload=job.is_chief)
+    reporter.runtime = {"program": True, "entrypoint": entrypoint.relative_to(root).as_posix(),
+                        "restored_checkpoint": bool(restored), **({"dataset": summary} if summary else {}), **timings}
+    reporter.set_phase("training")
+    log.info("running %s %s", entrypoint.relative_to(root).as_posix(), " ".join(program.args))
+    proc = subprocess.Popen([python, str(entrypoint), *program.args], cwd=root, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    tail: deque[str] = deque(maxlen=OUTPUT_TAIL_LINES)
+    pump = threading.Thread(target=_pump, args=(proc, tail), name="program-output", daemon=True)
+    pump.start()
+    next_sync = time.monotonic() + sync_every_s()
+    try:
+        while proc.poll() is None:
+            time.sleep(0.2)
+            if follower.poll() or time.monotonic() >= next_sync:
+                syncer.sync(settled_s=2.0)
+                next_sync = time.monotonic() + sync_every_s()
+    except terminated:
+        _stop(proc)
+        pump.join(timeout=2)
+        follower.poll()
+        syncer.sync(settled_s=0.0)
+        raise
+    pump.join(timeout=10)
+    follower.poll()
+    syncer.sync(settled_s=0.0)
+    if proc.returncode != 0:
+        how = (f"was killed by signal {-proc.returncode}" if proc.returncode < 0
+               else f"exited with status {proc.returncode}")
+        raise ProgramFailed(f"the program {how}; its last output:\n" + "\n".join(tail))
+    follower.finish()
+    if not job.is_chief:
+        reporter.set_phase("waiting_for_chief")
+        _wait_for_chief(job)
+        return
+    reporter.set_phase("exporting")
+    out = model_dir
+    final = follower.final_metrics()
+    (out / ARTIFACT_METRICS).write_text(json.dumps(final, indent=2))
+    (out / ARTIFACT_HISTORY).write_text(json.dumps(follower.history, indent=2))
+    manifest = export.artifact_manifest(out, job.paths.artifacts)
+    storage.upload_dir(out, job.paths.artifacts)
+    if work.tensorboard.exists() and any(work.tensorboard.iterdir()):
+        storage.upload_dir(work.tensorboard, job.paths.tensorboard)
+    storage.write_json(job.paths.artifact_manifest, manifest)  # last: its presence means every artifact is in
+
+
+def _fetch(local: Path, entrypoint: str | None, dest: Path) -> tuple[Path, Path]:
+    """(the folder the program runs in, its entrypoint file)."""
+    if local.is_dir():
+        names = [p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file()]
+        return local, local / entrypoint_in(names, entrypoint, root="")
+    if is_archive(local.name):
+        unpacked = dest / "unpacked"
+        unpack(local, unpacked)
+        names = [p.relative_to(unpacked).as_posix() for p in unpacked.rglob("*") if p.is_file()]
+        return unpacked / root_of(names), unpacked / entrypoint_in(names, entrypoint)
+    single_file_entrypoint(local.name, entrypoint)
+    return local.parent, local
+
+
+def _environment(own: dict[str, str], args: list[str], runtime_file: Path, reports: Path, model_dir: Path,
+                 work: WorkDir, data_dir: Path | None) -> dict[str, str]:
+    """The agent's environment (already the allow-listed one the provisioner gave it), the program's own
+    variables, and what the runtime and other platforms' scripts read."""
+    env = {**os.environ, **own}
+    places = {program_env.MODEL_DIR: model_dir, program_env.CHECKPOINT_DIR: work.checkpoints,
+              program_env.TENSORBOARD_DIR: work.tensorboard}
+    if data_dir is not None:
+        places[program_env.DATA_DIR] = data_dir
+    for name, path in places.items():
+        env[name] = str(path)
+        for alias in program_env.ALIASES.get(name, ()):
+            env[alias] = str(path)
+    env[program_env.RUNTIME_FILE] = str(runtime_file)
+    env[program_env.REPORTS_FILE] = str(reports)
+    env[program_env.SM_HPS] = json.dumps(_hyperparameters(args))
+    env["PYTHONUNBUFFERED"] = "1"  # its output is the live log
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TensorFlow's start-up notices, unless the program asks
+    # The agent's own code and the runtime, importable by the program under any interpreter.
+    here = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _hyperparameters(args: list[str]) -> dict[str, str]:
+    """SageMaker's SM_HPS: `--name value` pairs of the arguments."""
+    hps: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        if args[i].startswith("--") and i + 1 < len(args) and not args[i + 1].startswith("--"):
+            hps[args[i][2:]] = args[i + 1]
+            i += 2
+        else:
+            i += 1
+    return hps
+
+
+def _pump(proc: subprocess.Popen[bytes], tail: deque[str]) -> None:
+    assert proc.stdout is not None
+    for raw in iter(proc.stdout.readline, b""):
+        line = raw.decode(errors="replace").rstrip("\n")
+        tail.append(line)
+        program_log.info("%s", line)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the program's process group (the runtime saves and stops at the next step), then
+    SIGKILL when the grace is nearly over."""
+    if proc.poll() is not None:
+        return
+    log.warning("SIGTERM: asking the program to checkpoint and stop")
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(max(1.0, term_grace_s() - STOP_MARGIN_S))
+    except subprocess.TimeoutExpired:
+        log.warning("the program did not stop in time; killing it")
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def _wait_for_chief(job: AgentJob) -> None:
+    from trainjobs.messages import AgentReport
+
+    while True:
+        raw = storage.read_json(job.paths.status)
+        chief = AgentReport.model_validate(raw) if raw else None
+        if chief is not None and chief.attempt == job.attempt and chief.state.finished:
+            return
+        time.sleep(CHIEF_POLL_S)
+
+
+class ReportFollower:
+    """Reads the runtime's JSON lines as they are appended: the plan it resolved, per-epoch metrics
+    (Keras logs or tj.report), progress, saved checkpoints."""
+
+    def __init__(self, job: AgentJob, reporter: StatusReporter, path: Path, dataset: dict[str, Any] | None,
+                 timings: dict[str, float]):
+        self.job, self.reporter, self.path = job, reporter, path
+        self.dataset, self.timings = dataset, timings
+        self.history: list[dict[str, Any]] = self._previous() if job.is_chief else []
+        self._offset = 0
+        self._partial = b""
+        self.plan: dict[str, Any] = {}
+        self.initial_epoch = 0
+
+    def _previous(self) -> list[dict[str, Any]]:
+        if self.job.attempt <= 1:
+            return []
+        doc = storage.read_json(self.job.paths.metrics) or {}
+        return list(doc.get("history", []))
+
+    def poll(self) -> bool:
+        """Reads what is new; True when the runtime saved a checkpoint since the last poll."""
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return False
+        self._offset += len(chunk)
+        lines = (self._partial + chunk).split(b"\n")
+        self._partial = lines.pop()
+        saved = epochs = False
+        for line in lines:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(event, dict):
+                continue
+            kind = event.get("kind")
+            if kind == "runtime" and isinstance(event.get("plan"), dict):
+                self.plan = {**self.plan, **event["plan"]}
+                self.initial_epoch = int(self.plan.get("initial_epoch") or 0)
+                # An epoch a restored checkpoint does not hold is trained again: its old entry goes.
+                self.history = [e for e in self.history if e.get("epoch", 0) <= self.initial_epoch]
+                self.reporter.runtime = {**(self.reporter.runtime or {}), **self.plan}
+                self.reporter.epoch = self.initial_epoch
+                self.reporter.write()
+            elif kind == "checkpoint":
+                saved = True
+            elif kind == "progress":
+                self.reporter.step_progress_fraction(float(event.get("fraction") or 0.0))
+            elif kind == "metrics":
+                entry = {k: v for k, v in (event.get("metrics") or {}).items() if _scalar(v)}
+                entry.update(epoch=int(event.get("epoch") or len(self.history) + 1), attempt=self.job.attempt)
+                if event.get("step") is not None:
+                    entry["step"] = int(event["step"])
+                self.history = [e for e in self.history if e.get("epoch") != entry["epoch"]] + [entry]
+                epochs = True
+                if (total := event.get("epochs")) is not None:
+                    self.reporter.step_progress_fraction(entry["epoch"] / max(1, int(total)))
+                self.reporter.epoch_done(entry["epoch"], entry, write=False, progress=False)
+        if epochs:
+            if self.job.is_chief:
+                storage.write_json(self.job.paths.metrics, self._metrics_doc())
+            self.reporter.write()
+        return saved
+
+    def _metrics_doc(self) -> dict[str, Any]:
+        return {"job_id": self.job.job_id, "attempt": self.job.attempt,
+                "epochs": self.plan.get("epochs", self.job.spec.training.epochs),
+                "initial_epoch": self.initial_epoch, "history": self.history}
+
+    def finish(self) -> None:
+        if self.job.is_chief and self.history:
+            storage.write_json(self.job.paths.metrics, self._metrics_doc())
+
+    def final_metrics(self) -> dict[str, Any]:
+        last = self.history[-1] if self.history else {}
+        final = {k: v for k, v in last.items() if k not in ("attempt",)}
+        final.update({k: self.plan[k] for k in ("strategy", "precision", "replicas", "global_batch_size",
+                                                "steps_per_execution", "initial_epoch") if k in self.plan})
+        final.update(self.timings)
+        return final
+
+
+def _scalar(v: Any) -> bool:
+    return isinstance(v, int | float | str | bool) or v is None
+
+
+class CheckpointSync:
+    """Mirrors the program's checkpoint directory into the job's: new and changed files up, files the
+    program removed deleted. Files changed in the last `settled_s` seconds wait for the next sync (the
+    program may still be writing them)."""
+
+    def __init__(self, local: Path, remote: str, upload: bool):
+        self.local, self.remote, self.upload = local, remote.rstrip("/"), upload
+        self._sent: dict[str, tuple[int, int]] = {}
+
+    def sync(self, settled_s: float) -> None:
+        if not self.upload:
+            return
+        try:
+            self._sync(settled_s)
+        except Exception as exc:  # the next sync tries again; the job goes on
+            log.warning("could not upload the program's checkpoints: %s", exc)
+
+    def _sync(self, settled_s: float) -> None:
+        now = time.time()
+        seen = set()
+        for path in sorted(p for p in self.local.rglob("*") if p.is_file()):
+            rel = path.relative_to(self.local).as_posix()
+            seen.add(rel)
+            st = path.stat()
+            key = (st.st_size, st.st_mtime_ns)
+            if self._sent.get(rel) == key or now - st.st_mtime < settled_s:
+                continue
+            storage.blob(f"{self.remote}/{rel}").upload_from_filename(str(path))
+            self._sent[rel] = key
+        for rel in [r for r in self._sent if r not in seen]:
+            try:
+                storage.blob(f"{self.remote}/{rel}").delete()
+            except Exception:
+                pass
+            del self._sent[rel]

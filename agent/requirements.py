@@ -1,0 +1,114 @@
+"""A program's requirements (issue 20), installed into an environment layered over the agent's: a
+virtual environment without packages of its own but with the agent's site-packages on its path (a .pth
+file), so what the image brings (TensorFlow, Keras, NumPy and the rest) is there and only what is
+missing is installed. TensorFlow, Keras and NumPy stay the image's: a requirement whose versions leave
+out the installed one is refused with that reason before pip runs, and pip runs with them pinned as
+constraints, so nothing it resolves can replace them.
+
+Environments are kept on the machine by the hash of the requirements and the interpreter, under
+TRAINJOBS_CACHE_DIR (default ~/.cache/trainjobs): a second attempt or job on the same machine with the same
+requirements starts at once. A half-built environment (the install failed or was killed) is never
+reused: it is only moved to its cached name once pip has succeeded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import site
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+log = logging.getLogger("trainjobs.agent")
+
+IMAGE_PACKAGES = ("tensorflow", "tensorflow-cpu", "tensorflow-tpu", "keras", "numpy")
+PIP_TIMEOUT_S = 1800.0
+PIP_OUTPUT_CHARS = 4000  # of pip's output, in the job's error
+
+
+class RequirementsError(Exception):
+    """The requirements cannot be installed; the message says why (pip's own words where pip said it)."""
+
+
+def image_versions() -> dict[str, str]:
+    """The installed versions of the packages a program may not replace."""
+    found = {}
+    for name in IMAGE_PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return found
+
+
+def refusals(requirements: list[str], installed: dict[str, str]) -> list[str]:
+    """Why requirements would replace an image package, one sentence each."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    problems = []
+    for line in requirements:
+        req = Requirement(line)
+        name = canonicalize_name(req.name)
+        version = installed.get(name)
+        if version is None and name == "tensorflow":  # the image's build may be tensorflow-cpu or -tpu
+            version = installed.get("tensorflow-cpu") or installed.get("tensorflow-tpu")
+        if version is not None and not req.specifier.contains(version, prereleases=True):
+            problems.append(f"{line!r} would replace this machine's {req.name} {version}: the image's "
+                            f"TensorFlow, Keras and NumPy stay (allow {req.name}=={version}, or choose an image with "
+                            "the version you need)")
+    return problems
+
+
+def install_requirements(requirements: list[str], scratch: Path) -> Path:
+    """The python of an environment that has `requirements` over the agent's packages."""
+    installed = image_versions()
+    if problems := refusals(requirements, installed):
+        raise RequirementsError("; ".join(problems))
+    key = hashlib.sha256(json.dumps([sorted(requirements), sys.version, sorted(installed.items())]).encode()).hexdigest()
+    cache = Path(os.environ.get("TRAINJOBS_CACHE_DIR") or Path.home() / ".cache" / "trainjobs") / "requirements"
+    ready = cache / key[:32]
+    python = ready / "bin" / "python"
+    if python.exists():
+        log.info("requirements: reusing the environment of an earlier job (%s)", ready)
+        return python
+    building = scratch / "env"
+    shutil.rmtree(building, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(building)], check=True,
+                   capture_output=True, timeout=120)
+    env_python = building / "bin" / "python"
+    # The agent's own packages, after the environment's: what pip installs there comes first.
+    layered = subprocess.run([str(env_python), "-c", "import site; print(site.getsitepackages()[0])"],
+                             check=True, capture_output=True, text=True, timeout=60).stdout.strip()
+    ours = [p for p in site.getsitepackages() + [site.getusersitepackages()] if Path(p).is_dir()]
+    (Path(layered) / "trainjobs-agent.pth").write_text("\n".join(ours) + "\n")
+    constraints = scratch / "constraints.txt"
+    constraints.write_text("".join(f"{name}=={version}\n" for name, version in installed.items()))
+    wanted = scratch / "requirements.txt"
+    wanted.write_text("".join(f"{line}\n" for line in requirements))
+    log.info("requirements: installing %s", ", ".join(requirements))
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "pip", "--python", str(env_python), "install", "--disable-pip-version-check",
+             "--no-input", "-r", str(wanted), "-c", str(constraints)],
+            capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise RequirementsError(f"installing the requirements took over {PIP_TIMEOUT_S:.0f}s") from None
+    if done.returncode != 0:
+        said = (done.stderr.strip() or done.stdout.strip())[-PIP_OUTPUT_CHARS:]
+        raise RequirementsError(f"pip could not install the requirements:\n{said}")
+    for line in done.stdout.splitlines():
+        log.info("pip: %s", line)
+    cache.mkdir(parents=True, exist_ok=True)
+    try:
+        building.rename(ready)
+    except OSError:  # another job on this machine finished the same environment first, or another disk
+        if not python.exists():
+            return env_python
+        shutil.rmtree(building, ignore_errors=True)
+    return python
