@@ -141,8 +141,13 @@ def run_program(job: AgentJob, work: WorkDir, reporter: StatusReporter, terminat
     reporter.set_phase("exporting")
     out = model_dir
     final = follower.final_metrics()
-    (out / ARTIFACT_METRICS).write_text(json.dumps(final, indent=2))
-    (out / ARTIFACT_HISTORY).write_text(json.dumps(follower.history, indent=2))
+    # The job's record reads these two; a program's own files of the same names are left as they are.
+    for name, doc in ((ARTIFACT_METRICS, final), (ARTIFACT_HISTORY, follower.history)):
+        if (out / name).exists():
+            log.warning("the program wrote its own %s to the model directory: kept, and the job's metrics "
+                        "come from its reports only", name)
+        else:
+            (out / name).write_text(json.dumps(doc, indent=2))
     manifest = export.artifact_manifest(out, job.paths.artifacts)
     storage.upload_dir(out, job.paths.artifacts)
     if work.tensorboard.exists() and any(work.tensorboard.iterdir()):

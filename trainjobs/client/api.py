@@ -252,7 +252,8 @@ class Client:
 
     def upload_module(self, path: Path) -> str:
         """Upload model code (a .py file, or a package directory, zipped here); returns the gs:// URI
-        to use as model.module."""
+        to use as model.module or program.source."""
+        path = path.resolve()  # a folder given as "." is zipped under its own name
         if path.is_dir():
             import io
             import zipfile

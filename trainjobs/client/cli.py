@@ -141,17 +141,23 @@ def _dry_run(raw: Any) -> None:
 def _upload_local_files(c: Any, spec: dict[str, Any], base: Path) -> None:
     """A model module or dataset (file or folder) that is a path on this laptop is uploaded first, so
     the job runs anywhere (relative paths are relative to the spec file; trainjobs/client/local_paths.py)."""
-    from trainjobs.client.local_paths import LocalPathError, local_upload
+    from trainjobs.client.local_paths import LocalPathError, local_upload, requirements_lines
 
-    model, dataset = spec.get("model") or {}, spec.get("dataset") or {}
+    model, dataset, program = spec.get("model") or {}, spec.get("dataset") or {}, spec.get("program") or {}
     try:
         module = local_upload(model.get("module"), base, "model.module")
         source = local_upload(dataset.get("source"), base, "dataset.source")
+        code = local_upload(program.get("source"), base, "program.source")
     except LocalPathError as exc:
         raise click.ClickException(str(exc)) from None
     if module is not None:
         uploaded, model["module"] = model["module"], c.upload_module(module)
         click.echo(f"uploaded model code {uploaded} -> {model['module']}", err=True)
+    if code is not None:
+        if code.is_dir() and not program.get("requirements") and (code / "requirements.txt").is_file():
+            program["requirements"] = requirements_lines((code / "requirements.txt").read_text())
+        uploaded, program["source"] = program["source"], c.upload_module(code)
+        click.echo(f"uploaded program {uploaded} -> {program['source']}", err=True)
     if source is not None:
         uploaded, dataset["source"] = dataset["source"], c.upload_dataset(source)["dataset"]
         click.echo(f"uploaded dataset {uploaded} -> {dataset['source']}", err=True)

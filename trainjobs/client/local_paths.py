@@ -28,3 +28,14 @@ def local_upload(value: object, base: Path, field: str) -> Path | None:
         return located
     raise LocalPathError(f"{field} {value!r} is a relative path, so it was looked for next to the spec file, at "
                          f"{located.resolve()}, and nothing is there")
+
+
+def requirements_lines(text: str) -> list[str]:
+    """A requirements.txt's requirements: one per line, comments and blank lines left out (pip options
+    such as -r or --index-url are kept, for the spec to refuse by name)."""
+    lines = []
+    for raw in text.splitlines():
+        line = raw.split(" #", 1)[0].strip()
+        if line and not line.startswith("#"):
+            lines.append(line)
+    return lines

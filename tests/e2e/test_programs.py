@@ -1,0 +1,235 @@
+"""Program jobs (issue 20): the user's own TensorFlow code, run through the whole product (API, worker,
+staging, the local provisioner's machines, the agent, the runtime) and judged by what comes back
+through the API: the artifacts are downloaded and scored here, on data the job never saw.
+
+The programs are real code nobody here wrote for trainjobs (tests/programs/): the keras.io Simple MNIST
+convnet with the runtime's lines, a custom training loop in the tf.distribute guide's pattern, and a
+script written for Vertex AI that knows nothing of trainjobs. Every job of the module is submitted at
+once to one stack and runs two at a time; each test judges one. Resuming after a kill, without the
+control plane: tests/e2e/test_program_runs.py.
+"""
+
+from __future__ import annotations
+
+import io
+import uuid
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.support import scaled
+from tests.support.jobs import TABLES, make_key, wait_for_job
+from tests.support.local import AGENT_JOB_S, local_stack_running
+from trainjobs.states import TERMINAL
+
+pytestmark = pytest.mark.tf
+
+PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
+CPU2 = {"type": "cpu", "replicas": 2}
+
+
+def _upload(client: httpx.Client, name: str, data: bytes) -> str:
+    r = client.post("/v1/modules", files={"file": (name, data)})
+    assert r.status_code == 201, r.text
+    return str(r.json()["module"])
+
+
+def _zip(files: dict[str, str]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name, text in files.items():
+            zf.writestr(name, text)
+    return buf.getvalue()
+
+
+FAILING = '''
+import sys
+from trainjobs import runtime as tj
+print("about to fail, with", tj.replicas, "replicas")
+def load():
+    raise ValueError("the CSV has no column 'price'")
+load()
+'''
+
+
+def _specs(client: httpx.Client) -> dict[str, dict[str, Any]]:
+    mnist = _upload(client, "mnist_convnet.py", (PROGRAMS / "mnist_convnet.py").read_bytes())
+    loop = _upload(client, "regression_loop.py", (PROGRAMS / "regression_loop.py").read_bytes())
+    vertex = _upload(client, "trainer.zip", _zip({
+        "trainer/task.py": (PROGRAMS / "vertex_ai_task.py").read_text(), "trainer/__init__.py": ""}))
+    failing = _upload(client, "failing.py", FAILING.encode())
+    no_main = _upload(client, "pkg.zip", _zip({"pkg/train.py": "print('hi')\n", "pkg/util.py": ""}))
+    return {
+        "mnist": {"accelerator": CPU2, "strategy": "mirrored", "precision": "mixed_bfloat16",
+                  "steps_per_execution": "auto", "program": {"source": mnist}, "training": {"epochs": 8}},
+        "loop": {"accelerator": {"type": "cpu"}, "workers": 2, "strategy": "multi_worker_mirrored",
+                 "program": {"source": loop, "args": ["--units", "32"]},
+                 "training": {"epochs": 6, "global_batch_size": 32}},
+        "vertex": {"accelerator": {"type": "cpu"}, "strategy": "default",
+                   "program": {"source": vertex, "entrypoint": "task.py",
+                               "args": ["--epochs", "5", "--distribute", "single"], "env": {"MY_FLAG": "1"}}},
+        "failing": {"accelerator": {"type": "cpu"}, "program": {"source": failing}},
+        "no_entrypoint": {"accelerator": {"type": "cpu"}, "program": {"source": no_main}},
+        "replaces_numpy": {"accelerator": {"type": "cpu"}, "program": {"source": failing, "requirements": ["numpy<1"]}},
+    }
+
+
+Jobs = tuple[httpx.Client, dict[str, str]]
+
+
+@pytest.fixture(scope="module")
+def jobs(database_url: str, api_url: str, gcs_emulator: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jobs]:
+    from sqlalchemy import text
+
+    from service.db.session import get_engine, session_factory
+    from trainjobs import storage
+
+    engine = get_engine(database_url)
+    with engine.begin() as conn:
+        conn.execute(text(f"TRUNCATE {TABLES} CASCADE"))
+    bucket = f"t-{uuid.uuid4().hex[:12]}"
+    storage.ensure_bucket(bucket)
+    monkey = pytest.MonkeyPatch()
+    monkey.setenv("TRAINJOBS_BUCKET", bucket)
+    monkey.setenv("TRAINJOBS_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    key = make_key(session_factory(engine), "programs")
+    client = httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {key}"}, timeout=scaled(30))
+    ids = {}
+    for name, spec in _specs(client).items():
+        r = client.post("/v1/jobs", json={"name": name, **spec})
+        assert r.status_code == 201, (name, r.text)
+        ids[name] = r.json()["id"]
+    try:
+        with local_stack_running(database_url, tmp_path_factory.mktemp("stack")):
+            yield client, ids
+    finally:
+        client.close()
+        monkey.undo()
+
+
+def _done(jobs: Jobs, name: str) -> dict[str, Any]:
+    client, ids = jobs
+    return wait_for_job(client, ids[name], TERMINAL, timeout=AGENT_JOB_S)
+
+
+def _download(jobs: Jobs, name: str, path: str, to: Path) -> Path:
+    client, ids = jobs
+    r = client.get(f"/v1/jobs/{ids[name]}/artifacts/{path}")
+    assert r.status_code == 200, r.text
+    to.parent.mkdir(parents=True, exist_ok=True)
+    to.write_bytes(r.content)
+    return to
+
+
+def _held_out_digits() -> tuple[np.ndarray, np.ndarray]:
+    """The examples mnist_convnet.py holds out, made the way it makes them (scikit-learn's digits,
+    shuffled by seed 0, resized to 28x28, the last 297)."""
+    import keras
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    order = np.random.default_rng(0).permutation(len(d.target))
+    x = d.images[order][-297:] * (255 / 16)
+    x = keras.ops.convert_to_numpy(keras.ops.image.resize(x[..., None], (28, 28)))
+    return (x / 255).astype("float32"), d.target[order][-297:]
+
+
+def test_the_keras_mnist_example_trains_as_a_program_and_its_model_scores_on_held_out_digits(
+        jobs: Jobs, tmp_path: Path) -> None:
+    import keras
+
+    job = _done(jobs, "mnist")
+    assert job["status"] == "SUCCEEDED", job.get("error")
+    runtime = job["runtime"]
+    assert (runtime["strategy"], runtime["replicas"], runtime["precision"]) == ("mirrored", 2, "mixed_bfloat16")
+    assert runtime["steps_per_execution"] == 4  # `auto` on a CPU
+    client, ids = jobs
+    listed = {a["path"]: a for a in client.get(f"/v1/jobs/{ids['mnist']}/artifacts").json()["artifacts"]}
+    assert "model.keras" in listed
+    local = _download(jobs, "mnist", "model.keras", tmp_path / "model.keras")
+    import hashlib
+
+    assert hashlib.sha256(local.read_bytes()).hexdigest() == listed["model.keras"]["sha256"]
+    model = keras.saving.load_model(local)
+    x, y = _held_out_digits()
+    accuracy = float(np.mean(model.predict(x, verbose=0).argmax(axis=-1) == y))
+    assert accuracy >= 0.95, accuracy
+    # What the callbacks reported: one entry per epoch, in the job's metrics and history.
+    history = client.get(f"/v1/jobs/{ids['mnist']}/metrics").json()["epochs"]["history"]
+    assert [e["epoch"] for e in history] == list(range(1, 9))
+    assert all(0.0 <= e["val_accuracy"] <= 1.0 for e in history)
+    assert job["progress"] == 1.0
+
+
+def test_a_custom_training_loop_under_two_workers_reports_its_metrics_and_its_model_predicts(
+        jobs: Jobs, tmp_path: Path) -> None:
+    import keras
+    from sklearn.datasets import load_diabetes
+
+    job = _done(jobs, "loop")
+    assert job["status"] == "SUCCEEDED", job.get("error")
+    assert (job["runtime"]["strategy"], job["runtime"]["replicas"], job["runtime"]["workers"]) == (
+        "multi_worker_mirrored", 2, 2)
+    client, ids = jobs
+    history = client.get(f"/v1/jobs/{ids['loop']}/metrics").json()["epochs"]["history"]
+    assert [e["epoch"] for e in history] == list(range(1, 7))
+    assert history[-1]["loss"] < history[0]["loss"]
+    model = keras.saving.load_model(_download(jobs, "loop", "regressor.keras", tmp_path / "regressor.keras"))
+    x, y = load_diabetes(return_X_y=True)
+    x = ((x - x.mean(axis=0)) / x.std(axis=0)).astype("float32")
+    held_out, truth = x[-88:], y[-88:] / 100.0
+    mae = float(np.mean(np.abs(model.predict(held_out, verbose=0)[:, 0] - truth)))
+    baseline = float(np.mean(np.abs(np.mean(y[:-88] / 100.0) - truth)))  # always the training mean
+    assert mae < 0.85 * baseline, (mae, baseline)
+
+
+def test_a_script_written_for_vertex_ai_runs_unchanged_and_its_saved_model_serves(jobs: Jobs, tmp_path: Path) -> None:
+    import tensorflow as tf
+    from sklearn.datasets import load_breast_cancer
+
+    job = _done(jobs, "vertex")
+    assert job["status"] == "SUCCEEDED", job.get("error")
+    client, ids = jobs
+    listed = [a["path"] for a in client.get(f"/v1/jobs/{ids['vertex']}/artifacts").json()["artifacts"]]
+    saved = tmp_path / "saved"
+    for path in listed:
+        if path == "saved_model.pb" or path.startswith("variables/"):
+            _download(jobs, "vertex", path, saved / path)
+    served = tf.saved_model.load(str(saved))
+    x, y = load_breast_cancer(return_X_y=True)
+    x = ((x - x.mean(axis=0)) / x.std(axis=0)).astype("float32")
+    probs = served.serve(tf.constant(x[-100:])).numpy()[:, 0]
+    assert float(np.mean((probs > 0.5) == y[-100:])) >= 0.9
+    log = client.get(f"/v1/jobs/{ids['vertex']}/logs").json()
+    assert "num_replicas_in_sync = 1" in str(log)
+
+
+def test_a_failing_program_fails_the_job_with_its_exit_status_and_traceback(jobs: Jobs) -> None:
+    job = _done(jobs, "failing")
+    assert job["status"] == "FAILED"
+    assert "exited with status 1" in job["error"]
+    assert "ValueError: the CSV has no column 'price'" in job["error"]
+    assert "about to fail, with 1 replicas" in job["error"]
+
+
+def test_a_program_without_its_entrypoint_fails_at_staging_before_any_machine(jobs: Jobs) -> None:
+    job = _done(jobs, "no_entrypoint")
+    assert job["status"] == "FAILED"
+    assert "no __main__.py" in job["error"] and "train.py" in job["error"], job["error"]
+    client, ids = jobs
+    events = client.get(f"/v1/jobs/{ids['no_entrypoint']}/events").json()["events"]
+    assert "PROVISIONING" not in {e["to_status"] for e in events}, events
+
+
+def test_a_requirement_that_would_replace_numpy_fails_before_training(jobs: Jobs) -> None:
+    job = _done(jobs, "replaces_numpy")
+    assert job["status"] == "FAILED"
+    assert "'numpy<1' would replace this machine's numpy" in job["error"], job["error"]
+    client, ids = jobs
+    log = str(client.get(f"/v1/jobs/{ids['replaces_numpy']}/logs").json())
+    assert "about to fail" not in log  # the program never started
