@@ -108,8 +108,10 @@ def run_program(job: AgentJob, work: WorkDir, reporter: StatusReporter, terminat
                         "restored_checkpoint": bool(restored), **({"dataset": summary} if summary else {}), **timings}
     reporter.set_phase("training")
     log.info("running %s %s", entrypoint.relative_to(root).as_posix(), " ".join(program.args))
+    # In the agent's process group, so a provisioner's delete (which signals the group) reaches it, and
+    # killed by the kernel if the agent dies without a word (SIGKILL, say): never left training alone.
     proc = subprocess.Popen([python, str(entrypoint), *program.args], cwd=root, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
     tail: deque[str] = deque(maxlen=OUTPUT_TAIL_LINES)
     pump = threading.Thread(target=_pump, args=(proc, tail), name="program-output", daemon=True)
     pump.start()
@@ -117,8 +119,9 @@ def run_program(job: AgentJob, work: WorkDir, reporter: StatusReporter, terminat
     try:
         while proc.poll() is None:
             time.sleep(0.2)
-            if follower.poll() or time.monotonic() >= next_sync:
-                syncer.sync(settled_s=2.0)
+            saved = follower.poll()  # the runtime said a save is complete: all of it goes up now
+            if saved or time.monotonic() >= next_sync:
+                syncer.sync(settled_s=0.0 if saved else 2.0)
                 next_sync = time.monotonic() + sync_every_s()
     except terminated:
         _stop(proc)
@@ -214,24 +217,29 @@ def _pump(proc: subprocess.Popen[bytes], tail: deque[str]) -> None:
         program_log.info("%s", line)
 
 
+def _die_with_parent() -> None:
+    """In the program's process before it runs: SIGKILL when the agent's thread that started it ends
+    (prctl PR_SET_PDEATHSIG, Linux); elsewhere nothing."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+
 def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to the program's process group (the runtime saves and stops at the next step), then
-    SIGKILL when the grace is nearly over."""
+    """SIGTERM to the program (the runtime saves and stops at the next step; a delete may have sent
+    it one already), then SIGKILL when the grace is nearly over."""
     if proc.poll() is not None:
         return
     log.warning("SIGTERM: asking the program to checkpoint and stop")
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
+    proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(max(1.0, term_grace_s() - STOP_MARGIN_S))
     except subprocess.TimeoutExpired:
         log.warning("the program did not stop in time; killing it")
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        proc.kill()
         proc.wait()
 
 
@@ -288,9 +296,10 @@ class ReportFollower:
             kind = event.get("kind")
             if kind == "runtime" and isinstance(event.get("plan"), dict):
                 self.plan = {**self.plan, **event["plan"]}
-                self.initial_epoch = int(self.plan.get("initial_epoch") or 0)
-                # An epoch a restored checkpoint does not hold is trained again: its old entry goes.
-                self.history = [e for e in self.history if e.get("epoch", 0) <= self.initial_epoch]
+                if "initial_epoch" in event["plan"]:  # fit begins: where the restored checkpoint stands
+                    self.initial_epoch = int(event["plan"]["initial_epoch"] or 0)
+                    # An epoch the checkpoint does not hold is trained again: its old entry goes.
+                    self.history = [e for e in self.history if e.get("epoch", 0) <= self.initial_epoch]
                 self.reporter.runtime = {**(self.reporter.runtime or {}), **self.plan}
                 self.reporter.epoch = self.initial_epoch
                 self.reporter.write()

@@ -276,8 +276,15 @@ def _backup_callback(keras: Any, every_steps: int | None) -> Any:
             super().on_train_batch_end(batch, logs)
             if _stop.is_set() and not self._stopping:
                 self._stopping = True
+                self._last_batch_seen = batch  # where in the epoch (Keras restores the epoch count only)
                 self._save_model()
                 self.model.stop_training = True
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            # fit ends a stopped epoch as if it were complete: saved as such, the next attempt would
+            # skip the rest of it. The save above says it is still to be trained.
+            if not self._stopping:
+                super().on_epoch_end(epoch, logs)
 
         def on_train_end(self, logs: Any = None) -> None:
             if not self._stopping:
@@ -348,6 +355,8 @@ def _report_callback(keras: Any) -> Any:
                 progress((self._epoch + (batch + 1) / self._steps) / self._epochs)
 
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            if _stop.is_set():
+                return  # a stopped epoch is not one: the next attempt trains it again
             metrics = {k: float(v) for k, v in (logs or {}).items() if _number(v) or hasattr(v, "numpy")}
             _emit({"kind": "metrics", "epoch": epoch + 1, "step": None, "epochs": self._epochs, "metrics": metrics})
 
