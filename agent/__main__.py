@@ -94,8 +94,21 @@ def _finish(reporter: StatusReporter, state: AgentState, error: BaseException | 
     reporter.finish(state, error)
 
 
+# The reporter of this run, for the last resort below.
+_reporter: StatusReporter | None = None
+
+
 def _exit_now() -> None:
+    """The grace is over and the main thread has not written the last status: it may be stuck in a
+    TensorFlow call that never returns to Python (where the SIGTERM's exception would be raised), or
+    in storage. One bounded attempt from here, so the status says terminated rather than running."""
     log.error("cleanup after SIGTERM did not finish in time; exiting")
+    if _reporter is not None and not _last_words.is_set():
+        try:
+            _reporter.write_last_resort(AgentState.TERMINATED, "stopped: the cleanup after SIGTERM did not "
+                                        f"finish within {term_grace_s():.0f}s")
+        except Exception as exc:
+            log.error("could not write the last status: %s", exc)
     logging.shutdown()
     os._exit(EXIT_TERMINATED)
 
@@ -134,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
              every_s=_env_float("TRAINJOBS_WATCHDOG_EVERY_S", 30.0),
              unreachable_s=_env_float("TRAINJOBS_WATCHDOG_UNREACHABLE_S", 300.0)).start()
     reporter = StatusReporter(job, work.log_file, tail, float(os.environ.get("TRAINJOBS_HEARTBEAT_S", "10")))
+    global _reporter
+    _reporter = reporter
     try:
         return _run(job, work, reporter)
     finally:

@@ -167,6 +167,23 @@ class StatusReporter:
                     time.sleep(2**attempt)
             self._final = final
 
+    def write_last_resort(self, state: AgentState, reason: str, lock_timeout_s: float = 5.0) -> None:
+        """A terminal status from another thread than the one running the job (agent/__main__.py's
+        grace timer), when that one is stuck: the heartbeat stops, one write goes out unless a final
+        one already has. Waits at most `lock_timeout_s` for a write in flight."""
+        self._stop.set()
+        if not self._lock.acquire(timeout=lock_timeout_s):
+            raise TimeoutError(f"another status write held the lock for over {lock_timeout_s:.0f}s")
+        try:
+            if self._final:
+                return
+            self.state = state
+            self.error = AgentError(type="Stopped", message=reason, logs=list(self.tail.lines))
+            storage.write_json(self.job.status_uri, self.snapshot().model_dump(mode="json"))
+            self._final = True
+        finally:
+            self._lock.release()
+
     def upload_log(self) -> None:
         for handler in logging.getLogger().handlers:
             handler.flush()

@@ -65,9 +65,10 @@ def _specs(client: httpx.Client) -> dict[str, dict[str, Any]]:
     failing = _upload(client, "failing.py", FAILING.encode())
     no_main = _upload(client, "pkg.zip", _zip({"pkg/train.py": "print('hi')\n", "pkg/util.py": ""}))
     return {
-        "mnist": {"accelerator": CPU2, "strategy": "mirrored", "precision": "mixed_bfloat16",
-                  "steps_per_execution": "auto", "program": {"source": mnist}, "training": {"epochs": 8}},
+        "mnist": {"accelerator": CPU2, "strategy": "mirrored", "steps_per_execution": "auto",
+                  "program": {"source": mnist}, "training": {"epochs": 8}},
         "loop": {"accelerator": {"type": "cpu"}, "workers": 2, "strategy": "multi_worker_mirrored",
+                 "precision": "mixed_bfloat16",
                  "program": {"source": loop, "args": ["--units", "32"]},
                  "training": {"epochs": 6, "global_batch_size": 32}},
         "vertex": {"accelerator": {"type": "cpu"}, "strategy": "default",
@@ -146,7 +147,7 @@ def test_the_keras_mnist_example_trains_as_a_program_and_its_model_scores_on_hel
     job = _done(jobs, "mnist")
     assert job["status"] == "SUCCEEDED", job.get("error")
     runtime = job["runtime"]
-    assert (runtime["strategy"], runtime["replicas"], runtime["precision"]) == ("mirrored", 2, "mixed_bfloat16")
+    assert (runtime["strategy"], runtime["replicas"], runtime["precision"]) == ("mirrored", 2, "float32")
     assert runtime["steps_per_execution"] == 4  # `auto` on a CPU
     client, ids = jobs
     listed = {a["path"]: a for a in client.get(f"/v1/jobs/{ids['mnist']}/artifacts").json()["artifacts"]}
@@ -166,7 +167,7 @@ def test_the_keras_mnist_example_trains_as_a_program_and_its_model_scores_on_hel
     assert job["progress"] == 1.0
 
 
-def test_a_custom_training_loop_under_two_workers_reports_its_metrics_and_its_model_predicts(
+def test_a_custom_training_loop_on_two_workers_in_bfloat16_reports_its_metrics_and_its_model_predicts(
         jobs: Jobs, tmp_path: Path) -> None:
     import keras
     from sklearn.datasets import load_diabetes
@@ -175,6 +176,7 @@ def test_a_custom_training_loop_under_two_workers_reports_its_metrics_and_its_mo
     assert job["status"] == "SUCCEEDED", job.get("error")
     assert (job["runtime"]["strategy"], job["runtime"]["replicas"], job["runtime"]["workers"]) == (
         "multi_worker_mirrored", 2, 2)
+    assert job["runtime"]["precision"] == "mixed_bfloat16"
     client, ids = jobs
     history = client.get(f"/v1/jobs/{ids['loop']}/metrics").json()["epochs"]["history"]
     assert [e["epoch"] for e in history] == list(range(1, 7))
