@@ -45,7 +45,8 @@ from agent.status import StatusReporter
 log = logging.getLogger("trainjobs.agent")
 program_log = logging.getLogger("trainjobs.program")
 
-OUTPUT_TAIL_LINES = 40  # of the program's output, in job.error when it fails
+OUTPUT_TAIL_LINES = 40  # of the program's output, in job.error when it fails ...
+OUTPUT_TAIL_CHARS = 3500  # ... at most this much of their end (the status keeps 4,000 characters of a message)
 STOP_MARGIN_S = 5.0  # of the SIGTERM grace kept for the last uploads after the program is stopped
 CHIEF_POLL_S = 1.0
 
@@ -135,7 +136,8 @@ def run_program(job: AgentJob, work: WorkDir, reporter: StatusReporter, terminat
     if proc.returncode != 0:
         how = (f"was killed by signal {-proc.returncode}" if proc.returncode < 0
                else f"exited with status {proc.returncode}")
-        raise ProgramFailed(f"the program {how}; its last output:\n" + "\n".join(tail))
+        # The end of the output is what says why (a traceback's last line): it is what job.error keeps.
+        raise ProgramFailed(f"the program {how}; its last output:\n" + "\n".join(tail)[-OUTPUT_TAIL_CHARS:])
     follower.finish()
     if not job.is_chief:
         reporter.set_phase("waiting_for_chief")
