@@ -229,13 +229,18 @@ def test_a_stop_request_read_during_the_sigterm_cleanup_does_not_cut_off_the_las
     the request while the agent's last status write is still on its way lets that write land (the
     grace bounds it) instead of exiting at once, which left a status saying the agent still ran
     (issue 19: a non-chief's status.json said running after its job succeeded)."""
+    import itertools
+
     proxy = _HoldingProxy(own_emulator.url)
+    # Storage slow to take every write after the agent's first status; reads are still answered. Held
+    # from the start, not from when the test sees that status: on a loaded machine the agent could
+    # get past its next writes to its (missing) dataset before the test looked, and fail (exit 1).
+    writes = itertools.count()
+    proxy.hold(lambda request: request.split(b" ", 1)[0] in proxy.WRITES and next(writes) >= 1)
     try:
         proc, job_dir = _start_agent(own_emulator, tmp_path, STORAGE_EMULATOR_HOST=proxy.url,
                                      TRAINJOBS_WATCHDOG_EVERY_S="0.2", TRAINJOBS_TERM_GRACE_S=str(scaled(120)))
         _wait_for_first_report(own_emulator, proc)
-        # Storage slow to take writes from here on; reads are still answered.
-        proxy.hold(lambda request: request.split(b" ", 1)[0] in proxy.WRITES)
         saved = os.environ.get("STORAGE_EMULATOR_HOST")
         os.environ["STORAGE_EMULATOR_HOST"] = own_emulator.url
         try:

@@ -15,7 +15,7 @@ THROUGH_THE_API = [
     ("unknown nested field", {"training": {"epochs": 1, "epoch": 2}}, "training.epoch", "Extra inputs"),
     ("typo in a built-in model's params", {"model": {"name": "mlp", "params": {"hiden_units": [64]}}},
      "model.params.hiden_units", "did you mean 'hidden_units'?"),
-    ("missing dataset", {"dataset": None}, "dataset", "valid dictionary"),
+    ("missing dataset", {"dataset": None}, "dataset", "the managed trainer (model) trains on a dataset"),
     ("global batch not divisible", {"training": {"global_batch_size": 33}}, "training.global_batch_size",
      "divide evenly over 2"),
     ("runtime version with a trailing newline",
