@@ -20,6 +20,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from trainjobs import storage
 from trainjobs.job_paths import ARTIFACT_MANIFEST
 from trainjobs.spec import TfliteExport
 from agent.models import Builder, ModelInputs, build
@@ -153,7 +154,7 @@ def _interpreter(model: bytes) -> Any:
 
 def artifact_manifest(directory: Path, remote: str) -> list[dict[str, Any]]:
     entries = []
-    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+    for path in storage.local_files(directory):  # what upload_dir uploads
         rel = path.relative_to(directory).as_posix()
         if rel == ARTIFACT_MANIFEST:
             continue

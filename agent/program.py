@@ -49,6 +49,9 @@ OUTPUT_TAIL_LINES = 40  # of the program's output, in job.error when it fails ..
 OUTPUT_TAIL_CHARS = 3500  # ... at most this much of their end (the status keeps 4,000 characters of a message)
 STOP_MARGIN_S = 5.0  # of the SIGTERM grace kept for the last uploads after the program is stopped
 CHIEF_POLL_S = 1.0
+MAX_REPORT_LINE = 1 << 20  # bytes of one line of the runtime's reports; longer ones are skipped
+MAX_REPORTED_NAMES, MAX_REPORTED_CHARS = 64, 200  # per report: metrics (or plan values), and their texts
+MAX_EPOCH = 100_000
 
 
 class ProgramFailed(Exception):
@@ -267,6 +270,7 @@ class ReportFollower:
         self.history: list[dict[str, Any]] = self._previous() if job.is_chief else []
         self._offset = 0
         self._partial = b""
+        self._skipping = False
         self.plan: dict[str, Any] = {}
         self.initial_epoch = 0
 
@@ -287,43 +291,62 @@ class ReportFollower:
         self._offset += len(chunk)
         lines = (self._partial + chunk).split(b"\n")
         self._partial = lines.pop()
+        if len(self._partial) > MAX_REPORT_LINE:  # never a line of the runtime's: not kept in memory
+            log.warning("ignored a report line of over %d bytes in %s", MAX_REPORT_LINE, self.path.name)
+            self._partial, self._skipping = b"", True
         saved = epochs = False
         for line in lines:
+            if self._skipping:  # the end of a line too long to read
+                self._skipping = False
+                continue
             try:
-                event = json.loads(line)
-            except ValueError:
+                event = json.loads(line) if len(line) <= MAX_REPORT_LINE else None
+                if not isinstance(event, dict):
+                    raise ValueError("not a JSON object")
+                saved_now, epoch_now = self._apply(event)
+            except (ValueError, TypeError, OverflowError) as exc:
+                # The program may write anything there: a line we cannot read is skipped, never trusted.
+                log.warning("ignored a report line (%s): %.200s", exc, line.decode(errors="replace"))
                 continue
-            if not isinstance(event, dict):
-                continue
-            kind = event.get("kind")
-            if kind == "runtime" and isinstance(event.get("plan"), dict):
-                self.plan = {**self.plan, **event["plan"]}
-                if "initial_epoch" in event["plan"]:  # fit begins: where the restored checkpoint stands
-                    self.initial_epoch = int(event["plan"]["initial_epoch"] or 0)
-                    # An epoch the checkpoint does not hold is trained again: its old entry goes.
-                    self.history = [e for e in self.history if e.get("epoch", 0) <= self.initial_epoch]
-                self.reporter.runtime = {**(self.reporter.runtime or {}), **self.plan}
-                self.reporter.epoch = self.initial_epoch
-                self.reporter.write()
-            elif kind == "checkpoint":
-                saved = True
-            elif kind == "progress":
-                self.reporter.step_progress_fraction(float(event.get("fraction") or 0.0))
-            elif kind == "metrics":
-                entry = {k: v for k, v in (event.get("metrics") or {}).items() if _scalar(v)}
-                entry.update(epoch=int(event.get("epoch") or len(self.history) + 1), attempt=self.job.attempt)
-                if event.get("step") is not None:
-                    entry["step"] = int(event["step"])
-                self.history = [e for e in self.history if e.get("epoch") != entry["epoch"]] + [entry]
-                epochs = True
-                if (total := event.get("epochs")) is not None:
-                    self.reporter.step_progress_fraction(entry["epoch"] / max(1, int(total)))
-                self.reporter.epoch_done(entry["epoch"], entry, write=False, progress=False)
+            saved, epochs = saved or saved_now, epochs or epoch_now
         if epochs:
             if self.job.is_chief:
                 storage.write_json(self.job.paths.metrics, self._metrics_doc())
             self.reporter.write()
         return saved
+
+    def _apply(self, event: dict[str, Any]) -> tuple[bool, bool]:
+        """One report: (a checkpoint was saved, an epoch's metrics came)."""
+        kind = event.get("kind")
+        if kind == "runtime" and isinstance(event.get("plan"), dict):
+            plan = _scalars(event["plan"])
+            self.plan = dict(list({**self.plan, **plan}.items())[:MAX_REPORTED_NAMES])
+            if "initial_epoch" in plan:  # fit begins: where the restored checkpoint stands
+                self.initial_epoch = int(plan["initial_epoch"] or 0)
+                # An epoch the checkpoint does not hold is trained again: its old entry goes.
+                self.history = [e for e in self.history if e.get("epoch", 0) <= self.initial_epoch]
+            self.reporter.runtime = {**(self.reporter.runtime or {}), **self.plan}
+            self.reporter.epoch = self.initial_epoch
+            self.reporter.write()
+        elif kind == "checkpoint":
+            return True, False
+        elif kind == "progress":
+            self.reporter.step_progress_fraction(min(1.0, max(0.0, float(event.get("fraction") or 0.0))))
+        elif kind == "metrics":
+            entry = _scalars(event.get("metrics") or {})
+            entry.update(epoch=int(event.get("epoch") or len(self.history) + 1), attempt=self.job.attempt)
+            if not 0 < entry["epoch"] <= MAX_EPOCH:
+                raise ValueError(f"epoch {entry['epoch']} is not between 1 and {MAX_EPOCH}")
+            if event.get("step") is not None:
+                entry["step"] = int(event["step"])
+            self.history = [e for e in self.history if e.get("epoch") != entry["epoch"]] + [entry]
+            if len(self.history) > MAX_EPOCH:
+                self.history = self.history[-MAX_EPOCH:]
+            if (total := event.get("epochs")) is not None:
+                self.reporter.step_progress_fraction(min(1.0, entry["epoch"] / max(1, int(total))))
+            self.reporter.epoch_done(entry["epoch"], entry, write=False, progress=False)
+            return False, True
+        return False, False
 
     def _metrics_doc(self) -> dict[str, Any]:
         return {"job_id": self.job.job_id, "attempt": self.job.attempt,
@@ -347,6 +370,18 @@ def _scalar(v: Any) -> bool:
     return isinstance(v, int | float | str | bool) or v is None
 
 
+def _scalars(values: dict[str, Any]) -> dict[str, Any]:
+    """What of a report's names and values the job keeps: scalars, names and texts cut short, at most
+    MAX_REPORTED_NAMES of them (the job's status.json has 1 MiB)."""
+    if not isinstance(values, dict):
+        raise TypeError("metrics are not a JSON object")
+    kept = {}
+    for name, value in list(values.items())[:MAX_REPORTED_NAMES]:
+        if _scalar(value):
+            kept[str(name)[:MAX_REPORTED_CHARS]] = value[:MAX_REPORTED_CHARS] if isinstance(value, str) else value
+    return kept
+
+
 class CheckpointSync:
     """Mirrors the program's checkpoint directory into the job's: new and changed files up, files the
     program removed deleted. Files changed in the last `settled_s` seconds wait for the next sync (the
@@ -367,7 +402,7 @@ class CheckpointSync:
     def _sync(self, settled_s: float) -> None:
         now = time.time()
         seen = set()
-        for path in sorted(p for p in self.local.rglob("*") if p.is_file()):
+        for path in storage.local_files(self.local):
             rel = path.relative_to(self.local).as_posix()
             seen.add(rel)
             st = path.stat()

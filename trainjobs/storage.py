@@ -11,6 +11,7 @@ The layout of what is kept there (jobs, datasets, uploads) is trainjobs/job_path
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from datetime import datetime, timedelta, timezone
@@ -187,9 +188,9 @@ def download_prefix(prefix_uri: str, local_dir: Path, workers: int = 8) -> list[
 
     name, prefix = split_uri(prefix_uri.rstrip("/") + "/")
     blobs = list(client().list_blobs(name, prefix=prefix))
-    if not blobs:
+    rel = restorable([b.name[len(prefix):] for b in blobs], local_dir)
+    if not rel:
         return []
-    rel = [b.name[len(prefix):] for b in blobs]
     local_dir.mkdir(parents=True, exist_ok=True)
     results = transfer_manager.download_many_to_path(
         bucket(name), rel, destination_directory=str(local_dir), blob_name_prefix=prefix,
@@ -199,12 +200,46 @@ def download_prefix(prefix_uri: str, local_dir: Path, workers: int = 8) -> list[
     return [local_dir / r for r in rel]
 
 
+def local_files(directory: Path) -> list[Path]:
+    """The files under directory, sorted. A link is followed only where it stays inside: one that
+    leads out of the directory (to another job's files on a shared machine, /etc, a dataset of
+    terabytes) is left out, with a warning, so what a job's code puts in a directory we upload never
+    carries anything else of the machine's into storage."""
+    root = directory.resolve()
+    found = []
+    for path in sorted(directory.rglob("*")):
+        if not path.is_file():
+            continue
+        if not path.resolve().is_relative_to(root):
+            logging.getLogger("trainjobs.agent").warning(
+                "not uploaded: %s is a link to %s, outside %s", path.relative_to(directory).as_posix(),
+                os.path.realpath(path), directory)
+            continue
+        found.append(path)
+    return found
+
+
+def restorable(names: list[str], local_dir: Path) -> list[str]:
+    """The object names (relative to a prefix) that land inside local_dir when downloaded there. Jobs
+    write under their own prefix, and GCS takes '..' in a name: one such as `ckpt/../../../.bashrc` is
+    left in storage, with a warning (the client library's transfer manager skips them too; this does
+    not depend on its version)."""
+    root = local_dir.resolve()
+    kept = []
+    for rel in names:
+        if rel and not rel.endswith("/") and not rel.startswith("/") and (root / rel).resolve().is_relative_to(root):
+            kept.append(rel)
+        elif rel and not rel.endswith("/"):
+            logging.getLogger("trainjobs.agent").warning("not downloaded: %r would land outside %s", rel, local_dir)
+    return kept
+
+
 def upload_dir(local_dir: Path, prefix_uri: str, workers: int = 8) -> list[str]:
-    """Upload every file under local_dir to prefix_uri/<relative path>; parallel."""
+    """Upload every file under local_dir (local_files) to prefix_uri/<relative path>; parallel."""
     from google.cloud.storage import transfer_manager
 
     name, prefix = split_uri(prefix_uri.rstrip("/") + "/")
-    files = sorted(str(p.relative_to(local_dir)) for p in local_dir.rglob("*") if p.is_file())
+    files = [p.relative_to(local_dir).as_posix() for p in local_files(local_dir)]
     if files:
         transfer_manager.upload_many_from_filenames(
             bucket(name), files, source_directory=str(local_dir), blob_name_prefix=prefix,

@@ -12,6 +12,7 @@ control plane: tests/e2e/test_program_runs.py.
 from __future__ import annotations
 
 import io
+import json
 import uuid
 import zipfile
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ import pytest
 from tests.support import scaled
 from tests.support.jobs import TABLES, make_key, wait_for_job
 from tests.support.local import AGENT_JOB_S, local_stack_running
+from tests.support.wheels import make_wheel
 from trainjobs.states import TERMINAL
 
 pytestmark = pytest.mark.tf
@@ -57,13 +59,83 @@ load()
 '''
 
 
-def _specs(client: httpx.Client) -> dict[str, dict[str, Any]]:
+REQUIRING = '''
+import os
+import sys
+from pathlib import Path
+
+import numpy
+import tjgreet
+
+Path(os.environ["AIP_MODEL_DIR"], "greeting.txt").write_text(f"{tjgreet.hello()} {numpy.__version__} {sys.executable}")
+'''
+
+# A program's attacks on what is outside its job, and on what the agent reads from it (issue 20; the
+# same storage attacks from model code: tests/e2e/test_code_tenancy.py). No TensorFlow: it needs none.
+ATTACKING = '''
+import json
+import os
+import sys
+from pathlib import Path
+
+from trainjobs import storage
+
+params = json.loads(sys.argv[1])
+report = {"environment": sorted(k for k, v in os.environ.items() if k in params["secrets"] or "postgresql" in v
+                                or "s3cr3t" in v)}
+
+
+def attempt(what, action):
+    try:
+        action()
+        report[what] = "done"
+    except Exception as exc:
+        report[what] = f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
+bucket = params["bucket"]
+attempt("list the uploads", lambda: list(storage.client().list_blobs(bucket, prefix="uploads/")))
+attempt("list the bucket", lambda: list(storage.client().list_blobs(bucket)))
+attempt("read another project's module", lambda: storage.blob(params["module"]).download_as_bytes())
+attempt("read another project's dataset", lambda: storage.blob(params["dataset"]).download_as_bytes())
+# The model directory becomes artifacts: a link out of it must not carry the machine's files along.
+model_dir = Path(os.environ["TRAINJOBS_MODEL_DIR"])
+os.symlink(params["outside"], model_dir / "leak.txt")
+os.symlink("report.json", model_dir / "report-link.json")  # inside: an ordinary artifact
+# The reports file the agent follows: lines the runtime never writes, among two it might.
+with open(os.environ["TRAINJOBS_REPORTS"], "a") as f:
+    f.write("not json\\n")
+    f.write(json.dumps({"kind": "metrics", "epoch": "first", "metrics": {"loss": 1}}) + "\\n")
+    f.write(json.dumps({"kind": "progress", "fraction": "all"}) + "\\n")
+    f.write(json.dumps({"kind": "metrics", "epoch": 10**9, "metrics": {"loss": 1}}) + "\\n")
+    f.write(json.dumps({"kind": "metrics", "epoch": 1, "metrics": {f"m{i}": i for i in range(10_000)}}) + "\\n")
+    f.write("x" * (3 << 20) + "\\n")
+    f.write(json.dumps({"kind": "metrics", "epoch": 2, "epochs": 2, "metrics": {"loss": 0.5, "note": "y" * 10_000}})
+            + "\\n")
+(model_dir / "report.json").write_text(json.dumps(report))
+'''
+
+
+def _specs(client: httpx.Client, alpha: httpx.Client, bucket: str, scratch: Path) -> dict[str, dict[str, Any]]:
+    from trainjobs import storage
+
     mnist = _upload(client, "mnist_convnet.py", (PROGRAMS / "mnist_convnet.py").read_bytes())
     loop = _upload(client, "regression_loop.py", (PROGRAMS / "regression_loop.py").read_bytes())
     vertex = _upload(client, "trainer.zip", _zip({
         "trainer/task.py": (PROGRAMS / "vertex_ai_task.py").read_text(), "trainer/__init__.py": ""}))
     failing = _upload(client, "failing.py", FAILING.encode())
     no_main = _upload(client, "pkg.zip", _zip({"pkg/train.py": "print('hi')\n", "pkg/util.py": ""}))
+    requiring = _upload(client, "requiring.py", REQUIRING.encode())
+    wheel = make_wheel(scratch, "tjgreet", "0.1", {"tjgreet/__init__.py": "def hello():\n    return 'hi'\n"})
+    # What the attacker goes for: another project's upload and dataset, a file of the machine's.
+    theirs = _upload(alpha, "alpha_model.py", b"SECRET = 1\n")
+    dataset = alpha.post("/v1/datasets", files={"file": ("alpha.csv", b"x,label\n1,0\n2,1\n")}).json()["sha256"]
+    dataset_uri = next(f"gs://{bucket}/{b.name}" for b in storage.client().list_blobs(bucket, prefix="uploads/")
+                       if dataset in b.name)
+    outside = scratch / "another-jobs-file.txt"
+    outside.write_text("not yours")
+    attack = {"bucket": bucket, "module": theirs, "dataset": dataset_uri, "outside": str(outside),
+              "secrets": ["TRAINJOBS_DATABASE_URL", "TRAINJOBS_WORKER_SECRET", "TRAINJOBS_TEST_DATABASE_URL"]}
     return {
         "mnist": {"accelerator": CPU2, "strategy": "mirrored", "steps_per_execution": "auto",
                   "program": {"source": mnist}, "training": {"epochs": 8}},
@@ -77,6 +149,13 @@ def _specs(client: httpx.Client) -> dict[str, dict[str, Any]]:
         "failing": {"accelerator": {"type": "cpu"}, "program": {"source": failing}},
         "no_entrypoint": {"accelerator": {"type": "cpu"}, "program": {"source": no_main}},
         "replaces_numpy": {"accelerator": {"type": "cpu"}, "program": {"source": failing, "requirements": ["numpy<1"]}},
+        "requirements": {"accelerator": {"type": "cpu"},
+                         "program": {"source": requiring, "requirements": [f"tjgreet @ {wheel.as_uri()}"]}},
+        "bad_requirement": {"accelerator": {"type": "cpu"}, "program": {"source": failing, "requirements": [
+            f"tjmissing @ {(scratch / 'nowhere' / 'tjmissing-1.0-py3-none-any.whl').as_uri()}"]}},
+        "attacker": {"accelerator": {"type": "cpu"},
+                     "program": {"source": _upload(client, "attacker.py", ATTACKING.encode()),
+                                 "args": [json.dumps(attack)]}},
     }
 
 
@@ -98,10 +177,15 @@ def jobs(database_url: str, api_url: str, gcs_emulator: Any, tmp_path_factory: p
     monkey = pytest.MonkeyPatch()
     monkey.setenv("TRAINJOBS_BUCKET", bucket)
     monkey.setenv("TRAINJOBS_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    # What a worker holds, which no job's program may see: the database URL and a secret of the operator's.
+    monkey.setenv("TRAINJOBS_DATABASE_URL", database_url)
+    monkey.setenv("TRAINJOBS_WORKER_SECRET", "s3cr3t")
     key = make_key(session_factory(engine), "programs")
     client = httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {key}"}, timeout=scaled(30))
+    alpha = httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {make_key(session_factory(engine), 'alpha')}"},
+                         timeout=scaled(30))
     ids = {}
-    for name, spec in _specs(client).items():
+    for name, spec in _specs(client, alpha, bucket, tmp_path_factory.mktemp("programs")).items():
         r = client.post("/v1/jobs", json={"name": name, **spec})
         assert r.status_code == 201, (name, r.text)
         ids[name] = r.json()["id"]
@@ -110,6 +194,7 @@ def jobs(database_url: str, api_url: str, gcs_emulator: Any, tmp_path_factory: p
             yield client, ids
     finally:
         client.close()
+        alpha.close()
         monkey.undo()
 
 
@@ -235,3 +320,48 @@ def test_a_requirement_that_would_replace_numpy_fails_before_training(jobs: Jobs
     client, ids = jobs
     log = str(client.get(f"/v1/jobs/{ids['replaces_numpy']}/logs").json())
     assert "about to fail" not in log  # the program never started
+
+
+def test_a_programs_requirement_is_installed_over_the_image_in_a_phase_of_its_own(jobs: Jobs, tmp_path: Path) -> None:
+    from importlib import metadata
+
+    job = _done(jobs, "requirements")
+    assert job["status"] == "SUCCEEDED", job.get("error")
+    assert job["runtime"]["install_s"] > 0
+    hello, numpy_version, python = _download(jobs, "requirements", "greeting.txt", tmp_path / "g.txt").read_text().split()
+    assert (hello, numpy_version) == ("hi", metadata.version("numpy"))  # the package, and the image's NumPy
+    assert "/requirements/" in python  # the environment made for the requirements ran the program
+    client, ids = jobs
+    assert "requirements: installing tjgreet @ file://" in str(client.get(f"/v1/jobs/{ids['requirements']}/logs").json())
+
+
+def test_a_requirement_pip_cannot_install_fails_the_job_with_pips_message_before_the_program_runs(jobs: Jobs) -> None:
+    job = _done(jobs, "bad_requirement")
+    assert job["status"] == "FAILED"
+    assert "pip could not install the requirements" in job["error"], job["error"]
+    assert "tjmissing-1.0-py3-none-any.whl" in job["error"], job["error"]
+    client, ids = jobs
+    assert "about to fail" not in str(client.get(f"/v1/jobs/{ids['bad_requirement']}/logs").json())
+
+
+def test_a_programs_own_code_reaches_nothing_outside_its_job_and_cannot_make_the_agent_trust_its_files(
+        jobs: Jobs, tmp_path: Path) -> None:
+    job = _done(jobs, "attacker")
+    assert job["status"] == "SUCCEEDED", job.get("error")
+    client, ids = jobs
+    listed = {a["path"] for a in client.get(f"/v1/jobs/{ids['attacker']}/artifacts").json()["artifacts"]}
+    # The link out of model_dir was not followed (metrics.json and history.json are the agent's).
+    assert listed == {"report.json", "report-link.json", "metrics.json", "history.json"}
+    report = json.loads(_download(jobs, "attacker", "report.json", tmp_path / "report.json").read_text())
+    assert report.pop("environment") == []
+    assert {what: "403" in outcome and "Forbidden" in outcome for what, outcome in report.items()} == {
+        "list the uploads": True, "list the bucket": True, "read another project's module": True,
+        "read another project's dataset": True}
+    log = str(client.get(f"/v1/jobs/{ids['attacker']}/logs").json())
+    assert "not uploaded: leak.txt is a link to" in log
+    assert log.count("ignored a report line") == 5  # not JSON, epoch 'first', fraction 'all', epoch 10**9, 3 MiB
+    # What the agent kept of the reports it could read: two epochs, each within its bounds.
+    history = client.get(f"/v1/jobs/{ids['attacker']}/metrics").json()["epochs"]["history"]
+    assert [e["epoch"] for e in history] == [1, 2]
+    assert len([k for k in history[0] if k.startswith("m")]) == 64
+    assert history[1]["loss"] == 0.5 and history[1]["note"] == "y" * 200

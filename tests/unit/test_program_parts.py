@@ -15,6 +15,7 @@ import pytest
 from agent.program import _hyperparameters
 from agent.requirements import refusals
 from trainjobs.client.local_paths import requirements_lines
+from trainjobs.storage import restorable
 from trainjobs.program_source import (
     ProgramSourceError, archive_names, entrypoint_in, root_of, single_file_entrypoint, unpack,
 )
@@ -137,3 +138,11 @@ def test_a_program_needs_neither_model_nor_dataset() -> None:
     assert spec.code == ("program.source", "gs://b/uploads/p/train.py")
     assert spec.spec_version == SPEC_VERSION == 3
     assert parse_stored(spec.model_dump(mode="json")) == spec
+
+
+def test_object_names_that_would_climb_out_of_a_restored_directory_are_left_in_storage(tmp_path: Path) -> None:
+    """A program writes any name under its own job's checkpoint prefix (GCS takes '..' in one); a new
+    attempt restores that prefix into its checkpoint directory."""
+    names = ["ckpt/state.json", "../../../.bashrc", "ckpt/../../escaped", "ckpt/../kept.txt", "/etc/cron.d/x",
+             "ckpt/"]
+    assert restorable(names, tmp_path / "work" / "checkpoints") == ["ckpt/state.json", "ckpt/../kept.txt"]

@@ -1,0 +1,172 @@
+"""Program jobs (issue 20): the same training script by hand and as a program job through `trainjobs up`,
+in one run. Goal: training throughput >= 0.95x; the fixed overheads reported.
+
+The script is bench/program_script.py (an MLP on data it makes itself, with the runtime's lines: the
+spec's strategy, precision, steps_per_execution and callbacks). Three ways, alternating A B C C B A:
+- **program**: a job {program: {source: program_script.py}, accelerator: cpu x2 replicas, strategy:
+  mirrored, precision float32, steps_per_execution auto} submitted through the Python client to
+  `trainjobs up` (API, worker, local provisioner) on a new database of the PostgreSQL named by
+  TRAINJOBS_TEST_DATABASE_URL and a GCS emulator this bench starts; its timing.json comes back as an
+  artifact.
+- **by hand**: the same file with `TRAINJOBS_SPEC` naming the same spec and TRAINJOBS_LOCAL_DEVICES=2
+  (the runtime's way outside a job: same strategy, batch, steps_per_execution).
+- **plain** (for reference): the same file with --plain: MirroredStrategy over the same two logical
+  CPUs, Keras' own train step, steps_per_execution 1: the script as written without trainjobs.
+
+Throughput: the median examples/s of each run's epochs after the first (tracing). Fixed overheads of the
+program job: STAGING (the job's staging_at) -> the script's first training step, against the script's
+own process start -> first step by hand; and the last step -> SUCCEEDED (finished_at), against the last
+step -> process exit by hand.
+
+Usage: python bench/program_bench.py [--runs 2] [--epochs 4] [--examples 80000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.small_job_bench import empty_database  # noqa: E402
+from stack.embedded import start_gcs_emulator, use_emulator  # noqa: E402
+from trainjobs.client.api import Client  # noqa: E402
+from trainjobs.loopback import free_port  # noqa: E402
+
+BUCKET = "trainjobs-programbench"
+SCRIPT = REPO / "bench" / "program_script.py"
+
+
+def job_spec(epochs: int, examples: int, source: str) -> dict[str, Any]:
+    return {"name": "program-bench", "accelerator": {"type": "cpu", "replicas": 2}, "strategy": "mirrored",
+            "precision": "float32", "steps_per_execution": "auto",
+            "program": {"source": source, "args": ["--examples", str(examples)]},
+            "training": {"epochs": epochs, "global_batch_size": 256, "learning_rate": 0.001, "seed": 7}}
+
+
+def _throughput(timing: dict[str, Any]) -> float:
+    return statistics.median(e["examples_per_sec"] for e in timing["epochs"][1:])
+
+
+class Product:
+    """`trainjobs up` for the whole run: the job is what is timed, not the stack's start."""
+
+    def __init__(self, url: str, scratch: Path) -> None:
+        self.data_dir = Path(tempfile.mkdtemp(dir=scratch))
+        env = {**os.environ, "TRAINJOBS_DATABASE_URL": url, "TRAINJOBS_HOME": str(self.data_dir),
+               "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
+        self.port = free_port()
+        self.up = subprocess.Popen([sys.executable, "-m", "stack.cli", "up", "--port", str(self.port), "--data-dir",
+                                    str(self.data_dir), "--provisioner", "local", "--concurrency", "1"], cwd=REPO,
+                                   env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                                   start_new_session=True)
+        assert self.up.stderr is not None
+        said = []
+        for line in self.up.stderr:
+            said.append(line)
+            if line.strip() == "ready":
+                break
+        else:
+            raise RuntimeError(f"trainjobs up exited {self.up.wait()}: {''.join(said[-20:])}")
+        threading.Thread(target=lambda: [None for _ in self.up.stderr or []], daemon=True).start()
+        key = json.loads((self.data_dir / "config.json").read_text())["api_key"]
+        self.client = Client(f"http://127.0.0.1:{self.port}", key)
+        self.source = self.client.upload_module(SCRIPT)
+
+    def run(self, epochs: int, examples: int, scratch: Path) -> dict[str, Any]:
+        t0 = time.time()
+        job = self.client.submit(job_spec(epochs, examples, self.source))
+        job = self.client.wait(job["id"], timeout=1800, poll=0.1)
+        wall = time.time() - t0
+        if job["status"] != "SUCCEEDED":
+            raise RuntimeError(f"job {job['status']}: {job.get('error')}")
+        into = Path(tempfile.mkdtemp(dir=scratch))
+        self.client.download_artifacts(job["id"], into)
+        timing = json.loads((into / "timing.json").read_text())
+        at = {k: datetime.fromisoformat(job[k]).timestamp() for k in ("created_at", "staging_at", "finished_at")}
+        return {"examples_per_sec": round(_throughput(timing)),
+                "staging_to_first_step_s": round(timing["first_step_at"] - at["staging_at"], 2),
+                "last_step_to_succeeded_s": round(at["finished_at"] - timing["last_step_at"], 2),
+                "submit_to_succeeded_s": round(wall, 2), "steps_per_execution": timing["steps_per_execution"],
+                "install_s": (job.get("runtime") or {}).get("install_s")}
+
+    def stop(self) -> None:
+        if self.up.poll() is None:
+            os.killpg(self.up.pid, signal.SIGTERM)
+            self.up.wait(60)
+
+
+def by_hand(epochs: int, examples: int, scratch: Path, plain: bool) -> dict[str, Any]:
+    cwd = Path(tempfile.mkdtemp(dir=scratch))
+    spec_file = cwd / "spec.json"
+    spec = job_spec(epochs, examples, "program_script.py")
+    spec_file.write_text(json.dumps(spec))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2", "TRAINJOBS_SPEC": str(spec_file),
+           "TRAINJOBS_LOCAL_DEVICES": "2"}
+    args = ["--examples", str(examples)] + (["--plain", "--epochs", str(epochs), "--batch", "256"] if plain else [])
+    proc = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, env=env, capture_output=True, text=True)
+    ended = time.time()
+    if proc.returncode:
+        raise RuntimeError(f"the script exited {proc.returncode}: {proc.stderr[-3000:]}")
+    model_dir = cwd / ("plain-model" if plain else "trainjobs-local/model")
+    timing = json.loads((model_dir / "timing.json").read_text())
+    return {"examples_per_sec": round(_throughput(timing)),
+            "start_to_first_step_s": round(timing["first_step_at"] - timing["started_at"], 2),
+            "last_step_to_exit_s": round(ended - timing["last_step_at"], 2),
+            "process_s": round(ended - timing["started_at"], 2), "steps_per_execution": timing["steps_per_execution"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--examples", type=int, default=80_000)
+    args = ap.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="programbench-"))
+    emulator = start_gcs_emulator(None, bucket=BUCKET)
+    use_emulator(emulator, BUCKET)
+    os.environ["TRAINJOBS_BUCKET"] = BUCKET
+    product = Product(empty_database("trainjobs_programbench"), scratch)
+    results: dict[str, list[dict[str, Any]]] = {"program": [], "hand": [], "plain": []}
+    order = ["program", "hand", "plain", "plain", "hand", "program"]  # ABCCBA: drift cancels
+    try:
+        for run in range(args.runs):
+            for way in order:
+                if way == "program":
+                    row = product.run(args.epochs, args.examples, scratch)
+                else:
+                    row = by_hand(args.epochs, args.examples, scratch, plain=way == "plain")
+                results[way].append(row)
+                print(json.dumps({"run": run + 1, "way": way, **row}), flush=True)
+    finally:
+        product.stop()
+        emulator.stop()
+
+    def med(way: str, key: str) -> float:
+        return round(statistics.median(r[key] for r in results[way]), 2)
+
+    program, hand, plain = (med(w, "examples_per_sec") for w in ("program", "hand", "plain"))
+    print(f"throughput examples/s (median of {len(results['program'])} runs each): program job {program:.0f}, "
+          f"by hand {hand:.0f}, plain Keras {plain:.0f}")
+    print(f"program job / by hand: {program / hand:.3f}x (goal >= 0.95x); program job / plain Keras: {program / plain:.3f}x")
+    print(f"start -> first training step: program job (STAGING ->) {med('program', 'staging_to_first_step_s')} s, "
+          f"by hand (process start ->) {med('hand', 'start_to_first_step_s')} s")
+    print(f"last training step -> end: program job (-> SUCCEEDED) {med('program', 'last_step_to_succeeded_s')} s, "
+          f"by hand (-> process exit) {med('hand', 'last_step_to_exit_s')} s")
+    print(f"submit -> SUCCEEDED {med('program', 'submit_to_succeeded_s')} s; by hand, the process {med('hand', 'process_s')} s")
+
+
+if __name__ == "__main__":
+    main()
