@@ -18,6 +18,8 @@ from trainjobs import storage
 from trainjobs.vm_metadata import STARTUP_SCRIPT_KEY
 from worker.gcs_channel import GcsJobChannel
 
+PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
+
 
 @pytest.mark.tf
 @pytest.mark.parametrize("cloud", CLOUDS.values(), ids=CLOUDS.keys())
@@ -90,3 +92,47 @@ def test_two_vms_train_together_under_multi_worker_mirrored(api: Any, make_gce: 
     cluster = storage.read_json(f"{GcsJobChannel().job_dir(job['id'])}/cluster/attempt-1.json")
     assert cluster is not None and len(cluster["worker"]) == 2
     assert gce.fake.instance_names() == []
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize("where", ["tpu", "two-vms"])
+def test_a_program_job_trains_on_a_fake_cloud_and_the_chiefs_model_comes_back(
+        where: str, request: pytest.FixtureRequest, api: Any, database_url: str, tmp_path: Path) -> None:
+    """Issue 20 on the clouds, through the startup script: the program (a custom training loop that
+    reports with tj.report) runs on a Cloud TPU VM, and on two Compute Engine VMs with the TF_CONFIG
+    each host's startup script exports, where the runtime makes it multi-worker mirrored. Only the
+    chief's model directory becomes the artifacts; the model is scored here on held-out patients."""
+    import keras
+    import numpy as np
+    from sklearn.datasets import load_diabetes
+
+    if where == "tpu":
+        stack = request.getfixturevalue("make_gcp")(boot=True)
+        accelerator: dict[str, Any] = {"accelerator": {"type": "tpu", "tpu_type": "v5litepod-8"}}
+    else:
+        stack = request.getfixturevalue("make_gce")(boot=True, local_devices=1)
+        accelerator = {"accelerator": {"type": "gpu", "gpu_type": "nvidia-l4", "count": 1}, "workers": 2}
+    stack.start_worker(database_url, tmp_path / "staging")
+    source = api.post("/v1/modules", files={"file": ("regression_loop.py", PROGRAMS.joinpath(
+        "regression_loop.py").read_bytes())}).json()["module"]
+    spec = {**accelerator, "strategy": "auto", "program": {"source": source, "args": ["--units", "32"]},
+            "training": {"epochs": 4, "global_batch_size": 32}}
+    job = api.post("/v1/jobs", json=spec)
+    assert job.status_code == 201, job.text
+    done = wait(api, job.json()["id"], lambda j: j["status"] in TERMINAL, timeout=600)
+    assert done["status"] == "SUCCEEDED", done
+    runtime = done["runtime"]
+    if where == "tpu":  # the fake's TPU host is CPU devices: the stand-in strategy, the TPU's precision
+        assert (runtime["strategy"], runtime["precision"]) == ("mirrored", "mixed_bfloat16"), runtime
+    else:
+        assert (runtime["strategy"], runtime["workers"], runtime["replicas"]) == ("multi_worker_mirrored", 2, 2), runtime
+        assert len([r for r in stack.fake.requests if r.method == "POST" and r.path.endswith("/instances")]) == 2
+    history = api.get(f"/v1/jobs/{done['id']}/metrics").json()["epochs"]["history"]
+    assert [e["epoch"] for e in history] == [1, 2, 3, 4]
+    saved = tmp_path / "regressor.keras"
+    saved.write_bytes(api.get(f"/v1/jobs/{done['id']}/artifacts/regressor.keras").content)
+    x, y = load_diabetes(return_X_y=True)
+    x = ((x - x.mean(axis=0)) / x.std(axis=0)).astype("float32")
+    mae = float(np.mean(np.abs(keras.saving.load_model(saved).predict(x[-88:], verbose=0)[:, 0] - y[-88:] / 100.0)))
+    assert mae < 0.85 * float(np.mean(np.abs(np.mean(y[:-88] / 100.0) - y[-88:] / 100.0)))
+    assert (stack.fake.node_names() if where == "tpu" else stack.fake.instance_names()) == []
