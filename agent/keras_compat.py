@@ -110,15 +110,18 @@ class _Int64Seeds:
 
 
 def repair_multi_worker_fit(model: Any, strategy: Any) -> list[str]:
-    """Returns a note per repair applied, for the runtime plan."""
+    """Returns a note per repair applied, for the runtime plan. `model` is one model, or None for every
+    model of this process (a program's, through the runtime: its models are its own to make)."""
     import tensorflow as tf
     from keras.src import tree
     from keras.src.backend.tensorflow import trainer as tf_trainer
 
     notes = []
-    if hasattr(model, "_maybe_symbolic_build") and hasattr(model, "_symbolic_build"):
+    target = tf_trainer.TensorFlowTrainer if model is None else model
+    if hasattr(target, "_maybe_symbolic_build") and hasattr(target, "_symbolic_build") and not getattr(
+            target._maybe_symbolic_build, "_trainjobs_repaired", False):
 
-        def symbolic_build_from_local_batch(iterator: Any = None, data_batch: Any = None) -> None:
+        def build_from_local_batch(of: Any, iterator: Any = None, data_batch: Any = None) -> None:
             if iterator is not None:
                 for *_, it in _executions(iterator):
                     data_batch = tree.map_structure(
@@ -127,9 +130,14 @@ def repair_multi_worker_fit(model: Any, strategy: Any) -> list[str]:
                         next(it))
                     break
             with strategy.scope():
-                model._symbolic_build(data_batch=data_batch)
+                of._symbolic_build(data_batch=data_batch)
 
-        model._maybe_symbolic_build = symbolic_build_from_local_batch
+        def on_the_model(iterator: Any = None, data_batch: Any = None) -> None:
+            build_from_local_batch(model, iterator, data_batch)
+
+        replacement: Any = build_from_local_batch if model is None else on_the_model
+        replacement._trainjobs_repaired = True
+        target._maybe_symbolic_build = replacement
         notes.append("keras multi-worker repair: symbolic build from the local batch (keras-team/keras#20585)")
 
     original = getattr(tf_trainer, "reduce_per_replica", None)

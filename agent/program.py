@@ -39,7 +39,7 @@ from trainjobs.job_paths import ARTIFACT_HISTORY, ARTIFACT_METRICS
 from trainjobs.program_source import entrypoint_in, is_archive, root_of, single_file_entrypoint, unpack
 from trainjobs.stop_request import term_grace_s
 from agent import export
-from agent.job import AgentJob, WorkDir
+from agent.job import AgentJob, WorkDir, wait_for_chief
 from agent.status import StatusReporter
 
 log = logging.getLogger("trainjobs.agent")
@@ -48,9 +48,9 @@ program_log = logging.getLogger("trainjobs.program")
 OUTPUT_TAIL_LINES = 40  # of the program's output, in job.error when it fails ...
 OUTPUT_TAIL_CHARS = 3500  # ... at most this much of their end (the status keeps 4,000 characters of a message)
 STOP_MARGIN_S = 5.0  # of the SIGTERM grace kept for the last uploads after the program is stopped
-CHIEF_POLL_S = 1.0
 MAX_REPORT_LINE = 1 << 20  # bytes of one line of the runtime's reports; longer ones are skipped
 MAX_REPORTED_NAMES, MAX_REPORTED_CHARS = 64, 200  # per report: metrics (or plan values), and their texts
+MAX_REPORTED_LIST = 16  # items of a list value (the plan's notes)
 MAX_EPOCH = 100_000
 
 
@@ -144,7 +144,7 @@ def run_program(job: AgentJob, work: WorkDir, reporter: StatusReporter, terminat
     follower.finish()
     if not job.is_chief:
         reporter.set_phase("waiting_for_chief")
-        _wait_for_chief(job)
+        wait_for_chief(job)
         return
     reporter.set_phase("exporting")
     out = model_dir
@@ -169,10 +169,8 @@ def _fetch(local: Path, entrypoint: str | None, dest: Path) -> tuple[Path, Path]
         names = [p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file()]
         return local, local / entrypoint_in(names, entrypoint, root="")
     if is_archive(local.name):
-        unpacked = dest / "unpacked"
-        unpack(local, unpacked)
-        names = [p.relative_to(unpacked).as_posix() for p in unpacked.rglob("*") if p.is_file()]
-        return unpacked / root_of(names), unpacked / entrypoint_in(names, entrypoint)
+        names = unpack(local, dest / "unpacked")
+        return dest / "unpacked" / root_of(names), dest / "unpacked" / entrypoint_in(names, entrypoint)
     single_file_entrypoint(local.name, entrypoint)
     return local.parent, local
 
@@ -246,17 +244,6 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         log.warning("the program did not stop in time; killing it")
         proc.kill()
         proc.wait()
-
-
-def _wait_for_chief(job: AgentJob) -> None:
-    from trainjobs.messages import AgentReport
-
-    while True:
-        raw = storage.read_json(job.paths.status)
-        chief = AgentReport.model_validate(raw) if raw else None
-        if chief is not None and chief.attempt == job.attempt and chief.state.finished:
-            return
-        time.sleep(CHIEF_POLL_S)
 
 
 class ReportFollower:
@@ -371,14 +358,21 @@ def _scalar(v: Any) -> bool:
 
 
 def _scalars(values: dict[str, Any]) -> dict[str, Any]:
-    """What of a report's names and values the job keeps: scalars, names and texts cut short, at most
-    MAX_REPORTED_NAMES of them (the job's status.json has 1 MiB)."""
+    """What of a report's names and values the job keeps: scalars and short lists of them (the plan's
+    notes), names and texts cut short, at most MAX_REPORTED_NAMES of them (the job's status.json has
+    1 MiB)."""
     if not isinstance(values, dict):
         raise TypeError("metrics are not a JSON object")
-    kept = {}
+
+    def cut(value: Any) -> Any:
+        return value[:MAX_REPORTED_CHARS] if isinstance(value, str) else value
+
+    kept: dict[str, Any] = {}
     for name, value in list(values.items())[:MAX_REPORTED_NAMES]:
         if _scalar(value):
-            kept[str(name)[:MAX_REPORTED_CHARS]] = value[:MAX_REPORTED_CHARS] if isinstance(value, str) else value
+            kept[str(name)[:MAX_REPORTED_CHARS]] = cut(value)
+        elif isinstance(value, list) and all(_scalar(v) for v in value):
+            kept[str(name)[:MAX_REPORTED_CHARS]] = [cut(v) for v in value[:MAX_REPORTED_LIST]]
     return kept
 
 

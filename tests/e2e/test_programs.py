@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import io
 import json
-import uuid
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,8 +23,9 @@ import numpy as np
 import pytest
 
 from tests.support import scaled
-from tests.support.jobs import TABLES, make_key, wait_for_job
+from tests.support.jobs import make_key, module_jobs, wait_for_job
 from tests.support.local import AGENT_JOB_S, local_stack_running
+from tests.support.streams import sse
 from tests.support.wheels import make_wheel
 from trainjobs.states import TERMINAL
 
@@ -143,6 +143,9 @@ def _specs(client: httpx.Client, alpha: httpx.Client, bucket: str, scratch: Path
                  "precision": "mixed_bfloat16",
                  "program": {"source": loop, "args": ["--units", "32"]},
                  "training": {"epochs": 6, "global_batch_size": 32}},
+        "fit_two_workers": {"accelerator": {"type": "cpu"}, "workers": 2, "strategy": "multi_worker_mirrored",
+                            "program": {"source": _upload(client, "long_fit.py", (PROGRAMS / "long_fit.py").read_bytes())},
+                            "training": {"epochs": 3, "global_batch_size": 32}},
         "vertex": {"accelerator": {"type": "cpu"}, "strategy": "default",
                    "program": {"source": vertex, "entrypoint": "task.py",
                                "args": ["--epochs", "5", "--distribute", "single"], "env": {"MY_FLAG": "1"}}},
@@ -164,38 +167,23 @@ Jobs = tuple[httpx.Client, dict[str, str]]
 
 @pytest.fixture(scope="module")
 def jobs(database_url: str, api_url: str, gcs_emulator: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jobs]:
-    from sqlalchemy import text
+    import os
 
-    from service.db.session import get_engine, session_factory
-    from trainjobs import storage
-
-    engine = get_engine(database_url)
-    with engine.begin() as conn:
-        conn.execute(text(f"TRUNCATE {TABLES} CASCADE"))
-    bucket = f"t-{uuid.uuid4().hex[:12]}"
-    storage.ensure_bucket(bucket)
-    monkey = pytest.MonkeyPatch()
-    monkey.setenv("TRAINJOBS_BUCKET", bucket)
-    monkey.setenv("TRAINJOBS_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-    # What a worker holds, which no job's program may see: the database URL and a secret of the operator's.
-    monkey.setenv("TRAINJOBS_DATABASE_URL", database_url)
-    monkey.setenv("TRAINJOBS_WORKER_SECRET", "s3cr3t")
-    key = make_key(session_factory(engine), "programs")
-    client = httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {key}"}, timeout=scaled(30))
-    alpha = httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {make_key(session_factory(engine), 'alpha')}"},
-                         timeout=scaled(30))
-    ids = {}
-    for name, spec in _specs(client, alpha, bucket, tmp_path_factory.mktemp("programs")).items():
-        r = client.post("/v1/jobs", json={"name": name, **spec})
-        assert r.status_code == 201, (name, r.text)
-        ids[name] = r.json()["id"]
-    try:
+    with module_jobs(database_url, api_url, "programs") as (client, factory, monkey):
+        monkey.setenv("TRAINJOBS_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        # What a worker holds, which no job's program may see: the database URL and a secret of the operator's.
+        monkey.setenv("TRAINJOBS_DATABASE_URL", database_url)
+        monkey.setenv("TRAINJOBS_WORKER_SECRET", "s3cr3t")
+        with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {make_key(factory, 'alpha')}"},
+                          timeout=scaled(30)) as alpha:
+            specs = _specs(client, alpha, os.environ["TRAINJOBS_BUCKET"], tmp_path_factory.mktemp("programs"))
+        ids = {}
+        for name, spec in specs.items():
+            r = client.post("/v1/jobs", json={"name": name, **spec})
+            assert r.status_code == 201, (name, r.text)
+            ids[name] = r.json()["id"]
         with local_stack_running(database_url, tmp_path_factory.mktemp("stack")):
             yield client, ids
-    finally:
-        client.close()
-        alpha.close()
-        monkey.undo()
 
 
 def _done(jobs: Jobs, name: str) -> dict[str, Any]:
@@ -266,6 +254,12 @@ def test_a_custom_training_loop_on_two_workers_in_bfloat16_reports_its_metrics_a
     history = client.get(f"/v1/jobs/{ids['loop']}/metrics").json()["epochs"]["history"]
     assert [e["epoch"] for e in history] == list(range(1, 7))
     assert history[-1]["loss"] < history[0]["loss"]
+    # The metrics stream a watcher follows gives the same epochs, then ends with the job.
+    with client.stream("GET", f"/v1/jobs/{ids['loop']}/metrics", params={"follow": "true"}) as r:
+        events = list(sse(r))
+    streamed = [e.data for e in events if e.name == "metric"]
+    assert [e["epoch"] for e in streamed] == list(range(1, 7)) and streamed[-1]["loss"] == history[-1]["loss"], events
+    assert events[-1].name == "end" and events[-1].data["status"] == "SUCCEEDED"
     model = keras.saving.load_model(_download(jobs, "loop", "regressor.keras", tmp_path / "regressor.keras"))
     x, y = load_diabetes(return_X_y=True)
     x = ((x - x.mean(axis=0)) / x.std(axis=0)).astype("float32")
@@ -273,6 +267,25 @@ def test_a_custom_training_loop_on_two_workers_in_bfloat16_reports_its_metrics_a
     mae = float(np.mean(np.abs(model.predict(held_out, verbose=0)[:, 0] - truth)))
     baseline = float(np.mean(np.abs(np.mean(y[:-88] / 100.0) - truth)))  # always the training mean
     assert mae < 0.85 * baseline, (mae, baseline)
+
+
+def test_keras_fit_in_a_program_trains_on_two_workers_under_multi_worker_mirrored(jobs: Jobs, tmp_path: Path) -> None:
+    """Keras 3 cannot fit under MultiWorkerMirroredStrategy as it ships (keras-team/keras#20585): the
+    runtime applies the managed trainer's repairs to the program's models too."""
+    import keras
+    from sklearn.datasets import load_digits
+
+    job = _done(jobs, "fit_two_workers")
+    assert job["status"] == "SUCCEEDED", job.get("error")
+    assert (job["runtime"]["strategy"], job["runtime"]["workers"], job["runtime"]["replicas"]) == (
+        "multi_worker_mirrored", 2, 2)
+    assert any("keras multi-worker repair" in note for note in job["runtime"]["notes"]), job["runtime"]
+    client, ids = jobs
+    assert [e["epoch"] for e in client.get(f"/v1/jobs/{ids['fit_two_workers']}/metrics").json()["epochs"]["history"]] == [
+        1, 2, 3]
+    model = keras.saving.load_model(_download(jobs, "fit_two_workers", "model.keras", tmp_path / "model.keras"))
+    x, y = load_digits(return_X_y=True)
+    assert float(np.mean(model.predict(x / 16.0, verbose=0).argmax(axis=-1) == y)) >= 0.8
 
 
 def test_a_script_written_for_vertex_ai_runs_unchanged_and_its_saved_model_serves(jobs: Jobs, tmp_path: Path) -> None:

@@ -131,7 +131,7 @@ def plan() -> dict[str, Any]:
 def _build() -> Any:
     import keras
 
-    from agent import devices
+    from agent import devices, keras_compat
     from agent.plan import AUTO_STEPS_PER_EXECUTION, strategy_to_build
     from trainjobs.spec.derived import global_batch_size, resolve_precision, scaled_learning_rate
 
@@ -144,6 +144,11 @@ def _build() -> Any:
     replicas = int(built.num_replicas_in_sync)
     precision = resolve_precision(spec.precision, hardware.kind, hardware.gpu_compute_capability)
     keras.mixed_precision.set_global_policy(precision)
+    # What the managed trainer repairs in the Keras at hand (agent/keras_compat.py), for the program's
+    # models too: metrics over every replica in the images' older Keras, and fit under multi-worker.
+    repairs = keras_compat.repair_before_build()
+    if name == "multi_worker_mirrored":
+        repairs += keras_compat.repair_multi_worker_fit(None, built)
     keras.utils.set_random_seed(spec.training.seed)
     batch = global_batch_size(spec.training, replicas)
     spe = spec.steps_per_execution
@@ -154,7 +159,7 @@ def _build() -> Any:
         "per_replica_batch_size": batch // replicas,
         "steps_per_execution": AUTO_STEPS_PER_EXECUTION[hardware.kind] if spe == "auto" else spe,
         "learning_rate": scaled_learning_rate(spec.training, batch), "epochs": spec.training.epochs,
-        "seed": spec.training.seed,
+        "seed": spec.training.seed, **({"notes": repairs} if repairs else {}),
     }
     _emit({"kind": "runtime", "plan": {k: v for k, v in _state["plan"].items() if k != "strategy_name"}})
     return built
@@ -267,18 +272,39 @@ def _backup_callback(keras: Any, every_steps: int | None) -> Any:
         def __init__(self) -> None:
             super().__init__(str(__getattr__("checkpoint_dir")), save_freq=every_steps or "epoch")
             self._stopping = False
+            self._call_began_at = 0
 
         def _save_model(self) -> None:
             super()._save_model()
             checkpoint_saved()
 
+        def on_train_begin(self, logs: Any = None) -> None:
+            # The restore builds the optimizer's variables; older Keras (3.4, the TF 2.17 images) does
+            # so only inside the strategy's scope ("Need to be inside with strategy.scope()").
+            with strategy().scope():
+                super().on_train_begin(logs)
+
+        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            super().on_train_batch_begin(batch, logs)
+            self._call_began_at = batch
+
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
             super().on_train_batch_end(batch, logs)
             if _stop.is_set() and not self._stopping:
                 self._stopping = True
-                self._last_batch_seen = batch  # where in the epoch (Keras restores the epoch count only)
+                self._last_batch_seen = self._last_step(batch)  # where in the epoch (Keras restores the epoch only)
                 self._save_model()
                 self.model.stop_training = True
+
+        def _last_step(self, batch: int) -> int:
+            """The index of the last step the call that just ended ran. Newer Keras (3.15) passes it;
+            older (3.4, 3.6: the TF 2.17 and 2.18 images) passes the call's first step, the same index
+            on_train_batch_begin had, and a call runs steps_per_execution steps, fewer at the epoch's end."""
+            if batch != self._call_began_at:
+                return batch
+            spe = int(getattr(self.model, "steps_per_execution", 1) or 1)
+            steps = self.params.get("steps") or batch + spe
+            return min(batch + spe, int(steps)) - 1
 
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
             # fit ends a stopped epoch as if it were complete: saved as such, the next attempt would
