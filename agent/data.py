@@ -159,18 +159,29 @@ def _options() -> Any:
 
 def train_dataset(ds: LocalDataset, global_batch: int, seed: int, cache: bool) -> Any:
     """Endless: the plan's steps_per_epoch decides where an epoch ends."""
-    import tensorflow as tf
-
-    auto = tf.data.AUTOTUNE
-    files = tf.data.Dataset.from_tensor_slices([str(f) for f in ds.train.files])
-    records = files.interleave(tf.data.TFRecordDataset, cycle_length=min(len(ds.train.files), 8),
-                               num_parallel_calls=auto, deterministic=True)
+    records = _records(ds.train)
     if cache:
         records = records.cache()
     records = records.shuffle(min(ds.train.examples, SHUFFLE_BUFFER), seed=seed, reshuffle_each_iteration=True)
     # drop_remainder keeps every batch the same shape, which a TPU needs and no one else minds.
-    batches = records.repeat().batch(global_batch, drop_remainder=True)
-    return batches.map(_parser(ds), num_parallel_calls=auto).prefetch(auto).with_options(_options())
+    return _parsed(ds, records.repeat().batch(global_batch, drop_remainder=True))
+
+
+def _records(split: Split) -> Any:
+    """A split's serialized examples, its shards read in parallel and in a fixed order."""
+    import tensorflow as tf
+
+    files = tf.data.Dataset.from_tensor_slices([str(f) for f in split.files])
+    return files.interleave(tf.data.TFRecordDataset, cycle_length=min(len(split.files), 8),
+                            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def _parsed(ds: LocalDataset, batches: Any) -> Any:
+    """Batches of serialized examples as (features, labels), parsed in parallel and prefetched."""
+    import tensorflow as tf
+
+    return batches.map(_parser(ds), num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE).with_options(
+        _options())
 
 
 def eval_dataset(ds: LocalDataset, global_batch: int, static_shapes: bool, cache: bool) -> Any:
@@ -185,9 +196,7 @@ def eval_dataset(ds: LocalDataset, global_batch: int, static_shapes: bool, cache
     # instead of warning that the input "ran out of data".
     n = ds.validation.examples
     steps = n // global_batch if static_shapes else -(-n // global_batch)
-    batches = batches.apply(tf.data.experimental.assert_cardinality(steps))
-    auto = tf.data.AUTOTUNE
-    return batches.map(_parser(ds), num_parallel_calls=auto).prefetch(auto).with_options(_options())
+    return _parsed(ds, batches.apply(tf.data.experimental.assert_cardinality(steps)))
 
 
 def read_arrays(ds: LocalDataset, split: Split, limit: int | None = None) -> tuple[Any, Any]:
@@ -217,13 +226,9 @@ def split_dataset(ds: LocalDataset, split: str, batch_size: int, *, shuffle: boo
     if chosen is None:
         raise DataError(f"the dataset has no {split!r} split (it has: train"
                         f"{', validation' if ds.validation else ''})")
-    auto = tf.data.AUTOTUNE
-    files = tf.data.Dataset.from_tensor_slices([str(f) for f in chosen.files])
-    records = files.interleave(tf.data.TFRecordDataset, cycle_length=min(len(chosen.files), 8),
-                               num_parallel_calls=auto, deterministic=True)
+    records = _records(chosen)
     if shuffle:
         records = records.shuffle(min(chosen.examples, SHUFFLE_BUFFER), seed=seed, reshuffle_each_iteration=True)
     batches = records.batch(batch_size, drop_remainder=drop_remainder)
     steps = chosen.examples // batch_size if drop_remainder else -(-chosen.examples // batch_size)
-    batches = batches.apply(tf.data.experimental.assert_cardinality(steps))
-    return batches.map(_parser(ds), num_parallel_calls=auto).prefetch(auto).with_options(_options())
+    return _parsed(ds, batches.apply(tf.data.experimental.assert_cardinality(steps)))

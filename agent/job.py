@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainjobs import storage
 from trainjobs.job_paths import JobPaths
-from trainjobs.messages import AgentAssignment
+from trainjobs.messages import AgentAssignment, AgentReport
 from trainjobs.spec import JobSpec
+
+
+CHIEF_POLL_S = 1.0
 
 
 class JobInputError(Exception):
@@ -98,3 +103,16 @@ class WorkDir:
     @property
     def log_file(self) -> Path:
         return self.root / "agent.log"
+
+
+def wait_for_chief(job: AgentJob) -> None:
+    """On a host other than the chief, once its part is done: until the chief reports this attempt
+    finished. A chief that dies without a word stops the machine, and the worker's delete ends this
+    wait with SIGTERM."""
+    while True:
+        raw = storage.read_json(job.paths.status)
+        chief = AgentReport.model_validate(raw) if raw else None
+        if chief is not None and chief.attempt == job.attempt and chief.state.finished:
+            logging.getLogger("trainjobs.agent").info("chief %s; leaving", chief.state)
+            return
+        time.sleep(CHIEF_POLL_S)

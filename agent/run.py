@@ -10,18 +10,16 @@ import dataclasses
 import json
 import logging
 import statistics
-import time
 from typing import Any
 
 from trainjobs import storage
 from trainjobs.job_paths import ARTIFACT_HISTORY, ARTIFACT_METRICS
-from trainjobs.messages import AgentReport
 from trainjobs.spec import TrainingSpec
 from agent import devices, export, keras_compat
 from agent.checkpoints import CheckpointSchedule, CheckpointStore
 from agent.data import LocalDataset, download_dataset, eval_dataset, read_arrays, train_dataset
 from agent.input_wait import InputWaitMeter
-from agent.job import AgentJob, WorkDir
+from agent.job import AgentJob, WorkDir, wait_for_chief
 from agent.models import ModelInputs, build, builder_for
 from agent.optimizer import make_optimizer
 from agent.plan import RuntimePlan, TrainingPosition, resolve_plan, resume_from, strategy_to_build
@@ -35,7 +33,6 @@ log = logging.getLogger("trainjobs.agent")
 
 STATS_EXAMPLES = 4096  # training examples that fix the built-ins' normalization
 EVAL_EXAMPLES = 10_000  # validation examples scored on the exported models
-CHIEF_POLL_S = 1.0
 
 
 def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
@@ -119,22 +116,10 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
         # hosts exits (local.py; a VM shuts down after its agent), and the worker would replace a
         # machine whose chief is only exporting.
         reporter.set_phase("waiting_for_chief")
-        _wait_for_chief(job)
+        wait_for_chief(job)
         return
     reporter.set_phase("exporting")
     _export(job, work, plan, data, builder, inputs, model, history)
-
-
-def _wait_for_chief(job: AgentJob) -> None:
-    """Until the chief reports this attempt finished. A chief that dies without a word stops the
-    machine, and the worker's delete ends this wait with SIGTERM."""
-    while True:
-        raw = storage.read_json(job.paths.status)
-        chief = AgentReport.model_validate(raw) if raw else None
-        if chief is not None and chief.attempt == job.attempt and chief.state.finished:
-            log.info("chief %s; leaving", chief.state)
-            return
-        time.sleep(CHIEF_POLL_S)
 
 
 def _compile_and_restore(builder: Any, inputs: ModelInputs, plan: RuntimePlan, training: TrainingSpec, strategy: Any,

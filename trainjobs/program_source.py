@@ -92,9 +92,9 @@ def single_file_entrypoint(file_name: str, entrypoint: str | None) -> None:
                                  f"file {file_name} (leave entrypoint out, or upload the folder)")
 
 
-def unpack(archive: Path, dest: Path) -> None:
-    """Unpack a checked archive (archive_names) into dest."""
-    archive_names(archive)
+def unpack(archive: Path, dest: Path) -> list[str]:
+    """Unpack a checked archive (archive_names) into dest; its files' names."""
+    names = archive_names(archive)
     dest.mkdir(parents=True, exist_ok=True)
     if archive.name.endswith(".zip"):
         with zipfile.ZipFile(archive) as zf:
@@ -104,3 +104,4 @@ def unpack(archive: Path, dest: Path) -> None:
             # Only regular files and folders with safe names (checked above): nothing else to filter, and
             # the `filter` argument is newer than the agent's Python 3.10.
             tf.extractall(dest)  # noqa: S202
+    return names

@@ -13,7 +13,6 @@ API + worker for the module and run a few at a time; each test then judges one j
 from __future__ import annotations
 
 import itertools
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from tests.support.jobs import TABLES, make_key, wait_for_job
+from tests.support.jobs import module_jobs, wait_for_job
 from trainjobs import storage
 from trainjobs.job_paths import ARTIFACT_HISTORY, ARTIFACT_METRICS, JobPaths
 from trainjobs.spec import JobSpec, describe_errors
@@ -122,9 +121,7 @@ MatrixJobs = tuple[httpx.Client, dict[str, str]]  # the API client, and each acc
 @pytest.fixture(scope="module")
 def matrix_jobs(database_url: str, api_url: str, gcs_emulator: Any, tmp_path_factory: pytest.TempPathFactory,
                 request: pytest.FixtureRequest) -> Iterator[MatrixJobs]:
-    from sqlalchemy import text
-
-    from service.db.session import get_engine, session_factory
+    from service.db.session import get_engine
     from worker.driver import DriverConfig
     from worker.gcs_channel import GcsJobChannel
     from worker.loop import Worker, WorkerConfig
@@ -132,45 +129,35 @@ def matrix_jobs(database_url: str, api_url: str, gcs_emulator: Any, tmp_path_fac
     from worker.staging_adapter import GcsStager
 
     tmp = tmp_path_factory.mktemp("matrix")
-    engine = get_engine(database_url)
-    with engine.begin() as conn:
-        conn.execute(text(f"TRUNCATE {TABLES} CASCADE"))
-    bucket = f"t-{uuid.uuid4().hex[:12]}"
-    storage.ensure_bucket(bucket)
-    monkey = pytest.MonkeyPatch()
-    monkey.setenv("TRAINJOBS_BUCKET", bucket)
-    # Agents inherit this environment: one compute thread each, as several share two cores.
-    monkey.setenv("TF_NUM_INTRAOP_THREADS", "1")
-    monkey.setenv("TF_NUM_INTEROP_THREADS", "2")
-    monkey.setenv("TRAINJOBS_HEARTBEAT_S", "2")
-    source = tmp / "matrix.npz"
-    _write_dataset(source)
-    monkey.setenv("TRAINJOBS_HOST_DATA_DIRS", str(tmp))  # host paths are off unless the operator allows them
+    with module_jobs(database_url, api_url, "matrix") as (client, _, monkey):
+        # Agents inherit this environment: one compute thread each, as several share two cores.
+        monkey.setenv("TF_NUM_INTRAOP_THREADS", "1")
+        monkey.setenv("TF_NUM_INTEROP_THREADS", "2")
+        monkey.setenv("TRAINJOBS_HEARTBEAT_S", "2")
+        source = tmp / "matrix.npz"
+        _write_dataset(source)
+        monkey.setenv("TRAINJOBS_HOST_DATA_DIRS", str(tmp))  # host paths are off unless the operator allows them
 
-    provisioner = LocalProvisioner(tmp / "machines", devices=2, slots=PARALLEL_MACHINES)
-    worker = Worker(engine, provisioner, GcsJobChannel(), GcsStager(tmp / "staging"),
-                    WorkerConfig(concurrency=PARALLEL_MACHINES + 2, lease_s=60, heartbeat_s=2, poll_s=0.3,
-                                 name="matrix", driver=DriverConfig(poll_s=0.3)))
-    key = make_key(session_factory(engine), "matrix")
-    client = httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {key}"}, timeout=30)
-    jobs = {}
-    # Only the jobs of the tests selected (`-k multi_worker` trains the multi-worker cases alone).
-    # Multi-worker jobs first: they hold two processes each, so they gain most from an idle machine.
-    selected = _selected_cases(request.session.items)
-    for case in sorted(selected, key=lambda c: c.strategy != "multi_worker_mirrored"):
-        r = client.post("/v1/jobs", json=case.spec(str(source)))
-        assert r.status_code == 201, (case.id, r.text)
-        jobs[case.id] = r.json()["id"]
-    worker.start()
-    try:
-        yield client, jobs
-    finally:
-        worker.shutdown(timeout=10)
-        for machine in provisioner.list({}):
-            provisioner.delete(machine.name)
-        provisioner.close()
-        client.close()
-        monkey.undo()
+        provisioner = LocalProvisioner(tmp / "machines", devices=2, slots=PARALLEL_MACHINES)
+        worker = Worker(get_engine(database_url), provisioner, GcsJobChannel(), GcsStager(tmp / "staging"),
+                        WorkerConfig(concurrency=PARALLEL_MACHINES + 2, lease_s=60, heartbeat_s=2, poll_s=0.3,
+                                     name="matrix", driver=DriverConfig(poll_s=0.3)))
+        jobs = {}
+        # Only the jobs of the tests selected (`-k multi_worker` trains the multi-worker cases alone).
+        # Multi-worker jobs first: they hold two processes each, so they gain most from an idle machine.
+        selected = _selected_cases(request.session.items)
+        for case in sorted(selected, key=lambda c: c.strategy != "multi_worker_mirrored"):
+            r = client.post("/v1/jobs", json=case.spec(str(source)))
+            assert r.status_code == 201, (case.id, r.text)
+            jobs[case.id] = r.json()["id"]
+        worker.start()
+        try:
+            yield client, jobs
+        finally:
+            worker.shutdown(timeout=10)
+            for machine in provisioner.list({}):
+                provisioner.delete(machine.name)
+            provisioner.close()
 
 
 def _selected_cases(items: list[pytest.Item]) -> list[Case]:

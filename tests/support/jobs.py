@@ -3,8 +3,12 @@ wait for a job through the API."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+import uuid
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from typing import Any
+
+import httpx
 
 from tests.support import eventually
 from trainjobs.states import TERMINAL
@@ -44,3 +48,32 @@ def wait_for_job(api, job_id: str, until: Callable[[dict[str, Any]], bool] | Col
         return None
 
     return eventually(seen, timeout, lambda: f"job {job_id}: {api.get(f'/v1/jobs/{job_id}').json()}", every=0.2)
+
+
+@contextmanager
+def module_jobs(database_url: str, api_url: str, project: str) -> Iterator[tuple[httpx.Client, Any, Any]]:
+    """For a module whose jobs all run on one stack: the tables emptied, a bucket of its own as
+    TRAINJOBS_BUCKET, an API client of `project`, and a MonkeyPatch for more of the environment the
+    module's agents inherit; (client, session factory, monkeypatch), all undone at the end."""
+    import pytest
+    from sqlalchemy import text
+
+    from service.db.session import get_engine, session_factory
+    from tests.support import scaled
+    from trainjobs import storage
+
+    engine = get_engine(database_url)
+    with engine.begin() as conn:
+        conn.execute(text(f"TRUNCATE {TABLES} CASCADE"))
+    bucket = f"t-{uuid.uuid4().hex[:12]}"
+    storage.ensure_bucket(bucket)
+    monkey = pytest.MonkeyPatch()
+    monkey.setenv("TRAINJOBS_BUCKET", bucket)
+    factory = session_factory(engine)
+    client = httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {make_key(factory, project)}"},
+                          timeout=scaled(30))
+    try:
+        yield client, factory, monkey
+    finally:
+        client.close()
+        monkey.undo()

@@ -62,16 +62,21 @@ def test_a_zip_entry_that_would_land_outside_is_refused(tmp_path: Path, name: st
     assert not (tmp_path / "evil.py").exists() and not (tmp_path / "out").exists()
 
 
+def _tarball(path: Path, files: dict[str, bytes], links: dict[str, str] | None = None) -> Path:
+    with tarfile.open(path, "w:gz") as tf:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+        for name, target in (links or {}).items():
+            link = tarfile.TarInfo(name)
+            link.type, link.linkname = tarfile.SYMTYPE, target
+            tf.addfile(link)
+    return path
+
+
 def test_links_in_a_tarball_are_refused(tmp_path: Path) -> None:
-    archive = tmp_path / "p.tar.gz"
-    with tarfile.open(archive, "w:gz") as tf:
-        data = b"print('hi')"
-        info = tarfile.TarInfo("p/__main__.py")
-        info.size = len(data)
-        tf.addfile(info, io.BytesIO(data))
-        link = tarfile.TarInfo("p/secrets")
-        link.type, link.linkname = tarfile.SYMTYPE, "/root/.config"
-        tf.addfile(link)
+    archive = _tarball(tmp_path / "p.tar.gz", {"p/__main__.py": b"print('hi')"}, {"p/secrets": "/root/.config"})
     with pytest.raises(ProgramSourceError, match="p/secrets .* is not a regular file"):
         archive_names(archive)
 
@@ -87,13 +92,9 @@ def test_a_symlink_in_a_zip_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_tarball_unpacks_its_files(tmp_path: Path) -> None:
-    archive = tmp_path / "p.tgz"
-    with tarfile.open(archive, "w:gz") as tf:
-        data = b"print('hi')\n"
-        info = tarfile.TarInfo("p/__main__.py")
-        info.size = len(data)
-        tf.addfile(info, io.BytesIO(data))
-    unpack(archive, tmp_path / "out")
+    data = b"print('hi')\n"
+    archive = _tarball(tmp_path / "p.tgz", {"p/__main__.py": data})
+    assert unpack(archive, tmp_path / "out") == ["p/__main__.py"]
     assert (tmp_path / "out" / "p" / "__main__.py").read_bytes() == data
 
 

@@ -104,6 +104,12 @@ REJECTED = [
     ("the image's TensorFlow from elsewhere", {"model": None, "program": {
         "source": "t.py", "requirements": ["tensorflow @ https://example.com/tf.whl"]}},
      "program.requirements.0", "would replace the image's tensorflow"),
+    ("an argument too long to store", {"model": None, "program": {"source": "t.py", "args": ["--x", "y" * 5000]}},
+     "program.args.1", "an argument of 5000 characters"),
+    ("too many arguments", {"model": None, "program": {"source": "t.py", "args": ["-v"] * 300}},
+     "program.args", "300 arguments, over the limit of 256"),
+    ("too many requirements", {"model": None, "program": {"source": "t.py", "requirements": [f"p{i}" for i in range(65)]}},
+     "program.requirements", "65 requirements, over the limit of 64"),
     ("an environment variable the runtime sets", {"model": None, "program": {"source": "t.py", "env": {"TF_CONFIG": "{}"}}},
      "program.env.TF_CONFIG", "cannot be overridden"),
     ("a Vertex AI directory variable", {"model": None, "program": {"source": "t.py", "env": {"AIP_MODEL_DIR": "/x"}}},

@@ -13,6 +13,7 @@ A requirement's URL (`name @ https://...`) is pip's to fetch, as on any machine 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import PurePosixPath
 
 from pydantic import Field, field_validator
@@ -57,18 +58,14 @@ class ProgramSpec(StrictModel):
     @field_validator("args")
     @classmethod
     def _args(cls, v: list[str]) -> list[str]:
-        if len(v) > MAX_ARGS:
-            raise fail("args", f"{len(v)} arguments, over the limit of {MAX_ARGS}")
-        for i, arg in enumerate(v):
-            if len(arg) > MAX_ARG_CHARS:
-                raise fail(str(i), f"an argument of {len(arg)} characters, over the limit of {MAX_ARG_CHARS}")
-        return v
+        return _each(v, "args", MAX_ARGS, "arguments", lambda arg: (
+            f"an argument of {len(arg)} characters, over the limit of {MAX_ARG_CHARS}" if len(arg) > MAX_ARG_CHARS
+            else None))
 
     @field_validator("env")
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        if len(v) > MAX_ENV:
-            raise fail("env", f"{len(v)} variables, over the limit of {MAX_ENV}")
+        _each(list(v), "env", MAX_ENV, "variables", lambda name: None)
         for name, value in v.items():
             if not _ENV_NAME.match(name):
                 raise fail(name, f"{name!r} is not an environment variable name (letters, digits, '_')")
@@ -82,12 +79,17 @@ class ProgramSpec(StrictModel):
     @field_validator("requirements")
     @classmethod
     def _requirements(cls, v: list[str]) -> list[str]:
-        if len(v) > MAX_REQUIREMENTS:
-            raise fail("requirements", f"{len(v)} requirements, over the limit of {MAX_REQUIREMENTS}")
-        for i, line in enumerate(v):
-            if problem := requirement_problem(line):
-                raise fail(str(i), problem)
-        return v
+        return _each(v, "requirements", MAX_REQUIREMENTS, "requirements", requirement_problem)
+
+
+def _each(items: list[str], field: str, limit: int, what: str, problem: Callable[[str], str | None]) -> list[str]:
+    """At most `limit` items, each without a problem; an error names the item by its index."""
+    if len(items) > limit:
+        raise fail(field, f"{len(items)} {what}, over the limit of {limit}")
+    for i, item in enumerate(items):
+        if found := problem(item):
+            raise fail(str(i), found)
+    return items
 
 
 def requirement_problem(line: str) -> str | None:
