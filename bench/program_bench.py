@@ -137,7 +137,6 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="programbench-"))
     emulator = start_gcs_emulator(None, bucket=BUCKET)
     use_emulator(emulator, BUCKET)
-    os.environ["TRAINJOBS_BUCKET"] = BUCKET
     product = Product(empty_database("trainjobs_programbench"), scratch)
     results: dict[str, list[dict[str, Any]]] = {"program": [], "hand": [], "plain": []}
     order = ["program", "hand", "plain", "plain", "hand", "program"]  # ABCCBA: drift cancels

@@ -179,7 +179,7 @@ const CHARTS = {
 };
 const RUNTIME = [["strategy", "strategy"], ["replicas", "replicas"], ["precision", "precision"],
   ["global_batch_size", "global batch"], ["learning_rate", "learning rate"], ["steps_per_execution", "steps per execution"],
-  ["notes", "notes"]];
+  ["entrypoint", "program"], ["install_s", "requirements installed (s)"], ["notes", "notes"]];
 
 function jobPage(id) {
   show("job");

@@ -325,6 +325,23 @@ def test_status_shows_the_runtime_the_agent_chose_and_its_notes():
         assert shown in text, text
 
 
+def test_status_shows_a_programs_runtime_without_what_the_program_did_not_say():
+    from trainjobs.client.terminal import job_detail, show
+
+    job = {"id": "j2", "name": "p", "status": "SUCCEEDED", "attempt": 1, "spec": {}, "progress": 1.0,
+           "created_at": "2026-01-01T00:00:00+00:00", "runtime": {
+               "program": True, "entrypoint": "trainer/task.py", "install_s": 12.5, "strategy": "mirrored",
+               "replicas": 2, "precision": "float32", "global_batch_size": 64, "learning_rate": 0.001,
+               "steps_per_execution": 4, "notes": ["keras multi-worker repair: symbolic build from the local batch"]}}
+    with capture_stdout() as out:
+        show(job_detail(job))
+    text = out.getvalue()
+    for shown in ("program trainer/task.py", "requirements installed in 12.5s", "steps_per_execution 4",
+                  "note: keras multi-worker repair"):
+        assert shown in text, text
+    assert "None" not in text, text  # a program counts its own steps: no "None steps/epoch"
+
+
 @contextlib.contextmanager
 def capture_stdout() -> Iterator[io.StringIO]:
     buf = io.StringIO()

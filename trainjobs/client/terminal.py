@@ -158,10 +158,12 @@ def _phases(job: dict[str, Any]) -> str:
 
 
 def _runtime(rt: dict[str, Any]) -> str:
-    parts = [f"strategy {rt.get('strategy')}", f"{rt.get('replicas')} replicas", f"precision {rt.get('precision')}",
-             f"global batch {rt.get('global_batch_size')}", f"learning rate {_fmt(rt.get('learning_rate'))}",
-             f"steps_per_execution {rt.get('steps_per_execution')}", f"{rt.get('steps_per_epoch')} steps/epoch"]
-    return ", ".join(parts)
+    """What the agent chose, leaving out what it did not say (a program counts its own steps)."""
+    shown = [("strategy {}", "strategy"), ("{} replicas", "replicas"), ("precision {}", "precision"),
+             ("global batch {}", "global_batch_size"), ("learning rate {}", "learning_rate"),
+             ("steps_per_execution {}", "steps_per_execution"), ("{} steps/epoch", "steps_per_epoch"),
+             ("program {}", "entrypoint"), ("requirements installed in {}s", "install_s")]
+    return ", ".join(form.format(_fmt(rt[key])) for form, key in shown if rt.get(key) is not None)
 
 
 def _fmt(v: Any) -> str:
