@@ -13,7 +13,9 @@ spec's strategy, precision, steps_per_execution and callbacks). Three ways, alte
 - **plain** (for reference): the same file with --plain: MirroredStrategy over the same two logical
   CPUs, Keras' own train step, steps_per_execution 1: the script as written without trainjobs.
 
-Throughput: the median examples/s of each run's epochs after the first (tracing). Fixed overheads of the
+Throughput: the median examples/s of the epochs after each run's first (tracing), pooled per way, counting
+only epochs that trained while processes outside the benchmark used under QUIET_CORES (neighbour_load.py;
+each run also waits for a quiet machine first). Fixed overheads of the
 program job: STAGING (the job's staging_at) -> the script's first training step, against the script's
 own process start -> first step by hand; and the last step -> SUCCEEDED (finished_at), against the last
 step -> process exit by hand.
@@ -40,13 +42,17 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+sys.path.insert(0, str(REPO / "bench"))
 from bench.small_job_bench import empty_database  # noqa: E402
+from neighbour_load import NeighbourLoad  # noqa: E402
 from stack.embedded import start_gcs_emulator, use_emulator  # noqa: E402
 from trainjobs.client.api import Client  # noqa: E402
 from trainjobs.loopback import free_port  # noqa: E402
 
 BUCKET = "trainjobs-programbench"
 SCRIPT = REPO / "bench" / "program_script.py"
+QUIET_CORES = 0.15
+LOAD = NeighbourLoad()
 
 
 def job_spec(epochs: int, examples: int, source: str) -> dict[str, Any]:
@@ -56,8 +62,20 @@ def job_spec(epochs: int, examples: int, source: str) -> dict[str, Any]:
             "training": {"epochs": epochs, "global_batch_size": 256, "learning_rate": 0.001, "seed": 7}}
 
 
-def _throughput(timing: dict[str, Any]) -> float:
-    return statistics.median(e["examples_per_sec"] for e in timing["epochs"][1:])
+def _epochs(timing: dict[str, Any]) -> list[list[float | None]]:
+    """[examples/s, the neighbours' cores while it trained] of each epoch after the first."""
+    out = []
+    for e in timing["epochs"][1:]:
+        share = LOAD.share(e["began_at"], e["began_at"] + e["seconds"])
+        out.append([round(e["examples_per_sec"]), None if share is None else round(share, 2)])
+    return out
+
+
+def _throughput(rows: list[dict[str, Any]]) -> tuple[float, int]:
+    """The median over the quiet epochs of these runs (all, if none was quiet), and how many were not."""
+    pooled = [e for r in rows for e in r["epochs"]]
+    quiet = [e[0] for e in pooled if e[1] is None or e[1] < QUIET_CORES]
+    return statistics.median(quiet or [e[0] for e in pooled]), len(pooled) - len(quiet)
 
 
 class Product:
@@ -96,7 +114,7 @@ class Product:
         self.client.download_artifacts(job["id"], into)
         timing = json.loads((into / "timing.json").read_text())
         at = {k: datetime.fromisoformat(job[k]).timestamp() for k in ("created_at", "staging_at", "finished_at")}
-        return {"examples_per_sec": round(_throughput(timing)),
+        return {"epochs": _epochs(timing),
                 "staging_to_first_step_s": round(timing["first_step_at"] - at["staging_at"], 2),
                 "last_step_to_succeeded_s": round(at["finished_at"] - timing["last_step_at"], 2),
                 "submit_to_succeeded_s": round(wall, 2), "steps_per_execution": timing["steps_per_execution"],
@@ -122,7 +140,7 @@ def by_hand(epochs: int, examples: int, scratch: Path, plain: bool) -> dict[str,
         raise RuntimeError(f"the script exited {proc.returncode}: {proc.stderr[-3000:]}")
     model_dir = cwd / ("plain-model" if plain else "trainjobs-local/model")
     timing = json.loads((model_dir / "timing.json").read_text())
-    return {"examples_per_sec": round(_throughput(timing)),
+    return {"epochs": _epochs(timing),
             "start_to_first_step_s": round(timing["first_step_at"] - timing["started_at"], 2),
             "last_step_to_exit_s": round(ended - timing["last_step_at"], 2),
             "process_s": round(ended - timing["started_at"], 2), "steps_per_execution": timing["steps_per_execution"]}
@@ -137,12 +155,14 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="programbench-"))
     emulator = start_gcs_emulator(None, bucket=BUCKET)
     use_emulator(emulator, BUCKET)
+    LOAD.start()
     product = Product(empty_database("trainjobs_programbench"), scratch)
     results: dict[str, list[dict[str, Any]]] = {"program": [], "hand": [], "plain": []}
     order = ["program", "hand", "plain", "plain", "hand", "program"]  # ABCCBA: drift cancels
     try:
         for run in range(args.runs):
             for way in order:
+                LOAD.wait_for_quiet(QUIET_CORES, 120)
                 if way == "program":
                     row = product.run(args.epochs, args.examples, scratch)
                 else:
@@ -154,11 +174,12 @@ def main() -> None:
         emulator.stop()
 
     def med(way: str, key: str) -> float:
-        return round(statistics.median(r[key] for r in results[way]), 2)
+        return round(float(statistics.median(r[key] for r in results[way])), 2)
 
-    program, hand, plain = (med(w, "examples_per_sec") for w in ("program", "hand", "plain"))
-    print(f"throughput examples/s (median of {len(results['program'])} runs each): program job {program:.0f}, "
-          f"by hand {hand:.0f}, plain Keras {plain:.0f}")
+    (program, p_out), (hand, h_out), (plain, c_out) = (_throughput(results[w]) for w in ("program", "hand", "plain"))
+    print(f"throughput examples/s (median of the quiet epochs of {len(results['program'])} runs each): program job "
+          f"{program:.0f}, by hand {hand:.0f}, plain Keras {plain:.0f} (epochs left out as disturbed: {p_out}, "
+          f"{h_out}, {c_out})")
     print(f"program job / by hand: {program / hand:.3f}x (goal >= 0.95x); program job / plain Keras: {program / plain:.3f}x")
     print(f"start -> first training step: program job (STAGING ->) {med('program', 'staging_to_first_step_s')} s, "
           f"by hand (process start ->) {med('hand', 'start_to_first_step_s')} s")

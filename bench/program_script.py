@@ -77,7 +77,7 @@ class Clock(keras.callbacks.Callback):
         self.last_step_at = 0.0
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._began = time.perf_counter()
+        self._began_at, self._began = time.time(), time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
         self.last_step_at = time.time()
@@ -86,7 +86,7 @@ class Clock(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         seconds = time.perf_counter() - self._began
-        self.epochs.append({"epoch": epoch + 1, "seconds": seconds, "examples_per_sec": steps * batch / seconds,
+        self.epochs.append({"epoch": epoch + 1, "began_at": self._began_at, "seconds": seconds, "examples_per_sec": steps * batch / seconds,
                             "loss": float(logs["loss"]), "accuracy": float(logs["accuracy"])})
 
 
