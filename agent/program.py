@@ -49,6 +49,7 @@ OUTPUT_TAIL_LINES = 40  # of the program's output, in job.error when it fails ..
 OUTPUT_TAIL_CHARS = 3500  # ... at most this much of their end (the status keeps 4,000 characters of a message)
 STOP_MARGIN_S = 5.0  # of the SIGTERM grace kept for the last uploads after the program is stopped
 MAX_REPORT_LINE = 1 << 20  # bytes of one line of the runtime's reports; longer ones are skipped
+REPORT_READ_BYTES = 4 << 20  # read from the reports file at a time
 MAX_REPORTED_NAMES, MAX_REPORTED_CHARS = 64, 200  # per report: metrics (or plan values), and their texts
 MAX_REPORTED_LIST = 16  # items of a list value (the plan's notes)
 MAX_EPOCH = 100_000
@@ -269,17 +270,31 @@ class ReportFollower:
 
     def poll(self) -> bool:
         """Reads what is new; True when the runtime saved a checkpoint since the last poll."""
-        try:
-            with self.path.open("rb") as f:
-                f.seek(self._offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return False
-        self._offset += len(chunk)
+        saved = epochs = False
+        while True:  # a bounded read at a time: the program may write gigabytes there
+            try:
+                with self.path.open("rb") as f:
+                    f.seek(self._offset)
+                    chunk = f.read(REPORT_READ_BYTES)
+            except FileNotFoundError:
+                break
+            self._offset += len(chunk)
+            saved_now, epochs_now = self._lines(chunk)
+            saved, epochs = saved or saved_now, epochs or epochs_now
+            if len(chunk) < REPORT_READ_BYTES:
+                break
+        if epochs:
+            if self.job.is_chief:
+                storage.write_json(self.job.paths.metrics, self._metrics_doc())
+            self.reporter.write()
+        return saved
+
+    def _lines(self, chunk: bytes) -> tuple[bool, bool]:
         lines = (self._partial + chunk).split(b"\n")
         self._partial = lines.pop()
         if len(self._partial) > MAX_REPORT_LINE:  # never a line of the runtime's: not kept in memory
-            log.warning("ignored a report line of over %d bytes in %s", MAX_REPORT_LINE, self.path.name)
+            if not self._skipping:
+                log.warning("ignored a report line of over %d bytes in %s", MAX_REPORT_LINE, self.path.name)
             self._partial, self._skipping = b"", True
         saved = epochs = False
         for line in lines:
@@ -296,11 +311,7 @@ class ReportFollower:
                 log.warning("ignored a report line (%s): %.200s", exc, line.decode(errors="replace"))
                 continue
             saved, epochs = saved or saved_now, epochs or epoch_now
-        if epochs:
-            if self.job.is_chief:
-                storage.write_json(self.job.paths.metrics, self._metrics_doc())
-            self.reporter.write()
-        return saved
+        return saved, epochs
 
     def _apply(self, event: dict[str, Any]) -> tuple[bool, bool]:
         """One report: (a checkpoint was saved, an epoch's metrics came)."""
@@ -320,17 +331,19 @@ class ReportFollower:
         elif kind == "progress":
             self.reporter.step_progress_fraction(min(1.0, max(0.0, float(event.get("fraction") or 0.0))))
         elif kind == "metrics":
+            # Everything read and checked before anything changes: a bad report changes nothing.
             entry = _scalars(event.get("metrics") or {})
             entry.update(epoch=int(event.get("epoch") or len(self.history) + 1), attempt=self.job.attempt)
             if not 0 < entry["epoch"] <= MAX_EPOCH:
                 raise ValueError(f"epoch {entry['epoch']} is not between 1 and {MAX_EPOCH}")
             if event.get("step") is not None:
                 entry["step"] = int(event["step"])
+            total = None if event.get("epochs") is None else max(1, int(event["epochs"]))
             self.history = [e for e in self.history if e.get("epoch") != entry["epoch"]] + [entry]
             if len(self.history) > MAX_EPOCH:
                 self.history = self.history[-MAX_EPOCH:]
-            if (total := event.get("epochs")) is not None:
-                self.reporter.step_progress_fraction(min(1.0, entry["epoch"] / max(1, int(total))))
+            if total is not None:
+                self.reporter.step_progress_fraction(min(1.0, entry["epoch"] / total))
             self.reporter.epoch_done(entry["epoch"], entry, write=False, progress=False)
             return False, True
         return False, False

@@ -22,6 +22,8 @@ from typing import Any
 from trainjobs.job_paths import DEFAULT_BUCKET as DEFAULT_BUCKET, bucket_name as bucket_name, within_job
 from trainjobs.storage_limits import honours_call_limits
 
+log = logging.getLogger("trainjobs.storage")
+
 UTC = timezone.utc  # datetime.UTC is 3.11+; the agent's wheel runs on the VM images' Python 3.10
 
 
@@ -211,7 +213,7 @@ def local_files(directory: Path) -> list[Path]:
         if not path.is_file():
             continue
         if not path.resolve().is_relative_to(root):
-            logging.getLogger("trainjobs.agent").warning(
+            log.warning(
                 "not uploaded: %s is a link to %s, outside %s", path.relative_to(directory).as_posix(),
                 os.path.realpath(path), directory)
             continue
@@ -230,7 +232,7 @@ def restorable(names: list[str], local_dir: Path) -> list[str]:
         if rel and not rel.endswith("/") and not rel.startswith("/") and (root / rel).resolve().is_relative_to(root):
             kept.append(rel)
         elif rel and not rel.endswith("/"):
-            logging.getLogger("trainjobs.agent").warning("not downloaded: %r would land outside %s", rel, local_dir)
+            log.warning("not downloaded: %r would land outside %s", rel, local_dir)
     return kept
 
 
