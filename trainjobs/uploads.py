@@ -31,7 +31,7 @@ _CHUNK = 8 << 20  # resumable-upload chunk: the most of an upload held in memory
 # One rule for every uploaded file name: it becomes part of a GCS key and of a path on the agent.
 _FILENAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,200}$")
 SUFFIXES: dict[UploadKind, tuple[str, ...]] = {
-    "dataset": (".npz", ".csv", ".tfrecord", ".zip", ".tar.gz", ".tgz"),
+    "dataset": (".npz", ".csv", ".csv.gz", ".tfrecord", ".tfrecords", ".tfrecord.gz", ".zip", ".tar.gz", ".tgz"),
     "module": (".py", ".zip", ".tar.gz", ".tgz"),
 }
 MAX_MODULE_BYTES = 50 << 20  # code, not weights

@@ -131,3 +131,29 @@ def test_artifact_paths_cannot_leave_the_job(api, local_stack):
 
 def test_unknown_job_artifacts_are_404(api):
     assert api.get(f"/v1/jobs/{uuid.uuid4()}/artifacts").status_code == 404
+
+
+def test_scikit_learns_gzipped_digits_csv_uploaded_as_it_ships_trains_and_its_model_serves(api, local_stack, tmp_path):
+    """Issue 21: digits.csv.gz (headerless, label last, gzipped) uploaded as is; the downloaded
+    SavedModel is scored here on the staged validation split."""
+    import sklearn.datasets
+    import tensorflow as tf
+
+    from trainjobs.client.api import Client
+
+    shipped = Path(sklearn.datasets.__file__).parent / "data" / "digits.csv.gz"
+    with shipped.open("rb") as f:
+        r = api.post("/v1/datasets", files={"file": ("digits.csv.gz", f)})
+    assert r.status_code == 201, r.text
+    spec = {"dataset": {"source": f"dataset:{r.json()['sha256']}", "options": {"header": "none"}},
+            "model": {"name": "mlp"}, "accelerator": {"type": "cpu"}, "strategy": "default",
+            "training": {"epochs": 12, "learning_rate": 0.003}}
+    job = wait_for_job(api, api.post("/v1/jobs", json=spec).json()["id"], {"SUCCEEDED", "FAILED"}, timeout=AGENT_JOB_S)
+    assert job["status"] == "SUCCEEDED", job["error"]
+    client = Client(api_url=str(api.base_url), api_key=api.headers["authorization"].split()[1])
+    client.download_artifacts(job["id"], tmp_path / "download")
+    uri = _dataset_uri(job["id"])
+    x, y = _read_split(uri, storage.read_json(dataset_manifest(uri)), "validation", tmp_path / "val")
+    assert len(y) == 359
+    served = tf.saved_model.load(str(tmp_path / "download" / "saved_model"))
+    assert float(np.mean(served.serve(tf.constant(x)).numpy().argmax(-1) == y)) >= 0.95

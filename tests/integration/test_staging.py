@@ -288,6 +288,7 @@ BAD_DATA = [
     ("csv-empty-file", _write("t.csv", ""), {}, "t.csv is empty"),
     ("csv-ragged", _write("t.csv", "a,b,label\n1,2,0\n3,1\n"), {}, "t.csv is not a well-formed CSV file"),
     ("csv-binary", _write("t.csv", b"\xff\xfe\x00\x01"), {}, "not a UTF-8 text CSV file"),
+    ("csv-gz-not-gzip", _write("t.csv.gz", b"a,label\n1,0\n"), {}, "t.csv.gz is not a readable gzip file"),
     ("images-empty-class", _images({"cat": 2, "dog": 0}), {}, "class folder 'dog' has no images"),
     ("images-one-class", _images({"cat": 3}), {}, "needs at least 2 class folders (one per class), found only 'cat'"),
     ("images-corrupt", _images({"cat": 2, "dog": 2}, corrupt="dog/broken.png"), {}, "dog/broken.png is not a readable image"),
@@ -312,6 +313,42 @@ def test_bad_data_fails_with_a_clear_message(
         stage(make_source(tmp_path), bucket, tmp_path / "work", **spec)
     assert message in str(err.value)
     assert objects(bucket) == [], "a failed staging must leave no dataset behind"
+
+
+# --- gzipped files, as public tabular data ships -----------------------------------------------------
+
+
+def test_scikit_learns_gzipped_digits_csv_stages_as_it_ships(bucket: str, tmp_path: Path) -> None:
+    """digits.csv.gz: headerless, the label last, gzipped (issue 21): uploaded and staged as is."""
+    import sklearn.datasets
+
+    shipped = Path(sklearn.datasets.__file__).parent / "data" / "digits.csv.gz"
+    with shipped.open("rb") as f:
+        sha, _ = store_upload(f, "digits.csv.gz", project_id=PROJECT, bucket=bucket)
+    staged = stage(f"dataset:{sha}", bucket, tmp_path / "work", options={"header": "none"})
+
+    m = staged.manifest
+    assert m["source_format"] == "csv" and m["feature"]["shape"] == [64] and m["num_classes"] == 10
+    assert m["splits"]["train"]["examples"] + m["splits"]["validation"]["examples"] == 1797
+    x, y = read_split(staged, "train")
+    assert x.max() == 16.0 and set(y) == set(range(10))
+
+
+def test_a_gzip_bomb_fails_at_the_staging_byte_limit_before_filling_the_disk(bucket: str, tmp_path: Path) -> None:
+    import gzip
+
+    from worker.staging.budget import StagingLimits
+
+    bomb = tmp_path / "rows.csv.gz"
+    with gzip.open(bomb, "wb", compresslevel=9) as f:
+        f.write(b"a,label\n")
+        for _ in range(64):
+            f.write(b"1,0\n" * (1 << 18))  # 64 MiB of rows from about 70 KiB
+    assert bomb.stat().st_size < 1 << 20
+    with pytest.raises(DatasetError, match="rows.csv.gz holds more than 16777216 bytes"):
+        stage(str(bomb), bucket, tmp_path / "work", limits=StagingLimits(max_bytes=16 << 20))
+    assert not any(p.stat().st_size > 17 << 20 for p in (tmp_path / "work").rglob("*") if p.is_file())
+    assert objects(bucket) == []
 
 
 # --- the contract with TensorFlow ------------------------------------------------------------------

@@ -1,15 +1,18 @@
 """Which format a local file or folder is in, and reading it into Examples.
 
-`format: auto` guesses from the extension of a file (.npz, .csv, .tfrecord/.tfrecords/.tfr) or the
-shape of a folder (only TFRecord files -> tfrecord; class sub-folders -> image_folder; a single data
-file -> that file). Archives (.zip, .tar, .tar.gz, .tgz) are unpacked first, so an image folder can
-arrive as one upload or one URL.
+`format: auto` guesses from the extension of a file (.npz, .csv or .csv.gz, .tfrecord/.tfrecords/.tfr,
+gzipped or not) or the shape of a folder (only TFRecord files -> tfrecord; class sub-folders ->
+image_folder; a single data file -> that file). Archives (.zip, .tar, .tar.gz, .tgz) are unpacked first,
+so an image folder can arrive as one upload or one URL; a .csv.gz is decompressed within the staging
+budget; TFRecord files are read compressed.
 """
 
 from __future__ import annotations
 
+import gzip
 import tarfile
 import zipfile
+import zlib
 from pathlib import Path
 
 from trainjobs.spec import options_problem
@@ -34,7 +37,7 @@ def file_format(path: Path) -> str | None:
     lower = path.name.lower()
     if lower.endswith(".npz"):
         return "npz"
-    if lower.endswith(".csv"):
+    if lower.endswith((".csv", ".csv.gz")):
         return "csv"
     if is_tfrecord_name(lower):
         return "tfrecord"
@@ -47,6 +50,8 @@ def read_local(path: Path, requested: str, options: ConversionOptions, scratch: 
     if path.is_file() and path.name.lower().endswith(ARCHIVE_SUFFIXES):
         path = _unpack(path, scratch / "unpacked", budget)
     path = _unwrap(path)
+    if path.is_file() and path.name.lower().endswith(".csv.gz"):
+        path = _gunzip(path, scratch / "gunzipped", budget)
     fmt = requested if requested != "auto" else _guess(path)
     if requested == "auto" and options.spec is not None and (problem := options_problem(options.spec, fmt)):
         raise DatasetError(f"dataset.options.{problem[0]}: {problem[1]} (the source was detected as {fmt}); "
@@ -95,6 +100,24 @@ def _unwrap(path: Path) -> Path:
             return path
         path = inner
     return path
+
+
+def _gunzip(path: Path, into: Path, budget: StagingBudget) -> Path:
+    """A gzipped file, decompressed a chunk at a time against the budget: a gzip bomb fails at the
+    first byte past the limit, not after filling the disk. (TFRecord files are read compressed.)"""
+    into.mkdir(parents=True, exist_ok=True)
+    out = into / path.name[: -len(".gz")]
+    total = 0
+    try:
+        with gzip.open(path, "rb") as src, out.open("wb") as dst:
+            while chunk := src.read(1 << 20):
+                total += len(chunk)
+                budget.check_bytes(total, path.name)
+                budget.check_stop()
+                dst.write(chunk)
+    except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
+        raise DatasetError(f"{path.name} is not a readable gzip file ({type(exc).__name__})") from None
+    return out
 
 
 def _unpack(archive: Path, into: Path, budget: StagingBudget) -> Path:
