@@ -41,7 +41,7 @@ def _head(x: Any, inputs: ModelInputs, dropout: float) -> Any:
 
     if dropout:
         x = keras.layers.Dropout(dropout)(x)
-    return keras.layers.Dense(inputs.num_classes, activation="softmax", dtype="float32", name="probabilities")(x)
+    return inputs.head(x)
 
 
 def mlp(inputs: ModelInputs) -> Any:

@@ -42,18 +42,32 @@ class LocalDataset:
     validation: Split | None  # staging may be asked for no validation split
     dropped_examples: int = 0  # source rows staging left out (a CSV's missing cells under na_policy drop)
     staging_notes: tuple[str, ...] = ()
+    task: str = "classification"  # trainjobs/spec/task.py; manifests before tasks are classification
+    target_names: tuple[str, ...] = ()  # regression: the targets, their training-split mean and std
+    target_mean: tuple[float, ...] | None = None
+    target_std: tuple[float, ...] | None = None
 
     @property
     def labels(self) -> list[str]:
         """Class id i's name; ids stand for themselves in a manifest without names."""
         return list(self.class_names) or [str(i) for i in range(self.num_classes)]
 
+    @property
+    def regression(self) -> bool:
+        return self.task == "regression"
+
     def summary(self) -> dict[str, Any]:
         """What the job's record shows of its data."""
-        return {"train_examples": self.train.examples,
-                "validation_examples": self.validation.examples if self.validation else 0,
-                "dropped_examples": self.dropped_examples, "feature_shape": list(self.feature_shape),
-                "num_classes": self.num_classes, "class_names": self.labels}
+        out: dict[str, Any] = {"train_examples": self.train.examples,
+                               "validation_examples": self.validation.examples if self.validation else 0,
+                               "dropped_examples": self.dropped_examples, "feature_shape": list(self.feature_shape),
+                               "task": self.task}
+        if self.regression:
+            out.update(targets=list(self.target_names), target_mean=list(self.target_mean or ()),
+                       target_std=list(self.target_std or ()))
+        else:
+            out.update(num_classes=self.num_classes, class_names=self.labels)
+        return out
 
 
 def download_dataset(dataset_uri: str, local_dir: Path) -> LocalDataset:
@@ -87,7 +101,15 @@ def download_dataset(dataset_uri: str, local_dir: Path) -> LocalDataset:
         validation=splits["validation"] if splits.get("validation") and splits["validation"].examples else None,
         dropped_examples=int(manifest.get("dropped_examples", 0)),
         staging_notes=tuple(manifest.get("notes", ())),
+        **_task_fields(manifest.get("task", "classification"), label),
     )
+
+
+def _task_fields(task: str, label: dict[str, Any]) -> dict[str, Any]:
+    if task != "regression":
+        return {"task": task}
+    return {"task": task, "target_names": tuple(label.get("names") or ("target",)),
+            "target_mean": tuple(float(v) for v in label["mean"]), "target_std": tuple(float(v) for v in label["std"])}
 
 
 LOCAL_DATASET = "dataset.json"  # what the agent downloaded, for a program's runtime (agent/program.py)
@@ -97,7 +119,8 @@ def save_local(ds: LocalDataset, local_dir: Path) -> None:
     """Describe a downloaded dataset next to its shards, so a program's runtime reads it without storage."""
     doc = {"num_classes": ds.num_classes, "class_names": list(ds.class_names), "feature_key": ds.feature_key,
            "feature_shape": list(ds.feature_shape), "feature_dtype": ds.feature_dtype, "label_key": ds.label_key,
-           "dropped_examples": ds.dropped_examples, "staging_notes": list(ds.staging_notes),
+           "dropped_examples": ds.dropped_examples, "staging_notes": list(ds.staging_notes), "task": ds.task,
+           "label": {"names": list(ds.target_names), "mean": list(ds.target_mean or ()), "std": list(ds.target_std or ())},
            "splits": {name: {"examples": split.examples, "files": [str(f.relative_to(local_dir)) for f in split.files]}
                       for name, split in (("train", ds.train), ("validation", ds.validation)) if split is not None}}
     (local_dir / LOCAL_DATASET).write_text(json.dumps(doc))
@@ -111,7 +134,7 @@ def load_local(local_dir: Path) -> LocalDataset:
         num_classes=int(doc["num_classes"]), class_names=tuple(doc["class_names"]), feature_key=doc["feature_key"],
         feature_shape=tuple(doc["feature_shape"]), feature_dtype=doc["feature_dtype"], label_key=doc["label_key"],
         train=splits["train"], validation=splits.get("validation"), dropped_examples=int(doc["dropped_examples"]),
-        staging_notes=tuple(doc["staging_notes"]),
+        staging_notes=tuple(doc["staging_notes"]), **_task_fields(doc.get("task", "classification"), doc.get("label", {})),
     )
 
 
@@ -125,8 +148,10 @@ def _download_all(jobs: list[tuple[str, Path]]) -> None:
         list(pool.map(fetch, jobs))
 
 
-def _parser(ds: LocalDataset) -> Any:
-    """Parses a batch of serialized examples at once: one vectorized op instead of one per example."""
+def _parser(ds: LocalDataset, standardized: bool = False) -> Any:
+    """Parses a batch of serialized examples at once: one vectorized op instead of one per example.
+    `standardized`: a regression's targets as the managed trainer's model learns them (agent/tasks.py);
+    otherwise as the data has them."""
     import tensorflow as tf
 
     size = math.prod(ds.feature_shape)
@@ -136,12 +161,24 @@ def _parser(ds: LocalDataset) -> Any:
         feature = tf.io.FixedLenFeature([size], tf.int64)
     else:
         raise DataError(f"feature dtype {ds.feature_dtype!r} is not one the agent can parse")
-    spec = {ds.feature_key: feature, ds.label_key: tf.io.FixedLenFeature([], tf.int64)}
+    # Labels as each task's loss takes them: class ids, a 0/1 column, float targets.
+    mean = tf.constant(ds.target_mean or (0.0,), tf.float32)
+    std = tf.constant(ds.target_std or (1.0,), tf.float32)
+    if ds.regression:
+        label = tf.io.FixedLenFeature([len(ds.target_names)], tf.float32)
+    else:
+        label = tf.io.FixedLenFeature([], tf.int64)
+    spec = {ds.feature_key: feature, ds.label_key: label}
 
     def parse(serialized: Any) -> tuple[Any, Any]:
         parsed = tf.io.parse_example(serialized, spec)
         x = tf.reshape(tf.cast(parsed[ds.feature_key], tf.float32), (-1, *ds.feature_shape))
-        return x, tf.cast(parsed[ds.label_key], tf.int32)
+        y = parsed[ds.label_key]
+        if ds.task == "binary":
+            return x, tf.cast(tf.reshape(y, (-1, 1)), tf.float32)
+        if ds.regression:
+            return x, (y - mean) / std if standardized else y
+        return x, tf.cast(y, tf.int32)
 
     return parse
 
@@ -176,11 +213,12 @@ def _records(split: Split) -> Any:
                             num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
-def _parsed(ds: LocalDataset, batches: Any) -> Any:
-    """Batches of serialized examples as (features, labels), parsed in parallel and prefetched."""
+def _parsed(ds: LocalDataset, batches: Any, standardized: bool = True) -> Any:
+    """Batches of serialized examples as (features, labels), parsed in parallel and prefetched; a
+    regression's targets standardised for the managed trainer (a program gets them as the data has them)."""
     import tensorflow as tf
 
-    return batches.map(_parser(ds), num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE).with_options(
+    return batches.map(_parser(ds, standardized), num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE).with_options(
         _options())
 
 
@@ -231,4 +269,4 @@ def split_dataset(ds: LocalDataset, split: str, batch_size: int, *, shuffle: boo
         records = records.shuffle(min(chosen.examples, SHUFFLE_BUFFER), seed=seed, reshuffle_each_iteration=True)
     batches = records.batch(batch_size, drop_remainder=drop_remainder)
     steps = chosen.examples // batch_size if drop_remainder else -(-chosen.examples // batch_size)
-    return _parsed(ds, batches.apply(tf.data.experimental.assert_cardinality(steps)))
+    return _parsed(ds, batches.apply(tf.data.experimental.assert_cardinality(steps)), standardized=False)

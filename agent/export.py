@@ -23,7 +23,9 @@ import tensorflow as tf
 from trainjobs import storage
 from trainjobs.job_paths import ARTIFACT_MANIFEST
 from trainjobs.spec import TfliteExport
+from agent.data import LocalDataset
 from agent.models import Builder, ModelInputs, build
+from agent.tasks import SCORES, score
 
 log = logging.getLogger("trainjobs.agent")
 
@@ -39,11 +41,12 @@ def float32_copy(builder: Builder, inputs: ModelInputs, trained: Any) -> Any:
     return copy
 
 
-def save_model(model: Any, input_shape: tuple[int, ...], directory: Path, class_names: list[str]) -> None:
-    """A SavedModel whose `serve` (also `serving_default`) runs the model in inference mode and
-    returns class probabilities, and whose `classify` also returns each example's `class_id` and
-    `class_name` (the names of labels.json, kept in the graph). labels.json is also in its assets,
-    so the directory carries its class names wherever it is copied.
+def save_model(model: Any, input_shape: tuple[int, ...], directory: Path, labels: dict[str, Any]) -> None:
+    """A SavedModel whose `serve` (also `serving_default`) runs the model in inference mode and returns
+    its output: class probabilities (classification), the positive label's probability (binary), the
+    targets in the data's units (regression). For classes, `classify` also returns each example's
+    `class_id` and `class_name` (the names of labels.json, kept in the graph). labels.json (labels_doc)
+    is also in its assets, so the directory carries what its outputs mean wherever it is copied.
 
     Not model.export(): it serves `model.__call__` without `training=`, and in Keras 3.15 a
     Resizing layer (a tf.data-style preprocessing layer) leaves the layers after it in training
@@ -51,43 +54,55 @@ def save_model(model: Any, input_shape: tuple[int, ...], directory: Path, class_
     archive = keras.export.ExportArchive()
     archive.track(model)
     signature = [tf.TensorSpec((None, *input_shape), tf.float32)]
-    names = tf.constant(class_names)
-
-    def classify(x: Any) -> dict[str, Any]:
-        probabilities = model(x, training=False)
-        ids = tf.argmax(probabilities, axis=-1, output_type=tf.int32)
-        return {"probabilities": probabilities, "class_id": ids, "class_name": tf.gather(names, ids)}
-
     archive.add_endpoint("serve", lambda x: model(x, training=False), input_signature=signature)
-    archive.add_endpoint("classify", classify, input_signature=signature)
+    task = labels["task"]
+    if task != "regression":
+        names = tf.constant(labels["class_names"])
+
+        def classify(x: Any) -> dict[str, Any]:
+            out = model(x, training=False)
+            if task == "binary":
+                ids = tf.cast(out[:, 0] > 0.5, tf.int32)
+                return {"probability": out[:, 0], "class_id": ids, "class_name": tf.gather(names, ids)}
+            ids = tf.argmax(out, axis=-1, output_type=tf.int32)
+            return {"probabilities": out, "class_id": ids, "class_name": tf.gather(names, ids)}
+
+        archive.add_endpoint("classify", classify, input_signature=signature)
     # `verbose` (off: no endpoint summary on stdout) is not in Keras 3.4, the TF 2.17 images' (3.6 has it).
     quiet = {"verbose": False} if "verbose" in inspect.signature(archive.write_out).parameters else {}
     archive.write_out(str(directory), **quiet)
     (directory / "assets").mkdir(exist_ok=True)
-    write_labels(directory / "assets" / LABELS_NAME, class_names)
+    write_labels(directory / "assets" / LABELS_NAME, labels)
 
 
 LABELS_NAME = "labels.json"
 
 
-def labels_doc(class_names: list[str]) -> dict[str, Any]:
-    """What the model's class ids mean: class_names[i] is the label (the data's value, or its image
-    folder's name) that became class id i."""
-    return {"num_classes": len(class_names), "class_names": list(class_names),
-            "label_mapping": {str(i): name for i, name in enumerate(class_names)}}
+def labels_doc(data: LocalDataset) -> dict[str, Any]:
+    """What the model's outputs mean. Classes: class_names[i] is the label (the data's value, or its
+    image folder's name) that became class id i; binary: class 1 is the positive label, the output its
+    probability; regression: the targets in output order, with the training split's mean and std."""
+    if data.regression:
+        return {"task": data.task, "targets": list(data.target_names), "target_mean": list(data.target_mean or ()),
+                "target_std": list(data.target_std or ())}
+    names = data.labels
+    return {"task": data.task, "num_classes": len(names), "class_names": list(names),
+            "label_mapping": {str(i): name for i, name in enumerate(names)},
+            **({"positive_label": names[1]} if data.task == "binary" else {})}
 
 
-def write_labels(path: Path, class_names: list[str]) -> None:
-    path.write_text(json.dumps(labels_doc(class_names), indent=2, ensure_ascii=False))
+def write_labels(path: Path, labels: dict[str, Any]) -> None:
+    path.write_text(json.dumps(labels, indent=2, ensure_ascii=False))
 
 
-def saved_model_accuracy(directory: Path, x: Any, y: Any) -> float | None:
-    """Load the export the way a user would and score it: proves it loads and predicts."""
+def saved_model_scores(directory: Path, task: str, x: Any, y: Any) -> dict[str, float | None]:
+    """Load the export the way a user would and score it (agent/tasks.py: SCORES): proves it loads and
+    predicts. saved_model_accuracy for classes, saved_model_r2 and _mae for a regression."""
     if len(y) == 0:
-        return None
+        return {f"saved_model_{name}": None for name in SCORES[task]}
     loaded = tf.saved_model.load(str(directory))
     preds = [loaded.serve(tf.constant(x[i:i + EVAL_BATCH])).numpy() for i in range(0, len(x), EVAL_BATCH)]
-    return float(np.mean(np.concatenate(preds).argmax(axis=-1) == y))
+    return {f"saved_model_{k}": v for k, v in score(task, np.concatenate(preds), y).items()}
 
 
 _IO_TYPES = {"int8": tf.int8, "uint8": tf.uint8}
@@ -111,9 +126,15 @@ def to_tflite(saved_model: Path, options: TfliteExport, calibration: Any) -> byt
     return flatbuffer
 
 
-def tflite_accuracy(model: bytes, x: Any, y: Any) -> float | None:
+def tflite_scores(model: bytes, task: str, x: Any, y: Any) -> dict[str, float | None]:
+    """The TFLite model scored the way saved_model_scores scores the SavedModel: tflite_<score>."""
     if len(y) == 0:
-        return None
+        return {f"tflite_{name}": None for name in SCORES[task]}
+    out = _tflite_predictions(model, x)
+    return {f"tflite_{k}": v for k, v in score(task, out, y).items()}
+
+
+def _tflite_predictions(model: bytes, x: Any) -> Any:
     interpreter = _interpreter(model)
     inp, out = interpreter.get_input_details()[0], interpreter.get_output_details()[0]
     preds, size = [], None
@@ -125,9 +146,16 @@ def tflite_accuracy(model: bytes, x: Any, y: Any) -> float | None:
             interpreter.allocate_tensors()
         interpreter.set_tensor(inp["index"], chunk)
         interpreter.invoke()
-        # Integer outputs are an increasing function of the probabilities (scale > 0): argmax holds.
-        preds.append(interpreter.get_tensor(out["index"]))
-    return float(np.mean(np.concatenate(preds).argmax(axis=-1) == y))
+        preds.append(_dequantized(interpreter.get_tensor(out["index"]), out))
+    return np.concatenate(preds)
+
+
+def _dequantized(values: Any, detail: dict[str, Any]) -> Any:
+    """An output as floats: integer outputs (io_type int8/uint8) are (q - zero_point) * scale."""
+    if detail["dtype"] in (np.float32, np.float16):
+        return values
+    scale, zero_point = detail.get("quantization", (0.0, 0))
+    return (values.astype(np.float32) - zero_point) * (scale or 1.0)
 
 
 def quantize_input(x: Any, detail: dict[str, Any]) -> Any:

@@ -16,11 +16,20 @@ class ModelError(Exception):
 @dataclass(frozen=True)
 class ModelInputs:
     input_shape: tuple[int, ...]
-    num_classes: int
+    num_classes: int  # the model's outputs: classes; 1 for a binary task; targets for a regression
     params: dict[str, Any] = field(default_factory=dict)
     # Per-channel statistics of the training data, for the built-ins' Normalization layer.
     mean: tuple[float, ...] | None = None
     variance: tuple[float, ...] | None = None
+    task: str = "classification"  # trainjobs/spec/task.py; agent/tasks.py builds each task's output
+    target_mean: tuple[float, ...] | None = None  # a regression's training targets, for the output layer
+    target_std: tuple[float, ...] | None = None
+
+    def head(self, x: Any) -> Any:
+        """This task's output layer(s) on features x (agent/tasks.py)."""
+        from agent.tasks import head
+
+        return head(x, self.task, self.num_classes)
 
 
 Builder = Callable[[ModelInputs], Any]

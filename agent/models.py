@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import re
 import sys
 from pathlib import Path
@@ -81,8 +82,7 @@ def _application_builder(name: str) -> Builder:
         x = backbone(x)
         if dropout:
             x = keras.layers.Dropout(dropout)(x)
-        out = keras.layers.Dense(inputs.num_classes, activation="softmax", dtype="float32", name="probabilities")(x)
-        return keras.Model(inp, out, name=name)
+        return keras.Model(inp, inputs.head(x), name=name)
 
     return build_application
 
@@ -97,15 +97,31 @@ def _user_builder(module: str, function: str, download_dir: Path) -> Builder:
     if not callable(fn):
         raise ModelError(f"model module {module} has no function {function!r}")
 
+    takes_task = _takes(fn, "task")
+
     def build_user_model(inputs: ModelInputs) -> Any:
+        if inputs.task != "classification" and not takes_task:
+            raise ModelError(f"{module}:{function} takes (input_shape, num_classes, params): for task {inputs.task} "
+                             "it must also take task= (and build num_outputs outputs: README, Your model)")
         try:
-            return fn(inputs.input_shape, inputs.num_classes, dict(inputs.params))
+            if not takes_task:
+                return fn(inputs.input_shape, inputs.num_classes, dict(inputs.params))
+            model = fn(inputs.input_shape, inputs.num_classes, dict(inputs.params), task=inputs.task)
         except ModelError:
             raise
         except Exception as exc:
             raise ModelError(f"{module}:{function} raised {type(exc).__name__}: {exc}") from exc
+        return model  # a regression's learns the standardised target; the export puts back the units
 
     return build_user_model
+
+
+def _takes(fn: Any, name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 # Where POST /v1/modules stores code (trainjobs/uploads.py): uploads/<project>/<sha256 of the file>/<file>.

@@ -15,7 +15,7 @@ from typing import Any
 from trainjobs import storage
 from trainjobs.job_paths import ARTIFACT_HISTORY, ARTIFACT_METRICS
 from trainjobs.spec import TrainingSpec
-from agent import devices, export, keras_compat
+from agent import devices, export, keras_compat, tasks
 from agent.checkpoints import CheckpointSchedule, CheckpointStore
 from agent.data import LocalDataset, download_dataset, eval_dataset, read_arrays, train_dataset
 from agent.input_wait import InputWaitMeter
@@ -102,7 +102,7 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
         val = eval_dataset(data, plan.global_batch_size, plan.static_shapes, spec.training.cache_dataset)
     reporter.set_phase("training")
     recorder = EpochRecorder(plan, job.attempt, meter, train_function, on_epoch, schedule.after_call,
-                             reporter.step_progress)
+                             reporter.step_progress, names=tasks.epoch_names(data.task))
     fit(model, plan, train, val, recorder)
     # The final checkpoint and metrics.json are in storage before the job can report success.
     publisher.drain()
@@ -126,13 +126,13 @@ def _compile_and_restore(builder: Any, inputs: ModelInputs, plan: RuntimePlan, t
                          store: CheckpointStore) -> tuple[Any, Any, TrainingPosition]:
     """The compiled model under the strategy, with the newest checkpoint (if any) loaded into it,
     and where training stood when that checkpoint was taken."""
-    import keras
     import tensorflow as tf
 
     with strategy.scope():
         model = build(builder, inputs)
-        model.compile(optimizer=make_optimizer(training, plan), loss=keras.losses.SparseCategoricalCrossentropy(),
-                      metrics=["accuracy"], steps_per_execution=plan.steps_per_execution)
+        model.compile(optimizer=make_optimizer(training, plan), loss=tasks.loss(inputs.task),
+                      metrics=tasks.metrics(inputs.task, inputs.target_mean, inputs.target_std),
+                      steps_per_execution=plan.steps_per_execution)
         if not model.built:
             model.build((None, *inputs.input_shape))
         # Built now, not lazily on the first step, so a checkpoint has variables to restore into.
@@ -147,21 +147,23 @@ def _export(job: AgentJob, work: WorkDir, plan: RuntimePlan, data: LocalDataset,
     paths, tflite_options = job.paths, job.spec.export.tflite
     out = work.artifacts
     out.mkdir(parents=True, exist_ok=True)
-    serving = export.float32_copy(builder, inputs, model)
-    export.save_model(serving, inputs.input_shape, out / "saved_model", data.labels)
-    export.write_labels(out / export.LABELS_NAME, data.labels)  # next to saved_model/ and model.tflite
-    # Without a validation split there is nothing to score: empty arrays give accuracy None.
+    serving = tasks.serving_model(export.float32_copy(builder, inputs, model), inputs.task, inputs.target_mean,
+                                  inputs.target_std)
+    labels = export.labels_doc(data)
+    export.save_model(serving, inputs.input_shape, out / "saved_model", labels)
+    export.write_labels(out / export.LABELS_NAME, labels)  # next to saved_model/ and model.tflite
+    # Without a validation split there is nothing to score: empty arrays give scores of None.
     val_x, val_y = read_arrays(data, data.validation or data.train, EVAL_EXAMPLES if data.validation else 0)
     last = history[-1] if history else {}
-    final: dict[str, Any] = {k: last.get(k) for k in ("loss", "accuracy", "val_loss", "val_accuracy")}
-    final["saved_model_accuracy"] = export.saved_model_accuracy(out / "saved_model", val_x, val_y)
+    final: dict[str, Any] = {k: last.get(k) for k in tasks.epoch_names(data.task)}
+    final.update(export.saved_model_scores(out / "saved_model", data.task, val_x, val_y))
     if tflite_options is not None:
         calibration, _ = read_arrays(data, data.train, tflite_options.calibration_limit)
         tflite = export.to_tflite(out / "saved_model", tflite_options, calibration)
         (out / "model.tflite").write_bytes(tflite)
         final.update(tflite_quantization=tflite_options.quantization, tflite_io_type=tflite_options.io_type,
-                     tflite_bytes=len(tflite),
-                     tflite_accuracy=export.tflite_accuracy(tflite, val_x, val_y))
+                     tflite_bytes=len(tflite))
+        final.update(export.tflite_scores(tflite, data.task, val_x, val_y))
     final.update(_throughput(history, job.attempt))
     final.update(eval_examples=int(len(val_y)), epochs=plan.epochs, initial_epoch=plan.initial_epoch,
                  initial_step=plan.initial_step, optimizer_iterations=int(model.optimizer.iterations.numpy()),
@@ -181,7 +183,9 @@ def _model_inputs(params: dict[str, Any], data: LocalDataset, builtin: bool) -> 
         x, _ = read_arrays(data, data.train, STATS_EXAMPLES)
         axes = tuple(range(x.ndim - 1))
         mean, variance = tuple(x.mean(axis=axes).tolist()), tuple(x.var(axis=axes).tolist())
-    return ModelInputs(data.feature_shape, data.num_classes, dict(params), mean, variance)
+    outputs = tasks.num_outputs(data.task, data.num_classes, len(data.target_names))
+    return ModelInputs(data.feature_shape, outputs, dict(params), mean, variance, task=data.task,
+                       target_mean=data.target_mean, target_std=data.target_std)
 
 
 def _previous_history(metrics_uri: str, initial_epoch: int) -> list[dict[str, Any]]:

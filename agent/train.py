@@ -28,8 +28,10 @@ class EpochRecorder(keras.callbacks.Callback):
 
     def __init__(self, plan: RuntimePlan, attempt: int, meter: InputWaitMeter, train_function: CountingTrainFunction,
                  on_epoch: Callable[[dict[str, Any], TrainingPosition], None],
-                 on_call: Callable[[TrainingPosition], None], on_progress: Callable[[float], None]):
+                 on_call: Callable[[TrainingPosition], None], on_progress: Callable[[float], None],
+                 names: tuple[str, ...] = KERAS_METRICS):
         super().__init__()
+        self.names = names  # what each entry records of Keras' logs (agent/tasks.py: epoch_names)
         self.plan, self.attempt, self.meter, self.train_function = plan, attempt, meter, train_function
         self.on_epoch, self.on_call, self.on_progress = on_epoch, on_call, on_progress
         self.position = plan.start
@@ -75,7 +77,7 @@ class EpochRecorder(keras.callbacks.Callback):
         entry: dict[str, Any] = {"epoch": epoch + 1, "attempt": self.attempt}
         if self._first_step:
             entry["resumed_at_step"] = self._first_step
-        entry.update({k: float(logs[k]) if k in logs else None for k in KERAS_METRICS})
+        entry.update({k: float(logs[k]) if k in logs else None for k in self.names})
         entry.update({
             "learning_rate": float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)),
             "examples_per_sec": round(examples / train_s, 2),

@@ -42,7 +42,7 @@ class GcsStager:
         started, outcome = time.monotonic(), "error"
         try:
             staged = stage_dataset(spec.dataset, project_id=project_id, bucket=self.bucket, work_dir=work,
-                                   rules=rules, should_stop=should_stop)
+                                   task=spec.task, rules=rules, should_stop=should_stop)
             outcome = "staged" if staged.uploaded_objects else "reused"
             prometheus.STAGING_BYTES.inc(staged.uploaded_bytes)
             # Staging first knows the data's size and shape: a plan it cannot carry fails now, not on a paid

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import uuid
 from datetime import datetime
 from typing import Any
@@ -222,11 +223,25 @@ def record_progress(session: Session, job_id: uuid.UUID, owner: str, **fields: A
     sets = ", ".join(
         f"{k} = CAST(:{k} AS jsonb)" if k in _JSON_COLUMNS else f"{k} = :{k}" for k in fields
     )
-    params = {k: json.dumps(v) if k in _JSON_COLUMNS and v is not None else v for k, v in fields.items()}
+    params = {k: json.dumps(_finite(v), allow_nan=False) if k in _JSON_COLUMNS and v is not None else v
+              for k, v in fields.items()}
     if params.get("error") is not None:
         params["error"] = clean_text(params["error"])
     session.execute(text(f"UPDATE jobs SET {sets}, updated_at = now() WHERE id = :id AND lease_owner = :owner"),
                     {**params, "id": job_id, "owner": owner})
+
+
+def _finite(value: Any) -> Any:
+    """`value` as JSON (and PostgreSQL's jsonb) can hold it: a loss that diverged to NaN or infinity is
+    null (the stored metrics.json and history keep the agent's own words). Before, such a number failed
+    every driver step of the job ("Token NaN is invalid") until the job failed for it."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def count_driver_failure(session: Session, job_id: uuid.UUID, owner: str) -> int | None:

@@ -37,6 +37,7 @@ PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 # strategy runs a shorter last call in each epoch (issue 11: steps used to be dropped instead).
 STEPS_PER_EXECUTION = (1, 3)
 QUANTIZATIONS = ("none", "dynamic", "float16", "int8")
+TASKS = ("classification", "binary", "regression")  # issue 21: each on its own data (_write_datasets)
 # The CPU devices each strategy needs: (replicas per worker, workers). `auto` over two devices
 # resolves to mirrored.
 PLACEMENT = {"auto": (2, 1), "default": (1, 1), "one_device": (1, 1), "mirrored": (2, 1),
@@ -56,17 +57,18 @@ class Case:
     precision: str
     steps_per_execution: int
     quantization: str
+    task: str = "classification"
 
     @property
     def id(self) -> str:
-        return f"{self.strategy}-{self.precision}-spe{self.steps_per_execution}-{self.quantization}"
+        return f"{self.strategy}-{self.precision}-spe{self.steps_per_execution}-{self.quantization}-{self.task}"
 
-    def spec(self, source: str) -> dict[str, Any]:
+    def spec(self, folder: str) -> dict[str, Any]:
         replicas, workers = PLACEMENT[self.strategy]
         return {
             "name": self.id, "accelerator": {"type": "cpu", "replicas": replicas}, "workers": workers,
             "strategy": self.strategy, "precision": self.precision, "steps_per_execution": self.steps_per_execution,
-            "dataset": {"source": source}, "model": {"name": "mlp"},
+            "task": self.task, "dataset": {"source": f"{folder}/{self.task}.npz"}, "model": {"name": "mlp"},
             "training": {"epochs": EPOCHS, "per_replica_batch_size": PER_REPLICA_BATCH, "learning_rate": 0.01},
             "export": {"tflite": {"quantization": self.quantization, "calibration_examples": 32}},
         }
@@ -75,13 +77,13 @@ class Case:
 def _combinations() -> tuple[list[Case], list[tuple[Case, list[dict[str, str]]]]]:
     """(accepted, refused with the validator's reasons). Steps per execution alternate like a
     checkerboard over strategy x precision, and the quantization turns along the same diagonals, so
-    each strategy and each precision meets both step counts and all four quantizations."""
+    each strategy and each precision meets both step counts, all four quantizations and all three tasks."""
     accepted, refused = [], []
     for (s, strategy), (p, precision) in itertools.product(enumerate(STRATEGIES), enumerate(PRECISIONS)):
         spe = STEPS_PER_EXECUTION[(s + p) % len(STEPS_PER_EXECUTION)]
-        case = Case(strategy, precision, spe, QUANTIZATIONS[(s + p) % len(QUANTIZATIONS)])
+        case = Case(strategy, precision, spe, QUANTIZATIONS[(s + p) % len(QUANTIZATIONS)], TASKS[(s + p) % len(TASKS)])
         try:
-            JobSpec.model_validate(case.spec("matrix.npz"))
+            JobSpec.model_validate(case.spec("/data"))
         except ValidationError as exc:
             refused.append((case, describe_errors(exc.errors())))
         else:
@@ -100,19 +102,24 @@ def test_every_combination_is_trained_or_refused_with_a_reason() -> None:
         cases = [c for c in ACCEPTED if option in (c.strategy, c.precision)]
         assert {c.steps_per_execution for c in cases} == set(STEPS_PER_EXECUTION), option
         assert {c.quantization for c in cases} == set(QUANTIZATIONS), option
+        assert {c.task for c in cases} == set(TASKS), option
 
 
 # --- one stack for the module, every accepted job submitted up front ------------------------------
 
 
-def _write_dataset(path: Path) -> None:
-    """Well separated clusters: a few dozen steps learn them, so accuracies say whether an export
-    predicts, not how lucky the initialisation was."""
+def _write_datasets(folder: Path) -> None:
+    """Well separated clusters: a few dozen steps learn them, so scores say whether an export predicts,
+    not how lucky the initialisation was. Classes: the cluster; binary: its parity; regression: a
+    linear function of the features in units far from 0 (the model answers in them)."""
     rng = np.random.default_rng(0)
     centers = rng.normal(0, 4, (CLASSES, FEATURES))
     y = rng.integers(0, CLASSES, EXAMPLES)
-    x = centers[y] + rng.normal(0, 1, (EXAMPLES, FEATURES))
-    np.savez(path, x=x.astype(np.float32), y=y.astype(np.int64))
+    x = (centers[y] + rng.normal(0, 1, (EXAMPLES, FEATURES))).astype(np.float32)
+    np.savez(folder / "classification.npz", x=x, y=y.astype(np.int64))
+    np.savez(folder / "binary.npz", x=x, y=(y % 2).astype(np.int64))
+    target = 300.0 + 20.0 * x @ rng.normal(0, 1, FEATURES) / np.sqrt(FEATURES)
+    np.savez(folder / "regression.npz", x=x, y=(target + rng.normal(0, 2, EXAMPLES)).astype(np.float32))
 
 
 MatrixJobs = tuple[httpx.Client, dict[str, str]]  # the API client, and each accepted case's job id
@@ -134,8 +141,7 @@ def matrix_jobs(database_url: str, api_url: str, gcs_emulator: Any, tmp_path_fac
         monkey.setenv("TF_NUM_INTRAOP_THREADS", "1")
         monkey.setenv("TF_NUM_INTEROP_THREADS", "2")
         monkey.setenv("TRAINJOBS_HEARTBEAT_S", "2")
-        source = tmp / "matrix.npz"
-        _write_dataset(source)
+        _write_datasets(tmp)
         monkey.setenv("TRAINJOBS_HOST_DATA_DIRS", str(tmp))  # host paths are off unless the operator allows them
 
         provisioner = LocalProvisioner(tmp / "machines", devices=2, slots=PARALLEL_MACHINES)
@@ -147,7 +153,7 @@ def matrix_jobs(database_url: str, api_url: str, gcs_emulator: Any, tmp_path_fac
         # Multi-worker jobs first: they hold two processes each, so they gain most from an idle machine.
         selected = _selected_cases(request.session.items)
         for case in sorted(selected, key=lambda c: c.strategy != "multi_worker_mirrored"):
-            r = client.post("/v1/jobs", json=case.spec(str(source)))
+            r = client.post("/v1/jobs", json=case.spec(str(tmp)))
             assert r.status_code == 201, (case.id, r.text)
             jobs[case.id] = r.json()["id"]
         worker.start()
@@ -195,14 +201,18 @@ def test_accepted_combination_trains_as_asked_and_exports(case: Case, matrix_job
     for entry in history:
         assert entry["steps"] == runtime["steps_per_epoch"]
         assert entry["executions"] == -(-runtime["steps_per_epoch"] // case.steps_per_execution)
-        assert entry["val_accuracy"] is not None
+        assert entry["val_r2" if case.task == "regression" else "val_accuracy"] is not None
 
     manifest = {e["path"] for e in storage.read_json(paths.artifact_manifest)}
     assert {"saved_model/saved_model.pb", "model.tflite", ARTIFACT_METRICS, ARTIFACT_HISTORY} <= manifest
     final = storage.read_json(paths.final_metrics)
     assert final["tflite_quantization"] == case.quantization
-    assert final["saved_model_accuracy"] > 0.9, final
-    assert final["tflite_accuracy"] >= final["saved_model_accuracy"] - 0.05, final
+    if case.task == "regression":  # scored from the exported models on the validation split
+        assert final["saved_model_r2"] > 0.5, final
+        assert final["tflite_r2"] >= final["saved_model_r2"] - 0.1, final
+    else:
+        assert final["saved_model_accuracy"] > 0.9, final
+        assert final["tflite_accuracy"] >= final["saved_model_accuracy"] - 0.05, final
 
     if workers > 1:
         # The other agent trained every epoch with the chief and never exported. The worker deletes

@@ -351,6 +351,67 @@ def test_a_gzip_bomb_fails_at_the_staging_byte_limit_before_filling_the_disk(buc
     assert objects(bucket) == []
 
 
+# --- tasks: what the labels are (issue 21) -----------------------------------------------------------
+
+
+def _rows(labels: list[str]) -> Callable[[Path], str]:
+    return _write("t.csv", "a,b,label\n" + "".join(f"{i},{i % 5},{v}\n" for i, v in enumerate(labels)))
+
+
+TASK_REFUSALS = [
+    ("regression-text", _rows(["low", "high"] * 10), "regression", {}, "task regression needs numeric labels"),
+    ("regression-nan", _npz_of(x=np.zeros((4, 2)), y=np.array([1.0, np.nan, 2.0, 3.0])), "regression", {},
+     "example 1's target is NaN or infinite"),
+    ("regression-images", _images({"cat": 2, "dog": 2}), "regression", {}, "labels are named classes"),
+    ("binary-three-values", _rows(["a", "b", "c"] * 10), "binary", {"options": {"positive_label": "a"}},
+     "task binary needs exactly 2 label values, found 3"),
+    ("binary-text-unnamed", _rows(["yes", "no"] * 10), "binary", {}, "name the positive one with dataset.options"),
+    ("binary-positive-not-there", _rows(["yes", "no"] * 10), "binary", {"options": {"positive_label": "Yes"}},
+     "positive_label is not one of the 2 label values"),
+    ("classes-not-whole", _rows([f"{v / 7:.3f}" for v in range(30)]), "classification", {},
+     "looks continuous (numbers that are not whole): a measurement to predict, not classes; did you mean task: regression?"),
+    ("classes-one-per-row", _rows([str(25 + 3 * v) for v in range(30)]), "classification", {},
+     "looks continuous (30 distinct whole numbers in 30 rows)"),
+]
+
+
+@pytest.mark.parametrize(("make_source", "task", "spec", "message"), [pytest.param(*c[1:], id=c[0]) for c in TASK_REFUSALS])
+def test_labels_that_do_not_fit_the_task_fail_staging_with_the_reason(
+        bucket: str, tmp_path: Path, make_source: Callable[[Path], str], task: str, spec: dict[str, Any],
+        message: str) -> None:
+    with pytest.raises(DatasetError) as err:
+        stage(make_source(tmp_path), bucket, tmp_path / "work", task=task, **spec)
+    assert message in str(err.value)
+    assert objects(bucket) == []
+
+
+def test_a_regression_stages_float_targets_with_the_training_splits_statistics(bucket: str, tmp_path: Path) -> None:
+    targets = [25.5 + 3.25 * i for i in range(40)]
+    staged = stage(_rows([str(t) for t in targets])(tmp_path), bucket, tmp_path / "work", task="regression")
+    m = staged.manifest
+    assert (m["task"], m["num_classes"], m["class_names"]) == ("regression", 0, [])
+    assert m["label"]["dtype"] == "float32" and m["label"]["shape"] == [1] and m["label"]["names"] == ["target"]
+    assert m["splits"]["train"]["class_counts"] is None
+    _, y = read_split(staged, "train")
+    assert y.dtype == np.float32 and y.shape == (32, 1) and set(y[:, 0].tolist()) <= set(targets)
+    assert m["label"]["mean"] == [pytest.approx(float(y.mean()))] and m["label"]["std"] == [pytest.approx(float(y.std()))]
+    # The same file as classes is another dataset: the task is part of what is staged.
+    with pytest.raises(DatasetError, match="did you mean task: regression"):
+        stage(_rows([str(t) for t in targets])(tmp_path / "again"), bucket, tmp_path / "work2")
+
+
+def test_binary_text_labels_become_the_negative_and_the_named_positive(bucket: str, tmp_path: Path) -> None:
+    staged = stage(_rows(["malignant", "benign", "benign"] * 10)(tmp_path), bucket, tmp_path / "work", task="binary",
+                   options={"positive_label": "malignant"})
+    assert staged.manifest["class_names"] == ["benign", "malignant"]
+    assert staged.manifest["splits"]["train"]["class_counts"][1] + staged.manifest["splits"]["validation"]["class_counts"][1] == 10
+
+
+def test_many_whole_number_classes_with_enough_rows_stay_classes(bucket: str, tmp_path: Path) -> None:
+    staged = stage(_rows([str(v % 12) for v in range(240)])(tmp_path), bucket, tmp_path / "work")
+    assert staged.manifest["num_classes"] == 12
+
+
 # --- the contract with TensorFlow ------------------------------------------------------------------
 
 

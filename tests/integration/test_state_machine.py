@@ -59,6 +59,19 @@ def test_illegal_transition_raises_and_changes_nothing(db, frm, to):
     assert status == frm and len(events) == 1
 
 
+def test_a_diverged_loss_is_recorded_as_null_not_refused_by_jsonb(db):
+    """A job whose loss became NaN (a regression in float16 once did) reported it in its metrics, and
+    every driver step failed on PostgreSQL's jsonb ("Token NaN is invalid") until the job FAILED."""
+    job_id = _job(db, S.RUNNING, owner="w1")
+    with transaction(db) as s:
+        jobdata.record_progress(s, job_id, "w1", progress=0.5,
+                                metrics={"loss": float("nan"), "val_loss": float("inf"), "accuracy": 0.5},
+                                runtime={"notes": ["x"], "scores": [1.0, float("-inf")]})
+    job = _state(db, job_id)[2]
+    assert job.metrics == {"loss": None, "val_loss": None, "accuracy": 0.5}
+    assert job.runtime == {"notes": ["x"], "scores": [1.0, None]}
+
+
 def test_terminal_states_have_no_way_out():
     assert not [p for p in ALLOWED if p[0] in TERMINAL]
 

@@ -43,7 +43,7 @@ def operators_folder() -> str:
 
 def stage(source: str | Path, bucket: str | None = None, work_dir: Path | None = None, *, project: str = PROJECT,
           rules: DataAccessRules | None = None, limits: StagingLimits | None = None,
-          should_stop: Callable[[], bool] = lambda: False, **dataset: Any) -> StagedDataset:
+          should_stop: Callable[[], bool] = lambda: False, task: str = "classification", **dataset: Any) -> StagedDataset:
     """Stage `source` (a dataset spec's source; a local path as it is) with the dataset spec's other
     fields `dataset`, as the worker would for a job of `project`: into `bucket` (default: the test's,
     TRAINJOBS_BUCKET), working in `work_dir` (default: a fresh folder beside a local source, else a
@@ -52,7 +52,7 @@ def stage(source: str | Path, bucket: str | None = None, work_dir: Path | None =
         work_dir = (Path(source).parent if isinstance(source, Path) else Path(tempfile.mkdtemp())) / \
             f"work-{uuid.uuid4().hex[:6]}"
     return stage_dataset(DatasetSpec(source=str(source), **dataset), project_id=project, bucket=bucket,
-                         work_dir=work_dir, rules=rules, limits=limits, should_stop=should_stop)
+                         work_dir=work_dir, task=task, rules=rules, limits=limits, should_stop=should_stop)
 
 
 def shard_uri(staged: StagedDataset, shard: str) -> str:

@@ -110,6 +110,15 @@ REJECTED = [
      "program.args", "300 arguments, over the limit of 256"),
     ("too many requirements", {"model": None, "program": {"source": "t.py", "requirements": [f"p{i}" for i in range(65)]}},
      "program.requirements", "65 requirements, over the limit of 64"),
+    # task: what the labels are (issue 21)
+    ("an unknown task", {"task": "ranking"}, "task", "'classification', 'binary' or 'regression'"),
+    ("a positive label outside task binary", {"task": "regression", "dataset": {"source": "sklearn:digits", "options": {
+        "positive_label": "yes"}}}, "dataset.options.positive_label", "this job's task is regression"),
+    ("a regression on an image folder", {"task": "regression", "dataset": {"source": "gs://my-bucket/pets/", "format": "image_folder"}},
+     "task", "needs numeric labels"),
+    ("a regression's integer TFLite output", {"task": "regression", "export": {"tflite": {"quantization": "int8",
+                                                                                         "io_type": "int8"}}},
+     "export.tflite.io_type", "would round its answers"),
     ("an environment variable the runtime sets", {"model": None, "program": {"source": "t.py", "env": {"TF_CONFIG": "{}"}}},
      "program.env.TF_CONFIG", "cannot be overridden"),
     ("a Vertex AI directory variable", {"model": None, "program": {"source": "t.py", "env": {"AIP_MODEL_DIR": "/x"}}},
@@ -150,6 +159,10 @@ ACCEPTED = [
     ("global batch divisible", {"training": {"global_batch_size": 64, "lr_scaling": "sqrt"}}),
     ("int8 export", {"export": {"tflite": {"quantization": "int8"}}}),
     ("runtime as text", {"limits": {"max_runtime": "90m", "max_cost_usd": 3.5}}),
+    ("a binary task with its positive label", {"task": "binary", "dataset": {"source": "data.csv", "options": {
+        "positive_label": "yes"}}}),
+    ("a regression exported to int8 TFLite with a float interface", {"task": "regression", "export": {
+        "tflite": {"quantization": "int8"}}}),
     ("built-in params", {"model": {"name": "mlp", "params": {"hidden_units": [64, 32], "dropout": 0}}}),
     ("one hidden layer as a number", {"model": {"name": "mlp", "params": {"hidden_units": 64}}}),
     ("application params", {"model": {"name": "MobileNetV3Small", "params": {"alpha": 0.75, "minimalistic": True,

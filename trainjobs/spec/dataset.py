@@ -59,6 +59,8 @@ class DatasetOptions(StrictModel):
     # --- image_folder ---
     image_size: tuple[Annotated[Int, Field(ge=8, le=1024)], Annotated[Int, Field(ge=8, le=1024)]] | None = None
     shard_examples: Int = Field(default=4096, ge=64, le=1_000_000, description="examples per staged TFRecord shard")
+    positive_label: str | None = Field(default=None, min_length=1, max_length=256, description=(
+        "task binary: the label value that is the positive class (needed when the labels are text)"))
 
     # Checked before the unions are tried, so a bad value gets one reason, not one per union member.
     @field_validator("header", mode="before")
@@ -118,7 +120,7 @@ def options_problem(options: DatasetOptions, fmt: str) -> tuple[str, str] | None
     return None
 
 
-_FORMAT_BY_SUFFIX = {".csv": "csv", ".npz": "npz", ".tfrecord": "tfrecord", ".tfrecords": "tfrecord", ".tfr": "tfrecord"}
+_FORMAT_BY_SUFFIX = {".csv": "csv", ".csv.gz": "csv", ".npz": "npz", ".tfrecord": "tfrecord", ".tfrecords": "tfrecord", ".tfr": "tfrecord"}
 
 
 def guess_format(source: str) -> str | None:

@@ -22,6 +22,7 @@ from trainjobs.spec.limits import LimitsSpec
 from trainjobs.spec.model import ModelSpec
 from trainjobs.spec.program import ProgramSpec
 from trainjobs.spec.strict import STORED, Int, StrictModel, fail, submitting
+from trainjobs.spec.task import Task, task_problem
 from trainjobs.spec.training import TrainingSpec
 
 # The spec rules a stored job was accepted under. 1: every job stored before versions were written;
@@ -37,6 +38,9 @@ class JobSpec(StrictModel):
     strategy: Strategy = "auto"
     precision: Precision = "auto"
     steps_per_execution: Int | Literal["auto"] = "auto"
+    task: Task = Field(default="classification", description=(
+        "What the labels are: classification (one class per example), binary (two label values: one "
+        "sigmoid output) or regression (a numeric target)."))
     dataset: DatasetSpec | None = Field(default=None, description="The data: required with `model`; with "
                                         "`program`, staged and handed to it if given.")
     model: ModelSpec | None = Field(default=None, description="Our trainer's model; or give `program`.")
@@ -105,6 +109,8 @@ class JobSpec(StrictModel):
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
         check_consistency(self)
+        if problem := task_problem(self):
+            raise fail(*problem)
         return self
 
     # Shortcuts to the facts trainjobs/spec/derived.py computes, for the spec's readers.

@@ -20,7 +20,8 @@ import numpy as np
 
 from worker.staging.errors import DatasetError
 
-SCHEMA = "feature 'x' = float_list (flattened float32 features), feature 'y' = int64_list holding one class id"
+SCHEMA = ("feature 'x' = float_list (flattened float32 features), feature 'y' = int64_list holding one class id "
+          "(or a float_list of regression targets)")
 
 
 def varint(n: int) -> bytes:
@@ -45,8 +46,36 @@ def _label_varint_lengths(y: np.ndarray) -> np.ndarray:
     return length
 
 
+def _float_entry(name: bytes, values: np.ndarray) -> np.ndarray:
+    """Each row's Features.feature map entry {name: float_list(values[i])}, as a uint8 matrix [n, width]
+    (every row the same width: packed floats have a fixed size)."""
+    n, dim = values.shape
+    floats = np.ascontiguousarray(values, dtype="<f4").view(np.uint8).reshape(n, 4 * dim)
+    float_list = _len_field(1, 4 * dim)
+    feature = _len_field(2, len(float_list) + 4 * dim) + float_list
+    tail = len(feature) + 4 * dim
+    entry = b"\x0a" + varint(len(name)) + name + _len_field(2, tail)
+    head = _len_field(1, len(entry) + tail) + entry + feature
+    out = np.empty((n, len(head) + 4 * dim), dtype=np.uint8)
+    out[:, : len(head)] = np.frombuffer(head, np.uint8)
+    out[:, len(head):] = floats
+    return out
+
+
+def encode_float_label_examples(x: np.ndarray, y: np.ndarray) -> list[bytes]:
+    """Serialized Examples for float32 features x [n, D] and float32 targets y [n, K] (a regression's:
+    feature 'y' is a float_list), in order."""
+    entries = np.concatenate([_float_entry(b"x", x), _float_entry(b"y", y)], axis=1)
+    prefix = np.frombuffer(_len_field(1, entries.shape[1]), np.uint8)
+    rows = np.concatenate([np.broadcast_to(prefix, (len(entries), len(prefix))), entries], axis=1)
+    return [row.tobytes() for row in rows]
+
+
 def encode_examples(x: np.ndarray, y: np.ndarray) -> list[bytes]:
-    """Serialized Examples for float32 features x [n, D] and int64 labels y [n], in order."""
+    """Serialized Examples for float32 features x [n, D] and int64 labels y [n], in order; float
+    targets y [n, K] go to encode_float_label_examples."""
+    if y.dtype.kind == "f":
+        return encode_float_label_examples(x, y)
     n, dim = x.shape
     floats = np.ascontiguousarray(x, dtype="<f4").view(np.uint8).reshape(n, 4 * dim)
     float_list = _len_field(1, 4 * dim)  # FloatList.value, packed; the floats follow
@@ -186,11 +215,14 @@ def _feature_map(record: bytes) -> dict[str, tuple[int, bytes]]:
     return features
 
 
-def decode_example(record: bytes, where: str) -> tuple[np.ndarray, int]:
-    """(x, y) from one serialized Example in our schema; anything else is a DatasetError naming `where`."""
+def decode_example(record: bytes, where: str) -> tuple[np.ndarray, int | np.ndarray]:
+    """(x, y) from one serialized Example in our schema; anything else is a DatasetError naming `where`.
+    y is the class id, or a regression's float32 targets when 'y' is a float_list."""
     try:
         features = _feature_map(record)
         x_kind, y_kind = features.get("x"), features.get("y")
+        if x_kind is not None and y_kind is not None and x_kind[0] == 2 and y_kind[0] == 2:
+            return _float_values(x_kind[1]), _float_values(y_kind[1])
         if x_kind is None or y_kind is None or x_kind[0] != 2 or y_kind[0] != 3:
             # The feature names are the file's bytes: count them, never quote them.
             raise NotOurSchema(f"{where} is not in our TFRecord schema ({SCHEMA}); it has {len(features)} other or "

@@ -1,6 +1,14 @@
 """Examples in memory, and the checks every format passes through before anything is written.
 
-Labels become class ids 0..K-1 by one rule for all formats:
+Readers give raw labels (make_examples); `labelled` turns them into what the job's task trains on, by
+one rule for all formats (trainjobs/spec/task.py):
+- regression: float32 targets [n, 1], every one a finite number;
+- binary: class ids 0 (negative) and 1 (positive) of exactly two label values: the larger number, or
+  the text named by dataset.options.positive_label;
+- classification: the rule below, after refusing a label column that looks continuous (numbers that
+  are not whole, or whole numbers with nearly a value per row: "did you mean task: regression?").
+
+Classification labels become class ids 0..K-1 by one rule for all formats:
 - non-negative integers (or integral floats) are class ids as given, when they are dense enough
   (max + 1 <= 2 x the number of distinct labels, so 1-based labels still work); class_names = "0".."max";
 - anything else (strings, negative or sparse integers) maps the sorted distinct values to 0..K-1,
@@ -19,10 +27,16 @@ from worker.staging.errors import DatasetError
 @dataclass(frozen=True)
 class Examples:
     x: np.ndarray  # float32 [n, *feature_shape]
-    y: np.ndarray  # int64 [n], class ids 0..num_classes-1
-    class_names: list[str]
+    # The source's labels until `labelled`; then int64 [n] class ids (classification, binary) or
+    # float32 [n, 1] targets (regression).
+    y: np.ndarray
+    class_names: list[str] | None  # names of class ids (a regression's target names); None: not yet labelled
     dropped: int = 0  # rows of the source left out (a CSV's missing cells under na_policy drop)
     notes: list[str] = field(default_factory=list)  # what staging did that the user should read
+    what: str = ""  # the data, for messages
+    task: str = ""  # set by `labelled`
+    target_mean: list[float] | None = None  # regression: the training split's, set by shards.write_splits' caller
+    target_std: list[float] | None = None
 
     @property
     def feature_shape(self) -> list[int]:
@@ -30,7 +44,8 @@ class Examples:
 
     @property
     def num_classes(self) -> int:
-        return len(self.class_names)
+        """Class ids (classification, binary); 0 for a regression."""
+        return 0 if self.task == "regression" else len(self.class_names or ())
 
 
 def make_examples(x: object, labels: object, what: str, class_names: list[str] | None = None, *,
@@ -46,14 +61,75 @@ def make_examples(x: object, labels: object, what: str, class_names: list[str] |
         raise DatasetError(f"{what}: {len(features)} examples of features but {len(y_raw)} labels")
     if len(features) == 0:
         raise DatasetError(f"{what} holds no examples")
-    if class_names is not None:
-        y, names = y_raw.astype(np.int64), class_names
+    return Examples(features, y_raw, class_names, dropped, list(notes or []), what=what)
+
+
+# A label column with more distinct whole numbers than this share of its rows (and more than
+# CONTINUOUS_MIN_VALUES of them) is a measurement, not classes.
+CONTINUOUS_SHARE, CONTINUOUS_MIN_VALUES = 0.3, 10
+
+
+def labelled(ex: Examples, task: str, positive_label: str | None = None) -> Examples:
+    """`ex` with its labels as `task` trains on them (see the module docstring)."""
+    from dataclasses import replace
+
+    what, raw = ex.what, ex.y
+    if task == "regression":
+        if ex.class_names is not None:
+            raise DatasetError(f"{what}: its labels are named classes (class folders, a classification set), "
+                               "not numbers; task regression needs a numeric label column (csv, npz or tfrecord)")
+        try:
+            y = np.asarray(raw, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise DatasetError(f"{what}: task regression needs numeric labels, and some are text") from None
+        if not np.isfinite(y).all():
+            raise DatasetError(f"{what}: example {int(np.argmin(np.isfinite(y)))}'s target is NaN or infinite")
+        if len(np.unique(y)) < 2:
+            raise DatasetError(f"{what}: every target has the same value: there is nothing to learn")
+        return replace(ex, y=y.astype(np.float32)[:, None], class_names=["target"], task=task)
+    if ex.class_names is not None:  # the source named its classes (image folders, scikit-learn)
+        y, names = raw.astype(np.int64), list(ex.class_names)
     else:
-        y, names = encode_labels(y_raw, what)
-    distinct = np.unique(y)
-    if len(distinct) < 2:
+        if task == "classification":
+            _refuse_continuous(raw, what)
+        y, names = encode_labels(raw, what)
+    if task == "binary":
+        y, names = _binary(y, names, positive_label, what, numeric=ex.class_names is None and raw.dtype.kind in "biuf")
+    elif len(np.unique(y)) < 2:
         raise DatasetError(f"{what}: classification needs at least 2 classes, found only 1")
-    return Examples(features, y, names, dropped, list(notes or []))
+    return replace(ex, y=y, class_names=names, task=task)
+
+
+def _refuse_continuous(raw: np.ndarray, what: str) -> None:
+    if raw.dtype.kind not in "iuf" or not len(raw):
+        return
+    values = raw.astype(np.float64)
+    if not np.isfinite(values).all():
+        return  # encode_labels names the example
+    distinct = len(np.unique(values))
+    whole = bool(np.array_equal(values, np.round(values)))
+    if not whole or (distinct > CONTINUOUS_MIN_VALUES and distinct > CONTINUOUS_SHARE * len(values)):
+        seen = "numbers that are not whole" if not whole else f"{distinct} distinct whole numbers in {len(values)} rows"
+        raise DatasetError(f"{what}: the label column looks continuous ({seen}): a measurement to predict, not "
+                           "classes; did you mean task: regression?")
+
+
+def _binary(y: np.ndarray, names: list[str], positive: str | None, what: str, numeric: bool) -> tuple[np.ndarray, list[str]]:
+    """Class ids 0 (negative) and 1 (positive) of exactly two label values."""
+    present = np.unique(y)
+    if len(present) != 2:
+        raise DatasetError(f"{what}: task binary needs exactly 2 label values, found {len(present)}")
+    kept = [names[int(i)] for i in present]
+    if positive is None:
+        if not numeric:
+            raise DatasetError(f"{what}: the labels are text: name the positive one with "
+                               "dataset.options.positive_label (one of the 2 label values)")
+        positive = kept[1]  # numbers: the larger one (encode_labels keeps them in order)
+    if positive not in kept:
+        raise DatasetError(f"{what}: dataset.options.positive_label is not one of the 2 label values")
+    negative = kept[0] if kept[1] == positive else kept[1]
+    pos_id = int(present[kept.index(positive)])
+    return (y == pos_id).astype(np.int64), [negative, positive]
 
 
 def _features(x: object, what: str) -> np.ndarray:

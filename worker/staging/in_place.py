@@ -18,6 +18,7 @@ import numpy as np
 
 from worker.staging.budget import StagingBudget
 from worker.staging.errors import DatasetError
+from worker.staging.example_proto import NotOurSchema
 from worker.staging.manifest import Split
 from worker.staging.tfrecord import iter_examples
 
@@ -49,6 +50,8 @@ def scan_shard(blob: Any, uri: str, budget: StagingBudget) -> ShardScan:
                 raise DatasetError(f"{uri} record {count}: {len(x)} features where earlier records have {size}")
             if not np.isfinite(x).all():
                 raise DatasetError(f"{uri} record {count} has a NaN or infinite feature")
+            if not isinstance(y, int):  # a regression's float targets: not classes to use in place
+                raise NotOurSchema(f"{uri} record {count} holds float targets, not a class id")
             labels[y] = labels.get(y, 0) + 1
             count += 1
     return ShardScan(uri, count, size, labels)

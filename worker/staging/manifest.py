@@ -8,6 +8,11 @@
                 "validation": {"examples": 359, "shards": [...]}},
      "in_place": false, "source_format": "sklearn", "options": {...}}
 
+A regression (`"task": "regression"`, trainjobs/spec/task.py) has no classes: its label is
+{"key": "y", "dtype": "float32", "shape": [1], "names": ["target"], "mean": [...], "std": [...]}, the
+training split's mean and standard deviation, and each record's 'y' is a float_list. A binary task's
+class_names are [negative, positive]. Manifests without "task" are classification.
+
 Shard paths are relative to the manifest's folder, or absolute gs:// URIs when the data is used in
 place. Each record is a tf.train.Example in our schema (example_proto.py): parse 'x' as
 FixedLenFeature([prod(shape)], float32) and reshape to `shape`; 'y' as FixedLenFeature([1], int64).
@@ -45,15 +50,19 @@ class Provenance:
 def build_manifest(
     *, sha256: str, source: str, source_format: str, class_names: list[str], feature_shape: list[int],
     splits: dict[str, Split], options: ConversionOptions, in_place: bool, provenance: Provenance = Provenance(),
+    task: str = "classification", targets: dict[str, list[float]] | None = None,
 ) -> dict[str, Any]:
+    regression = task == "regression"
     return {
         "format_version": FORMAT_VERSION,
         "sha256": sha256,
         "source": source,
-        "num_classes": len(class_names),
-        "class_names": class_names,
+        "task": task,
+        "num_classes": 0 if regression else len(class_names),
+        "class_names": [] if regression else class_names,
         "feature": {"key": "x", "shape": feature_shape, "dtype": "float32"},
-        "label": {"key": "y", "dtype": "int64"},
+        "label": ({"key": "y", "dtype": "float32", "shape": [len(class_names)], "names": class_names, **(targets or {})}
+                  if regression else {"key": "y", "dtype": "int64"}),
         "splits": {name: {"examples": s.examples, "shards": s.shards, "class_counts": s.class_counts}
                    for name, s in splits.items()},
         "in_place": in_place,

@@ -46,11 +46,13 @@ class ConversionOptions:
     image_size: tuple[int, int] = (32, 32)  # (height, width)
     csv: CsvOptions = CsvOptions()
     tfrecord: TfrecordOptions = TfrecordOptions()
+    task: str = "classification"  # trainjobs/spec/task.py: how the labels are read
+    positive_label: str | None = None  # task binary
     # The spec's options, to refuse those the detected format does not read; not part of the hash.
     spec: DatasetOptions | None = field(default=None, compare=False)
 
     @classmethod
-    def from_spec(cls, o: DatasetOptions) -> ConversionOptions:
+    def from_spec(cls, o: DatasetOptions, task: str = "classification") -> ConversionOptions:
         csv = CsvOptions(
             header=None if o.header == "none" else (o.header or 0), skip_rows=o.skip_rows,
             label_column=o.label_column, delimiter=o.delimiter or ",",
@@ -71,12 +73,18 @@ class ConversionOptions:
             image_size=(o.image_size[0], o.image_size[1]) if o.image_size else cls.image_size,
             csv=csv,
             tfrecord=tfrecord,
+            task=task,
+            positive_label=o.positive_label,
             spec=o,
         )
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         del d["spec"]
+        # Added with tasks (issue 21): left out at their defaults, so data staged before keeps its hash.
+        for key, default in (("task", "classification"), ("positive_label", None)):
+            if d[key] == default:
+                del d[key]
         # As JSON has it (tuples become lists), so a manifest compares equal once stored and read back.
         loaded: dict[str, Any] = json.loads(json.dumps(d))
         return loaded

@@ -33,6 +33,17 @@ def write_splits(examples: Examples, options: ConversionOptions, out_dir: Path) 
             rel = f"{DATASET_SHARDS}/{name}-{k:05d}-of-{count:05d}.tfrecord"
             write_examples(out_dir / rel, examples.x[part], examples.y[part])
             shards.append(rel)
-        counts = np.bincount(examples.y[rows], minlength=examples.num_classes)
-        splits[name] = Split(int(len(rows)), shards, [int(c) for c in counts])
+        if examples.task == "regression":
+            splits[name] = Split(int(len(rows)), shards, None)
+        else:
+            counts = np.bincount(examples.y[rows], minlength=examples.num_classes)
+            splits[name] = Split(int(len(rows)), shards, [int(c) for c in counts])
     return splits
+
+
+def train_target_stats(examples: Examples, options: ConversionOptions) -> dict[str, list[float]]:
+    """A regression's targets over the training split: their mean and standard deviation (1 where a
+    target does not vary there), which the trainer's model is built around (trainjobs/spec/task.py)."""
+    y = examples.y[split_indices(len(examples.y), options.validation_split)["train"]].astype(np.float64)
+    std = y.std(axis=0)
+    return {"mean": [float(v) for v in y.mean(axis=0)], "std": [float(v) if v > 0 else 1.0 for v in std]}

@@ -19,9 +19,10 @@ from worker.staging.content_hash import dataset_sha256
 from worker.staging.gcs_source import GcsSource
 from worker.staging.in_place import scan_in_place
 from worker.staging.example_proto import NotOurSchema
+from worker.staging.examples import labelled
 from worker.staging.manifest import Provenance, build_manifest
 from worker.staging.options import ConversionOptions
-from worker.staging.shards import write_splits
+from worker.staging.shards import train_target_stats, write_splits
 from worker.staging.sources import SourceAccess, open_source
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,8 @@ class StagedDataset:
         return dataset_manifest(self.uri)
 
 
-def stage_dataset(ds: DatasetSpec, *, project_id: str, work_dir: Path, bucket: str | None = None,
+def stage_dataset(ds: DatasetSpec, *, project_id: str, work_dir: Path, task: str = "classification",
+                  bucket: str | None = None,
                   rules: DataAccessRules | None = None, limits: StagingLimits | None = None,
                   should_stop: Callable[[], bool] = lambda: False) -> StagedDataset:
     """Stage ds, a dataset of a job of `project_id`, once: a dataset whose content hash already has a
@@ -54,7 +56,7 @@ def stage_dataset(ds: DatasetSpec, *, project_id: str, work_dir: Path, bucket: s
     bucket = bucket or storage.bucket_name()
     budget = StagingBudget(limits or StagingLimits.from_env(), should_stop)
     access = SourceAccess(project_id, rules or DataAccessRules.from_env(), budget)
-    options = ConversionOptions.from_spec(ds.options)
+    options = ConversionOptions.from_spec(ds.options, task)
     work_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=work_dir, prefix="staging-") as tmp:
         scratch = Path(tmp)
@@ -67,8 +69,10 @@ def stage_dataset(ds: DatasetSpec, *, project_id: str, work_dir: Path, bucket: s
             log.info("dataset %s is already staged at %s", ds.source, uri)
             return StagedDataset(uri, sha, existing, 0)
 
-        # Used in place only when they are in our schema, uncompressed and named by no option.
-        in_place = source.in_place_shards(ds.format) if isinstance(source, GcsSource) and options.tfrecord.is_default else []
+        # Used in place only when they are in our schema, uncompressed and named by no option, and read as
+        # classes (another task re-encodes the labels).
+        in_place = (source.in_place_shards(ds.format) if isinstance(source, GcsSource) and options.tfrecord.is_default
+                    and task == "classification" else [])
         scanned = None
         if in_place:
             try:
@@ -81,7 +85,8 @@ def stage_dataset(ds: DatasetSpec, *, project_id: str, work_dir: Path, bucket: s
             source_format, uploaded, uploaded_bytes = "tfrecord", 0, 0
         else:
             source_format, examples = source.read(ds.format, options, scratch)
-            class_names, shape = examples.class_names, examples.feature_shape
+            examples = labelled(examples, task, options.positive_label)
+            class_names, shape = examples.class_names or [], examples.feature_shape
             provenance = Provenance(examples.dropped, tuple(examples.notes))
             budget.check_stop()
             splits = write_splits(examples, options, scratch / "out")
@@ -91,7 +96,8 @@ def stage_dataset(ds: DatasetSpec, *, project_id: str, work_dir: Path, bucket: s
         manifest = build_manifest(
             sha256=sha, source=ds.source, source_format=source_format, class_names=class_names,
             feature_shape=shape, splits=splits, options=options, in_place=scanned is not None,
-            provenance=provenance,
+            provenance=provenance, task=task,
+            targets=train_target_stats(examples, options) if task == "regression" else None,
         )
         # Last, and only after every shard: a manifest is the promise that the dataset is complete.
         # Two workers staging the same content write identical bytes, so the race is harmless.

@@ -128,7 +128,7 @@ def iter_records(stream: BinaryIO, name: str) -> Iterator[bytes]:
             raise DatasetError(f"{name} is corrupt after record {index - 1} ({type(exc).__name__})") from None
 
 
-def iter_examples(stream: BinaryIO, name: str) -> Iterator[tuple[np.ndarray, int]]:
-    """(x, y) for each record of a TFRecord stream in our schema."""
+def iter_examples(stream: BinaryIO, name: str) -> Iterator[tuple[np.ndarray, int | np.ndarray]]:
+    """(x, y) for each record of a TFRecord stream in our schema (y: a class id, or regression targets)."""
     for i, record in enumerate(iter_records(stream, name)):
         yield decode_example(record, f"{name} record {i}")

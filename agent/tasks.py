@@ -1,0 +1,141 @@
+"""What each task (trainjobs/spec/task.py) trains and exports with, in one place: the output layer, the
+loss, the metrics, the per-epoch names, what the served model answers, and how its answers are scored
+from the exported model (SavedModel and TFLite alike, with numpy).
+
+- classification: softmax over the classes; sparse categorical cross-entropy; accuracy.
+- binary: one sigmoid (the positive label's probability); binary cross-entropy; accuracy, AUC,
+  precision, recall.
+- regression: a linear output trained on the target standardised with the training split's mean and
+  standard deviation (so the loss is near 1 whatever the units, which float16 needs); mean squared
+  error; MAE, RMSE and R² in the data's units. The exported model ends in a fixed affine layer that
+  puts its answers back in the data's units. Outputs stay float32 under mixed precision.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+METRICS: dict[str, tuple[str, ...]] = {
+    "classification": ("accuracy",),
+    "binary": ("accuracy", "auc", "precision", "recall"),
+    "regression": ("mae", "rmse", "r2"),
+}
+# The score of an exported model on held-out examples, by task: saved_model_<name>, tflite_<name>.
+SCORES: dict[str, tuple[str, ...]] = {
+    "classification": ("accuracy",),
+    "binary": ("accuracy", "auc"),
+    "regression": ("r2", "mae"),
+}
+
+
+def epoch_names(task: str) -> tuple[str, ...]:
+    """What each epoch's history entry records from Keras' logs."""
+    names = METRICS[task]
+    return ("loss", *names, "val_loss", *(f"val_{n}" for n in names))
+
+
+def num_outputs(task: str, num_classes: int, targets: int) -> int:
+    return {"classification": num_classes, "binary": 1, "regression": targets}[task]
+
+
+def head(x: Any, task: str, outputs: int) -> Any:
+    """The output layer(s) on features x, in float32 whatever the precision policy."""
+    import keras
+
+    if task == "classification":
+        return keras.layers.Dense(outputs, activation="softmax", dtype="float32", name="probabilities")(x)
+    if task == "binary":
+        return keras.layers.Dense(1, activation="sigmoid", dtype="float32", name="probability")(x)
+    # The standardised target: what training compares with (agent/data.py standardises the labels).
+    return keras.layers.Dense(outputs, dtype="float32", name="standardized_prediction")(x)
+
+
+def serving_model(model: Any, task: str, target_mean: tuple[float, ...] | None,
+                  target_std: tuple[float, ...] | None) -> Any:
+    """The model as exported: a regression's answers in the data's units, anything else as trained."""
+    import keras
+
+    if task != "regression":
+        return model
+    return keras.Model(model.inputs, in_target_units(model.outputs[0], target_mean, target_std), name=model.name)
+
+
+def in_target_units(y: Any, target_mean: tuple[float, ...] | None, target_std: tuple[float, ...] | None) -> Any:
+    """A regression's standardised output in the data's units (identity without statistics)."""
+    import keras
+
+    if target_mean is None or target_std is None:
+        return y
+    scale = np.asarray(target_std, dtype="float32")
+    offset = np.asarray(target_mean, dtype="float32")
+    return keras.layers.Rescaling(scale=scale, offset=offset, dtype="float32", name="target_units")(y)
+
+
+def loss(task: str) -> Any:
+    import keras
+
+    return {"classification": keras.losses.SparseCategoricalCrossentropy,
+            "binary": keras.losses.BinaryCrossentropy,
+            "regression": keras.losses.MeanSquaredError}[task]()
+
+
+def metrics(task: str, target_mean: tuple[float, ...] | None = None,
+            target_std: tuple[float, ...] | None = None) -> list[Any]:
+    """A regression's metrics are in the data's units: the model and its labels are standardised, the
+    metrics put both back first."""
+    import keras
+
+    if task == "classification":
+        return ["accuracy"]
+    if task == "binary":
+        return [keras.metrics.BinaryAccuracy(name="accuracy"), keras.metrics.AUC(name="auc"),
+                keras.metrics.Precision(name="precision"), keras.metrics.Recall(name="recall")]
+    mean = np.asarray(target_mean if target_mean is not None else (0.0,), dtype="float32")
+    std = np.asarray(target_std if target_std is not None else (1.0,), dtype="float32")
+    return [_in_units(keras.metrics.MeanAbsoluteError, "mae", mean, std),
+            _in_units(keras.metrics.RootMeanSquaredError, "rmse", mean, std),
+            _in_units(keras.metrics.R2Score, "r2", mean, std)]
+
+
+def _in_units(metric: Any, name: str, mean: np.ndarray, std: np.ndarray) -> Any:
+    class InUnits(metric):
+        def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> Any:
+            return super().update_state(y_true * std + mean, y_pred * std + mean, sample_weight)
+
+    InUnits.__name__ = metric.__name__
+    return InUnits(name=name)
+
+
+def score(task: str, predictions: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    """An exported model's answers on held-out examples, scored as SCORES says."""
+    if task == "classification":
+        return {"accuracy": float(np.mean(predictions.argmax(axis=-1) == y))}
+    if task == "binary":
+        p, truth = predictions.reshape(-1), y.reshape(-1)
+        return {"accuracy": float(np.mean((p > 0.5) == (truth > 0.5))), "auc": auc(p, truth)}
+    predicted = predictions.reshape(len(y), -1).astype(np.float64)
+    target = y.reshape(len(y), -1).astype(np.float64)
+    residual = float(np.sum((target - predicted) ** 2))
+    total = float(np.sum((target - target.mean(axis=0)) ** 2))
+    return {"r2": 1.0 - residual / total if total > 0 else 0.0, "mae": float(np.mean(np.abs(target - predicted)))}
+
+
+def auc(scores: np.ndarray, truth: np.ndarray) -> float:
+    """The area under the ROC curve: the chance a positive outscores a negative (ties count half)."""
+    positive = truth > 0.5
+    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
+    if not n_pos or not n_neg:
+        return float("nan")
+    order = np.argsort(scores, kind="mergesort")
+    ranks = np.empty(len(scores), dtype=np.float64)
+    sorted_scores = scores[order]
+    i = 0
+    while i < len(scores):  # average ranks over ties
+        j = i
+        while j + 1 < len(scores) and sorted_scores[j + 1] == sorted_scores[i]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))

@@ -1,0 +1,177 @@
+"""Tasks beyond classification (issue 21) through the whole product, on data scikit-learn ships, judged
+here from the downloaded SavedModel on the staged validation split (never from the job's own numbers).
+Every job of the module is submitted at once to one local stack."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.support.jobs import module_jobs, wait_for_job
+from tests.support.local import AGENT_JOB_S, local_stack_running
+from trainjobs import storage
+from trainjobs.job_paths import JobPaths, dataset_file, dataset_manifest
+from trainjobs.states import TERMINAL
+
+pytestmark = pytest.mark.tf
+
+SKLEARN_DATA = Path(__import__("sklearn.datasets").datasets.__file__).parent / "data"
+
+
+def _diabetes_csv() -> bytes:
+    """scikit-learn's diabetes set (442 patients, 10 features, a disease progression score) as a CSV."""
+    from sklearn.datasets import load_diabetes
+
+    bunch = load_diabetes()
+    header = ",".join([*bunch.feature_names, "target"])
+    rows = [",".join(f"{v:.6g}" for v in (*x, t)) for x, t in zip(bunch.data, bunch.target, strict=True)]
+    return ("\n".join([header, *rows]) + "\n").encode()
+
+
+def _upload(client: httpx.Client, name: str, data: bytes) -> str:
+    r = client.post("/v1/datasets", files={"file": (name, data)})
+    assert r.status_code == 201, r.text
+    return f"dataset:{r.json()['sha256']}"
+
+
+def _specs(client: httpx.Client) -> dict[str, dict[str, Any]]:
+    diabetes = _upload(client, "diabetes.csv", _diabetes_csv())
+    cancer = _upload(client, "breast_cancer.csv", (SKLEARN_DATA / "breast_cancer.csv").read_bytes())
+    yes_no = _upload(client, "answers.csv", b"a,b,label\n" + b"".join(
+        f"{i},{i % 7},{'yes' if i % 3 else 'no'}\n".encode() for i in range(60)))
+    cpu = {"accelerator": {"type": "cpu"}, "strategy": "default"}
+    return {
+        "regression": {**cpu, "task": "regression", "dataset": {"source": diabetes, "options": {"label_column": "target"}},
+                       "model": {"name": "mlp", "params": {"hidden_units": [32], "dropout": 0.1}},
+                       "training": {"epochs": 15, "global_batch_size": 32, "learning_rate": 0.005}},
+        "regression_as_classes": {**cpu, "dataset": {"source": diabetes, "options": {"label_column": "target"}},
+                                  "model": {"name": "mlp"}},
+        "binary": {**cpu, "task": "binary", "precision": "float32",
+                   "dataset": {"source": cancer, "options": {"skip_rows": 1, "header": "none", "label_column": -1}},
+                   "model": {"name": "mlp", "params": {"hidden_units": [32]}},
+                   "training": {"epochs": 30, "global_batch_size": 32, "learning_rate": 0.003},
+                   "export": {"tflite": {"quantization": "dynamic"}}},
+        "binary_text_without_positive": {**cpu, "task": "binary", "dataset": {"source": yes_no}, "model": {"name": "mlp"}},
+    }
+
+
+Jobs = tuple[httpx.Client, dict[str, str]]
+
+
+@pytest.fixture(scope="module")
+def jobs(database_url: str, api_url: str, gcs_emulator: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jobs]:
+    with module_jobs(database_url, api_url, "tasks") as (client, _, _):
+        ids = {}
+        for name, spec in _specs(client).items():
+            r = client.post("/v1/jobs", json={"name": name, **spec})
+            assert r.status_code == 201, (name, r.text)
+            ids[name] = r.json()["id"]
+        with local_stack_running(database_url, tmp_path_factory.mktemp("stack")):
+            yield client, ids
+
+
+def _done(jobs: Jobs, name: str) -> dict[str, Any]:
+    client, ids = jobs
+    return wait_for_job(client, ids[name], TERMINAL, timeout=AGENT_JOB_S)
+
+
+def _split(job_id: str, split: str, into: Path) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """A staged split as arrays, read with TensorFlow the way the manifest says."""
+    import tensorflow as tf
+
+    uri = storage.read_json(JobPaths.for_job(job_id).spec)["dataset_uri"]
+    manifest = storage.read_json(dataset_manifest(uri))
+    files = []
+    for shard in manifest["splits"][split]["shards"]:
+        local = into / split / Path(shard).name
+        local.parent.mkdir(parents=True, exist_ok=True)
+        storage.blob(dataset_file(uri, shard)).download_to_filename(str(local))
+        files.append(str(local))
+    label = manifest["label"]
+    y_feature = (tf.io.FixedLenFeature(label["shape"], tf.float32) if label["dtype"] == "float32"
+                 else tf.io.FixedLenFeature([], tf.int64))
+    spec = {"x": tf.io.FixedLenFeature([int(np.prod(manifest["feature"]["shape"]))], tf.float32), "y": y_feature}
+    xs, ys = [], []
+    for record in tf.data.TFRecordDataset(files):
+        ex = tf.io.parse_single_example(record, spec)
+        xs.append(ex["x"].numpy())
+        ys.append(ex["y"].numpy())
+    return np.stack(xs), np.array(ys), manifest
+
+
+def _served(jobs: Jobs, name: str, into: Path) -> Any:
+    import tensorflow as tf
+
+    from trainjobs.client.api import Client
+
+    client, ids = jobs
+    Client(api_url=str(client.base_url), api_key=client.headers["authorization"].split()[1]).download_artifacts(
+        ids[name], into)
+    return tf.saved_model.load(str(into / "saved_model"))
+
+
+def test_a_regression_on_the_diabetes_csv_predicts_held_out_patients_in_the_targets_units(
+        jobs: Jobs, tmp_path: Path) -> None:
+    import tensorflow as tf
+    from sklearn.linear_model import LinearRegression
+    from sklearn.metrics import r2_score
+
+    job = _done(jobs, "regression")
+    assert job["status"] == "SUCCEEDED", job.get("error")
+    client, ids = jobs
+    history = client.get(f"/v1/jobs/{ids['regression']}/metrics").json()["epochs"]["history"]
+    assert {"loss", "mae", "rmse", "r2", "val_loss", "val_mae", "val_rmse", "val_r2"} <= set(history[-1])
+    x_train, y_train, manifest = _split(ids["regression"], "train", tmp_path)
+    x_val, y_val, _ = _split(ids["regression"], "validation", tmp_path)
+    assert manifest["task"] == "regression" and manifest["label"]["names"] == ["target"]
+    served = _served(jobs, "regression", tmp_path / "download")  # kept: its functions need its variables
+    predicted = served.serve(tf.constant(x_val)).numpy()
+    ours = r2_score(y_val[:, 0], predicted[:, 0])
+    reference = r2_score(y_val[:, 0], LinearRegression().fit(x_train, y_train[:, 0]).predict(x_val))
+    print(f"diabetes, validation R²: trainjobs mlp {ours:.3f}, scikit-learn LinearRegression {reference:.3f}")
+    assert ours >= 0.40, (ours, reference)
+    assert 25 <= float(np.median(predicted)) <= 346  # the data's units, not a standardised score
+    final = client.get(f"/v1/jobs/{ids['regression']}").json()["metrics"]
+    assert final["saved_model_r2"] == pytest.approx(ours, abs=0.02)
+
+
+def test_a_regression_target_staged_as_classes_fails_at_staging_with_the_task_to_choose(jobs: Jobs) -> None:
+    job = _done(jobs, "regression_as_classes")
+    assert job["status"] == "FAILED"
+    assert "looks continuous" in job["error"] and "did you mean task: regression?" in job["error"], job["error"]
+    client, ids = jobs
+    events = client.get(f"/v1/jobs/{ids['regression_as_classes']}/events").json()["events"]
+    assert "PROVISIONING" not in {e["to_status"] for e in events}
+
+
+def test_breast_cancer_as_a_binary_task_scores_an_auc_of_098_from_its_saved_model_and_its_tflite(
+        jobs: Jobs, tmp_path: Path) -> None:
+    import tensorflow as tf
+    from sklearn.metrics import roc_auc_score
+
+    job = _done(jobs, "binary")
+    assert job["status"] == "SUCCEEDED", job.get("error")
+    x_val, y_val, manifest = _split(jobs[1]["binary"], "validation", tmp_path)
+    assert manifest["class_names"] == ["0", "1"] and set(y_val) == {0, 1}
+    served = _served(jobs, "binary", tmp_path / "download")
+    probability = served.serve(tf.constant(x_val)).numpy()
+    assert probability.shape == (len(y_val), 1)
+    auc = roc_auc_score(y_val, probability[:, 0])
+    assert auc >= 0.98, auc
+    classified = served.classify(tf.constant(x_val[:5]))
+    assert [int(i) for i in classified["class_id"]] == [int(p > 0.5) for p in probability[:5, 0]]
+    final = job["metrics"]
+    assert {"val_auc", "val_precision", "val_recall"} <= set(final) or final.get("saved_model_auc")
+    assert final["saved_model_auc"] == pytest.approx(auc, abs=0.01)
+    assert final["tflite_auc"] == pytest.approx(auc, abs=0.02)  # the TFLite model, scored the same way
+
+
+def test_binary_text_labels_need_the_positive_one_named(jobs: Jobs) -> None:
+    job = _done(jobs, "binary_text_without_positive")
+    assert job["status"] == "FAILED"
+    assert "name the positive one with dataset.options.positive_label" in job["error"], job["error"]

@@ -1,0 +1,37 @@
+"""spec.task: what the labels are (issue 21). One rule for the API, staging and the agent:
+
+- `classification` (default): one class per example; softmax over the classes, sparse categorical
+  cross-entropy, accuracy. A label column that looks continuous fails at staging with "did you mean
+  task: regression?".
+- `binary`: two label values; one sigmoid output (the probability of the positive label), binary
+  cross-entropy, accuracy, AUC, precision and recall. Numbers: the larger is positive; text labels name
+  the positive one with `dataset.options.positive_label`.
+- `regression`: a numeric target; a linear float32 output in the target's units (the model ends in a
+  fixed affine layer with the training split's mean and standard deviation, so the layers before it
+  learn a standardised target and the served model answers in the data's units), mean squared error,
+  MAE, RMSE and R².
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from trainjobs.spec.job import JobSpec
+
+Task = Literal["classification", "binary", "regression"]
+TASKS: tuple[str, ...] = ("classification", "binary", "regression")
+
+
+def task_problem(spec: JobSpec) -> tuple[str, str] | None:
+    """(field, reason) for a task the rest of the spec contradicts, else None."""
+    options = spec.dataset.options if spec.dataset is not None else None
+    if options is not None and options.positive_label is not None and spec.task != "binary":
+        return ("dataset.options.positive_label",
+                f"positive_label names the positive label of task binary; this job's task is {spec.task}")
+    if spec.task == "regression" and spec.dataset is not None and spec.dataset.format == "image_folder":
+        return "task", "an image folder's labels are its class folders: task regression needs numeric labels"
+    if spec.task == "regression" and spec.export.tflite is not None and spec.export.tflite.io_type != "float32":
+        return ("export.tflite.io_type", "a regression model's integer output would round its answers: keep "
+                                         "io_type float32 with task regression")
+    return None
