@@ -101,7 +101,7 @@ const fmt = {
   },
   valMetric(metrics) {
     if (!metrics) return "";
-    for (const k of ["val_accuracy", "val_loss", "accuracy", "loss"]) if (k in metrics) return `${k} ${fmt.num(metrics[k])}`;
+    for (const k of ["val_accuracy", "val_r2", "val_loss", "accuracy", "r2", "loss"]) if (k in metrics) return `${k} ${fmt.num(metrics[k])}`;
     return "";
   },
 };
@@ -160,7 +160,7 @@ function chart(canvas, series, points) {
     ctx.fillText(fmt.num(v), 2, y + 4);
   }
   ctx.fillText(`epoch ${x0}`, L, H - 8); ctx.fillText(`${x1}`, W - R - 16, H - 8);
-  series.forEach((s, n) => {
+  series.filter((s) => points.some((p) => typeof p[s.key] === "number")).forEach((s, n) => {
     const pts = points.filter((p) => typeof p[s.key] === "number");
     ctx.strokeStyle = ctx.fillStyle = s.color; ctx.lineWidth = 2;
     ctx.beginPath();
@@ -173,7 +173,8 @@ function chart(canvas, series, points) {
 
 const CHARTS = {
   "#chart-loss": [{ key: "loss", label: "loss", color: "#2f6fde" }, { key: "val_loss", label: "val_loss", color: "#e08a1e" }],
-  "#chart-accuracy": [{ key: "accuracy", label: "accuracy", color: "#2f6fde" }, { key: "val_accuracy", label: "val_accuracy", color: "#e08a1e" }],
+  "#chart-accuracy": [{ key: "accuracy", label: "accuracy", color: "#2f6fde" }, { key: "val_accuracy", label: "val_accuracy", color: "#e08a1e" },
+    { key: "r2", label: "r2", color: "#7a4fd0" }, { key: "val_r2", label: "val_r2", color: "#c23b32" }],
   "#chart-speed": [{ key: "examples_per_sec", label: "examples/s", color: "#2a9d57" }],
   "#chart-input": [{ key: "input_wait_fraction", label: "input wait", color: "#c23b32" }],
 };

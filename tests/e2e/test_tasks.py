@@ -39,13 +39,34 @@ def _upload(client: httpx.Client, name: str, data: bytes) -> str:
     return f"dataset:{r.json()['sha256']}"
 
 
+# A model of the user's for any task: the four-argument build_model (README, Your model).
+WIDE_AND_DEEP = b'''
+import keras
+
+
+def build_model(input_shape, num_outputs, params, task):
+    inputs = keras.Input(input_shape)
+    x = keras.layers.Normalization()(inputs)  # adapted by nobody: the data here is already scaled
+    deep = keras.layers.Dense(32, activation="relu")(x)
+    merged = keras.layers.Concatenate()([x, deep])
+    activation = {"binary": "sigmoid", "classification": "softmax"}.get(task)
+    return keras.Model(inputs, keras.layers.Dense(num_outputs, activation=activation, dtype="float32")(merged))
+'''
+
+
 def _specs(client: httpx.Client) -> dict[str, dict[str, Any]]:
     diabetes = _upload(client, "diabetes.csv", _diabetes_csv())
     cancer = _upload(client, "breast_cancer.csv", (SKLEARN_DATA / "breast_cancer.csv").read_bytes())
     yes_no = _upload(client, "answers.csv", b"a,b,label\n" + b"".join(
         f"{i},{i % 7},{'yes' if i % 3 else 'no'}\n".encode() for i in range(60)))
+    module = client.post("/v1/modules", files={"file": ("wide_and_deep.py", WIDE_AND_DEEP)})
+    assert module.status_code == 201, module.text
     cpu = {"accelerator": {"type": "cpu"}, "strategy": "default"}
     return {
+        "regression_user_model": {**cpu, "task": "regression", "precision": "mixed_bfloat16",
+                                  "dataset": {"source": diabetes, "options": {"label_column": "target"}},
+                                  "model": {"module": module.json()["module"]},
+                                  "training": {"epochs": 15, "global_batch_size": 32, "learning_rate": 0.005}},
         "regression": {**cpu, "task": "regression", "dataset": {"source": diabetes, "options": {"label_column": "target"}},
                        "model": {"name": "mlp", "params": {"hidden_units": [32], "dropout": 0.1}},
                        "training": {"epochs": 15, "global_batch_size": 32, "learning_rate": 0.005}},
@@ -139,6 +160,26 @@ def test_a_regression_on_the_diabetes_csv_predicts_held_out_patients_in_the_targ
     final = client.get(f"/v1/jobs/{ids['regression']}").json()["metrics"]
     assert final["saved_model_r2"] == pytest.approx(ours, abs=0.02)
 
+    # The README's example, as written, against this download and the CSV that was uploaded.
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("Predicting with a downloaded regression model:", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "diabetes.csv").write_bytes(_diabetes_csv())
+    import contextlib
+    import io
+    import os
+
+    here, printed = os.getcwd(), io.StringIO()
+    os.chdir(tmp_path)
+    try:
+        with contextlib.redirect_stdout(printed):
+            scope: dict[str, Any] = {}
+            exec(compile(block, "README.md", "exec"), scope)  # noqa: S102 - our own README's example
+    finally:
+        os.chdir(here)
+    shown = scope["predictions"]
+    assert shown.shape == (5, 1) and 25 <= float(np.median(shown)) <= 346, shown
+    assert printed.getvalue().strip()
+
 
 def test_a_regression_target_staged_as_classes_fails_at_staging_with_the_task_to_choose(jobs: Jobs) -> None:
     job = _done(jobs, "regression_as_classes")
@@ -175,3 +216,15 @@ def test_binary_text_labels_need_the_positive_one_named(jobs: Jobs) -> None:
     job = _done(jobs, "binary_text_without_positive")
     assert job["status"] == "FAILED"
     assert "name the positive one with dataset.options.positive_label" in job["error"], job["error"]
+
+
+def test_a_users_build_model_that_takes_the_task_trains_a_regression_in_bfloat16(jobs: Jobs, tmp_path: Path) -> None:
+    import tensorflow as tf
+    from sklearn.metrics import r2_score
+
+    job = _done(jobs, "regression_user_model")
+    assert job["status"] == "SUCCEEDED", job.get("error")
+    assert job["runtime"]["precision"] == "mixed_bfloat16"
+    x_val, y_val, _ = _split(jobs[1]["regression_user_model"], "validation", tmp_path)
+    served = _served(jobs, "regression_user_model", tmp_path / "download")
+    assert r2_score(y_val[:, 0], served.serve(tf.constant(x_val)).numpy()[:, 0]) >= 0.35

@@ -342,6 +342,18 @@ def test_status_shows_a_programs_runtime_without_what_the_program_did_not_say():
     assert "None" not in text, text  # a program counts its own steps: no "None steps/epoch"
 
 
+def test_a_regressions_epochs_show_its_own_metrics_not_empty_accuracy_columns():
+    from trainjobs.client.terminal import epoch_line, epochs_table, show
+
+    epochs = [{"epoch": 1, "loss": 0.9, "mae": 48.2, "r2": 0.31, "val_loss": 0.8, "val_mae": 45.0, "val_r2": 0.42,
+               "accuracy": None, "val_accuracy": None, "examples_per_sec": 900.0}]
+    with capture_stdout() as out:
+        show(epochs_table(epochs))
+    header = out.getvalue().splitlines()[0].split()
+    assert {"MAE", "R2", "VAL", "EPOCH"} <= set(header) and "ACCURACY" not in header, header
+    assert "val r2 0.4200" in epoch_line(epochs[0], 10) and "acc" not in epoch_line(epochs[0], 10)
+
+
 @contextlib.contextmanager
 def capture_stdout() -> Iterator[io.StringIO]:
     buf = io.StringIO()

@@ -24,6 +24,17 @@ EPOCH_COLUMNS = (("epoch", "epoch", "{}"), ("loss", "loss", "{:.4f}"), ("accurac
                  ("val loss", "val_loss", "{:.4f}"), ("val acc", "val_accuracy", "{:.4f}"),
                  ("examples/s", "examples_per_sec", "{:,.0f}"), ("step ms", "step_time_ms", "{:.1f}"),
                  ("input wait", "input_wait_fraction", "{:.0%}"))
+# Other tasks' metrics (issue 21), shown after the loss columns when a job reports them.
+TASK_COLUMNS = (("mae", "mae", "{:.4g}"), ("r2", "r2", "{:.4f}"), ("auc", "auc", "{:.4f}"),
+                ("val mae", "val_mae", "{:.4g}"), ("val r2", "val_r2", "{:.4f}"), ("val auc", "val_auc", "{:.4f}"))
+
+
+def epoch_columns(epochs: list[dict[str, Any]]) -> tuple[tuple[str, str, str], ...]:
+    """EPOCH_COLUMNS, less accuracy where no epoch has one, plus the task metrics some epoch has."""
+    has = {k for rec in epochs for k, v in rec.items() if v is not None}
+    base = [c for c in EPOCH_COLUMNS if c[1] not in ("accuracy", "val_accuracy") or c[1] in has]
+    extra = [c for c in TASK_COLUMNS if c[1] in has]
+    return (*base[:-3], *extra, *base[-3:])
 
 
 def console(stderr: bool = False) -> Console:
@@ -85,7 +96,7 @@ def accelerator(job: dict[str, Any]) -> str:
 
 def val_metric(job: dict[str, Any]) -> str:
     m = job.get("metrics") or {}
-    for key in ("val_accuracy", "val_loss", "accuracy", "loss"):
+    for key in ("val_accuracy", "val_r2", "val_loss", "accuracy", "r2", "loss"):
         if isinstance(m.get(key), int | float):
             return f"{key} {m[key]:.4f}"
     return "-"
@@ -176,16 +187,18 @@ def epochs_table(epochs: list[dict[str, Any]]) -> Table | str:
     if not epochs:
         return "no epochs finished yet"
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for title, *_ in EPOCH_COLUMNS:
+    columns = epoch_columns(epochs)
+    for title, *_ in columns:
         table.add_column(title.upper(), justify="right", no_wrap=True)
     for rec in epochs:
-        table.add_row(*(fmt.format(rec[key]) if rec.get(key) is not None else "-" for _, key, fmt in EPOCH_COLUMNS))
+        table.add_row(*(fmt.format(rec[key]) if rec.get(key) is not None else "-" for _, key, fmt in columns))
     return table
 
 
 def epoch_line(rec: dict[str, Any], epochs: int | None) -> str:
     of = f"/{epochs}" if epochs else ""
-    cells = [f"{title} {fmt.format(rec[key])}" for title, key, fmt in EPOCH_COLUMNS[1:] if rec.get(key) is not None]
+    cells = [f"{title} {fmt.format(rec[key])}" for title, key, fmt in epoch_columns([rec])[1:]
+             if rec.get(key) is not None]
     return f"epoch {rec.get('epoch')}{of}  " + "  ".join(cells)
 
 
