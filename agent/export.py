@@ -85,10 +85,14 @@ def labels_doc(data: LocalDataset) -> dict[str, Any]:
     if data.regression:
         return {"task": data.task, "targets": list(data.target_names), "target_mean": list(data.target_mean or ()),
                 "target_std": list(data.target_std or ())}
-    names = data.labels
-    return {"task": data.task, "num_classes": len(names), "class_names": list(names),
+    return classes_doc(data.labels, data.task)
+
+
+def classes_doc(names: list[str], task: str = "classification") -> dict[str, Any]:
+    """labels.json of a classification or binary model whose class id i is names[i]."""
+    return {"task": task, "num_classes": len(names), "class_names": list(names),
             "label_mapping": {str(i): name for i, name in enumerate(names)},
-            **({"positive_label": names[1]} if data.task == "binary" else {})}
+            **({"positive_label": names[1]} if task == "binary" else {})}
 
 
 def write_labels(path: Path, labels: dict[str, Any]) -> None:

@@ -29,7 +29,8 @@ IMAGE_TESTS_SKIP := tests/e2e/test_agent_watchdog.py::test_a_sigterm_as_a_finish
 # CI's subset (`IMAGES_SUBSET=ci`): a job trained, exported and served (one agent run answers the
 # digits tests), a two-worker job (MultiWorkerMirroredStrategy), a mixed-float16 job, a resume from a
 # mid-epoch checkpoint, the step counts of each strategy, the metrics over replicas, a watchdog stop, a
-# program (issue 20) stopped by SIGTERM mid-epoch that resumes through the runtime's callbacks.
+# program (issue 20) stopped by SIGTERM mid-epoch that resumes through the runtime's callbacks, a
+# regression and a binary task on two workers in bfloat16 (issue 21; `two_workers` selects them).
 IMAGE_TESTS_ci := digits_cnn or downloaded_saved_model or stand_in_plan or two_workers or mixed_float16 \
 	or (killed and mid) or every_epoch or every_replicas or control_plane_asks or (stopped_program and sigterm)
 IMAGES_SUBSET ?= all

@@ -87,11 +87,12 @@ def test_artifact_manifest_lists_every_artifact_with_its_hash(digits_job: dict[s
 def test_class_names_are_in_labels_json_and_on_the_job(digits_job: dict[str, Any]) -> None:
     labels = read(JobPaths(digits_job["job_dir"]).artifact("labels.json"))
     names = [str(i) for i in range(10)]  # what write_dataset() wrote as the manifest's class_names
-    assert labels == {"num_classes": 10, "class_names": names, "label_mapping": {n: n for n in names}}
+    assert labels == {"task": "classification", "num_classes": 10, "class_names": names,
+                      "label_mapping": {n: n for n in names}}
     assert read(JobPaths(digits_job["job_dir"]).artifact("saved_model/assets/labels.json")) == labels
     dataset = read(JobPaths(digits_job["job_dir"]).status)["runtime"]["dataset"]
     assert dataset == {"train_examples": 1438, "validation_examples": 359, "dropped_examples": 0,
-                       "feature_shape": [8, 8, 1], "num_classes": 10, "class_names": names}
+                       "feature_shape": [8, 8, 1], "task": "classification", "num_classes": 10, "class_names": names}
 
 
 @pytest.mark.tf
@@ -151,11 +152,11 @@ def test_saved_model_serves_in_inference_mode_even_behind_a_resizing_layer(tmp_p
     import tensorflow as tf
 
     from trainjobs.spec import ModelSpec
-    from agent.export import save_model
+    from agent.export import classes_doc, save_model
     from agent.models import ModelInputs, build, builder_for
 
     model = build(builder_for(ModelSpec(name="MobileNetV2"), tmp_path), ModelInputs((8, 8, 1), 4, {"alpha": 0.35}))
-    save_model(model, (8, 8, 1), tmp_path / "sm", ["a", "b", "c", "d"])
+    save_model(model, (8, 8, 1), tmp_path / "sm", classes_doc(["a", "b", "c", "d"]))
     x = np.random.default_rng(0).random((6, 8, 8, 1), dtype=np.float32) * 16
     loaded = tf.saved_model.load(str(tmp_path / "sm"))
     assert "serving_default" in loaded.signatures

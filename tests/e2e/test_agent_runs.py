@@ -115,6 +115,43 @@ def test_two_workers_train_together_and_only_the_chief_writes_artifacts(bucket: 
     assert read(f"{JobPaths(job_dir).checkpoints}/{LATEST}")["global_step"] == 2 * chief["runtime"]["steps_per_epoch"]
 
 
+@pytest.mark.parametrize("task", ["regression", "binary"])
+def test_two_workers_train_a_regression_or_a_binary_task_in_bfloat16(bucket: str, tmp_path: Path, task: str) -> None:
+    """Issue 21's tasks under MultiWorkerMirroredStrategy and mixed_bfloat16, as the images' Keras runs
+    them too (make test-images): the metrics in the data's units agree across workers, and the exported
+    model, loaded here, answers in the target's units (regression) or with probabilities (binary)."""
+    import tensorflow as tf
+
+    from trainjobs.loopback import free_port
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(0, 1, (600, 8)).astype(np.float32)
+    signal = x @ rng.normal(0, 1, 8)
+    y = (150.0 + 30.0 * signal) if task == "regression" else (signal > 0).astype(np.int64)
+    dataset = write_dataset(bucket, tmp_path, x, y, 2, val=120, shards=1, task=task)
+    job_dir = make_job(bucket, spec(accelerator={"type": "cpu"}, workers=2, task=task, precision="mixed_bfloat16",
+                                    model={"name": "mlp"}, training={"epochs": 4, "per_replica_batch_size": 16,
+                                                                     "learning_rate": 0.01}), dataset)
+    cluster = {"worker": [f"localhost:{free_port()}", f"localhost:{free_port()}"]}
+    procs = [start_agent(job_dir, TRAINJOBS_LOCAL_DEVICES="1",
+                         TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}))
+             for i in range(2)]
+    outs = [p.communicate(timeout=AGENT_TIMEOUT_S)[0].decode(errors="replace") for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    chief, other = read(JobPaths(job_dir).status), read(JobPaths(job_dir).status_of(1))
+    quality = "val_r2" if task == "regression" else "val_auc"
+    assert chief["metrics"][quality] == other["metrics"][quality]  # one model, trained together
+    local = tmp_path / "saved_model"
+    storage.download_prefix(JobPaths(job_dir).artifact("saved_model"), local)
+    served = tf.saved_model.load(str(local))
+    out = served.serve(tf.constant(x[-120:])).numpy()
+    if task == "regression":
+        residual = np.sum((y[-120:] - out[:, 0]) ** 2)
+        assert 1 - residual / np.sum((y[-120:] - y[-120:].mean()) ** 2) > 0.8  # R², in the target's units
+    else:
+        assert out.shape == (120, 1) and np.mean((out[:, 0] > 0.5) == y[-120:]) > 0.85
+
+
 @pytest.fixture(scope="module")
 def interrupted_run(slow_dataset: str) -> dict[str, Any]:
     """One agent on a 20-epoch job: its status once training, then once its heartbeat has refreshed

@@ -16,7 +16,7 @@ from trainjobs import storage
 def test_tensorflow_parses_the_shards_exactly(bucket: str, tmp_path: Path) -> None:
     import tensorflow as tf
 
-    n = 300
+    n = 1000  # 200 classes of 5 examples: classes, not a measurement (worker/staging/examples.py)
     rng = np.random.default_rng(7)
     x = rng.normal(size=(n, 4, 3)).astype(np.float32) * np.float32(1e6)
     x[:, 0, 0] = np.arange(n)  # an id, to match each parsed record to its source row

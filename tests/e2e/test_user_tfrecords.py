@@ -130,15 +130,15 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     model.fit(x, y, epochs=20, verbose=0)
     out = tmp_path_factory.mktemp("export")
     names = ["setosa", "versicolor", "virginica"]
-    export.save_model(model, (3,), out / "saved_model", names)
-    export.write_labels(out / export.LABELS_NAME, names)
+    export.save_model(model, (3,), out / "saved_model", export.classes_doc(names))
+    export.write_labels(out / export.LABELS_NAME, export.classes_doc(names))
     return {"dir": out, "x": x, "y": y, "names": names, "model": model}
 
 
 def test_labels_json_maps_class_ids_to_names(exported: dict[str, Any]) -> None:
     for path in (exported["dir"] / "labels.json", exported["dir"] / "saved_model" / "assets" / "labels.json"):
         doc = json.loads(path.read_text())
-        assert doc == {"num_classes": 3, "class_names": exported["names"],
+        assert doc == {"task": "classification", "num_classes": 3, "class_names": exported["names"],
                        "label_mapping": {"0": "setosa", "1": "versicolor", "2": "virginica"}}
 
 
@@ -156,7 +156,7 @@ def test_saved_model_classify_signature_returns_class_names(exported: dict[str, 
 
 @pytest.mark.parametrize("io_type", ["float32", "int8", "uint8"])
 def test_int8_tflite_keeps_float_io_unless_asked_and_predicts_either_way(exported: dict[str, Any], io_type: str) -> None:
-    from agent.export import _interpreter, tflite_accuracy, to_tflite
+    from agent.export import _interpreter, tflite_scores, to_tflite
 
     options = TfliteExport(quantization="int8", calibration_examples=100, io_type=io_type)  # type: ignore[arg-type]
     flatbuffer = to_tflite(exported["dir"] / "saved_model", options, exported["x"][:100])
@@ -164,5 +164,5 @@ def test_int8_tflite_keeps_float_io_unless_asked_and_predicts_either_way(exporte
     expected = {"float32": np.float32, "int8": np.int8, "uint8": np.uint8}[io_type]
     assert interpreter.get_input_details()[0]["dtype"] == expected
     assert interpreter.get_output_details()[0]["dtype"] == expected
-    accuracy = tflite_accuracy(flatbuffer, exported["x"], exported["y"])
+    accuracy = tflite_scores(flatbuffer, "classification", exported["x"], exported["y"])["tflite_accuracy"]
     assert accuracy is not None and accuracy > 0.9

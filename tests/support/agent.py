@@ -33,18 +33,25 @@ def digits() -> tuple[np.ndarray, np.ndarray]:
     return d.data[order].reshape(-1, 8, 8, 1).astype(np.float32), d.target[order].astype(np.int64)
 
 
-def write_dataset(bucket: str, tmp: Path, x: np.ndarray, y: np.ndarray, num_classes: int, val: int, shards: int = 2) -> str:
-    """Write manifest + TFRecord shards the way staging does; return the dataset URI."""
+def write_dataset(bucket: str, tmp: Path, x: np.ndarray, y: np.ndarray, num_classes: int, val: int, shards: int = 2,
+                  task: str = "classification") -> str:
+    """Write manifest + TFRecord shards the way staging does; return the dataset URI. A regression's y
+    are float targets (num_classes is ignored), with the training split's mean and std."""
     import tensorflow as tf
 
     sha = uuid.uuid4().hex * 2
     uri = dataset_uri(sha, bucket)
     splits = {"train": (x[:-val], y[:-val]), "validation": (x[-val:], y[-val:])}
+    regression = task == "regression"
+    label: dict[str, Any] = {"key": "y", "dtype": "int64"}
+    if regression:
+        label = {"key": "y", "dtype": "float32", "shape": [1], "names": ["target"],
+                 "mean": [float(np.mean(y[:-val]))], "std": [float(np.std(y[:-val]))]}
     manifest: dict[str, Any] = {
-        "format_version": 1, "sha256": sha, "num_classes": num_classes,
-        "class_names": [str(i) for i in range(num_classes)],
+        "format_version": 1, "sha256": sha, "task": task, "num_classes": 0 if regression else num_classes,
+        "class_names": [] if regression else [str(i) for i in range(num_classes)],
         "feature": {"key": "x", "shape": list(x.shape[1:]), "dtype": "float32"},
-        "label": {"key": "y", "dtype": "int64"}, "splits": {},
+        "label": label, "splits": {},
     }
     for name, (xs, ys) in splits.items():
         n = shards if name == "train" else 1
@@ -56,7 +63,8 @@ def write_dataset(bucket: str, tmp: Path, x: np.ndarray, y: np.ndarray, num_clas
                 for xi, yi in zip(xs[i::n], ys[i::n]):
                     w.write(tf.train.Example(features=tf.train.Features(feature={
                         "x": tf.train.Feature(float_list=tf.train.FloatList(value=xi.ravel())),
-                        "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(yi)])),
+                        "y": (tf.train.Feature(float_list=tf.train.FloatList(value=[float(yi)])) if regression
+                              else tf.train.Feature(int64_list=tf.train.Int64List(value=[int(yi)]))),
                     })).SerializeToString())
             storage.blob(dataset_file(uri, rel)).upload_from_filename(str(local))
         manifest["splits"][name] = {"examples": len(ys), "shards": paths}
