@@ -27,7 +27,7 @@ from agent.publisher import Publisher
 from agent.status import StatusReporter
 from agent.step_functions import install_step_functions
 from agent.tensorboard import ScalarLog
-from agent.train import EpochRecorder, fit
+from agent.train import EpochRecorder, StopEarly, fit
 
 log = logging.getLogger("trainjobs.agent")
 
@@ -103,7 +103,8 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
     reporter.set_phase("training")
     recorder = EpochRecorder(plan, job.attempt, meter, train_function, on_epoch, schedule.after_call,
                              reporter.step_progress, names=tasks.epoch_names(data.task))
-    fit(model, plan, train, val, recorder)
+    stop_early = StopEarly(spec.training.early_stopping) if spec.training.early_stopping is not None else None
+    fit(model, plan, train, val, recorder, stop_early)
     # The final checkpoint and metrics.json are in storage before the job can report success.
     publisher.drain()
     if tb is not None:
@@ -119,7 +120,8 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
         wait_for_chief(job)
         return
     reporter.set_phase("exporting")
-    _export(job, work, plan, data, builder, inputs, model, history)
+    _export(job, work, plan, data, builder, inputs, model, history,
+            stop_early.outcome() if stop_early is not None else {})
 
 
 def _compile_and_restore(builder: Any, inputs: ModelInputs, plan: RuntimePlan, training: TrainingSpec, strategy: Any,
@@ -143,7 +145,7 @@ def _compile_and_restore(builder: Any, inputs: ModelInputs, plan: RuntimePlan, t
 
 
 def _export(job: AgentJob, work: WorkDir, plan: RuntimePlan, data: LocalDataset, builder: Any, inputs: ModelInputs,
-            model: Any, history: list[dict[str, Any]]) -> None:
+            model: Any, history: list[dict[str, Any]], stopping: dict[str, Any]) -> None:
     paths, tflite_options = job.paths, job.spec.export.tflite
     out = work.artifacts
     out.mkdir(parents=True, exist_ok=True)
@@ -165,6 +167,7 @@ def _export(job: AgentJob, work: WorkDir, plan: RuntimePlan, data: LocalDataset,
                      tflite_bytes=len(tflite))
         final.update(export.tflite_scores(tflite, data.task, val_x, val_y))
     final.update(_throughput(history, job.attempt))
+    final.update(stopping)
     final.update(eval_examples=int(len(val_y)), epochs=plan.epochs, initial_epoch=plan.initial_epoch,
                  initial_step=plan.initial_step, optimizer_iterations=int(model.optimizer.iterations.numpy()),
                  precision=plan.precision, replicas=plan.replicas, global_batch_size=plan.global_batch_size)

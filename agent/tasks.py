@@ -17,23 +17,13 @@ from typing import Any
 
 import numpy as np
 
-METRICS: dict[str, tuple[str, ...]] = {
-    "classification": ("accuracy",),
-    "binary": ("accuracy", "auc", "precision", "recall"),
-    "regression": ("mae", "rmse", "r2"),
-}
+from trainjobs.spec.task import METRICS as METRICS, epoch_names as epoch_names  # the core's table
 # The score of an exported model on held-out examples, by task: saved_model_<name>, tflite_<name>.
 SCORES: dict[str, tuple[str, ...]] = {
     "classification": ("accuracy",),
     "binary": ("accuracy", "auc"),
     "regression": ("r2", "mae"),
 }
-
-
-def epoch_names(task: str) -> tuple[str, ...]:
-    """What each epoch's history entry records from Keras' logs."""
-    names = METRICS[task]
-    return ("loss", *names, "val_loss", *(f"val_{n}" for n in names))
 
 
 def num_outputs(task: str, num_classes: int, targets: int) -> int:

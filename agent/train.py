@@ -97,7 +97,33 @@ class EpochRecorder(keras.callbacks.Callback):
             self._waited = self.meter.waited_s
 
 
-def fit(model: Any, plan: RuntimePlan, train_data: Any, val_data: Any | None, recorder: EpochRecorder) -> None:
+class StopEarly(keras.callbacks.EarlyStopping):
+    """training.early_stopping (issue 21): Keras' EarlyStopping, its direction from the metric (Keras'
+    `auto` would minimise R²), and what the job records of it."""
+
+    def __init__(self, spec: Any):
+        from trainjobs.spec.task import HIGHER_IS_BETTER
+
+        higher = spec.monitor.removeprefix("val_") in HIGHER_IS_BETTER
+        super().__init__(monitor=spec.monitor, patience=spec.patience, min_delta=spec.min_delta,
+                         mode="max" if higher else "min", restore_best_weights=spec.restore_best)
+        self.spec = spec
+
+    def outcome(self) -> dict[str, Any]:
+        """For the job's final metrics: where training stopped, and why."""
+        if not self.stopped_epoch:
+            return {"early_stopping": "not triggered"}
+        best = self.best
+        why = (f"{self.spec.monitor} did not improve by more than {self.spec.min_delta:g} for {self.spec.patience} "
+               f"epochs; best {float(best):.6g} at epoch {self.best_epoch + 1}")
+        if self.spec.restore_best:
+            why += ", whose weights were kept"
+        return {"early_stopping": why, "stopped_at_epoch": int(self.stopped_epoch) + 1,
+                "best_epoch": int(self.best_epoch) + 1}
+
+
+def fit(model: Any, plan: RuntimePlan, train_data: Any, val_data: Any | None, recorder: EpochRecorder,
+        stop_early: StopEarly | None = None) -> None:
     """Train from the plan's start to `plan.epochs`. A start inside an epoch (a mid-epoch
     checkpoint) takes two fit calls: the rest of that epoch, then the epochs after it.
 
@@ -111,7 +137,7 @@ def fit(model: Any, plan: RuntimePlan, train_data: Any, val_data: Any | None, re
              plan.initial_epoch + 1, plan.epochs, plan.steps_per_epoch, plan.global_batch_size, plan.steps_per_execution)
     common: dict[str, Any] = {
         "validation_data": val_data,
-        "callbacks": [recorder],
+        "callbacks": [recorder, *([stop_early] if stop_early is not None else [])],  # the epoch recorded first
         "shuffle": False,  # the pipeline shuffles with the spec's seed
         "verbose": 0,
     }
@@ -123,6 +149,6 @@ def fit(model: Any, plan: RuntimePlan, train_data: Any, val_data: Any | None, re
         model.fit(train_data, initial_epoch=first, epochs=first + 1,
                   steps_per_epoch=plan.steps_per_epoch - plan.initial_step, **common)
         first += 1
-    if first < plan.epochs:
+    if first < plan.epochs and not model.stop_training:
         recorder.train_function.start_epochs(plan.steps_per_epoch)
         model.fit(train_data, initial_epoch=first, epochs=plan.epochs, steps_per_epoch=plan.steps_per_epoch, **common)

@@ -4,6 +4,7 @@ Every job of the module is submitted at once to one local stack."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,10 @@ def _specs(client: httpx.Client) -> dict[str, dict[str, Any]]:
         "regression": {**cpu, "task": "regression", "dataset": {"source": diabetes, "options": {"label_column": "target"}},
                        "model": {"name": "mlp", "params": {"hidden_units": [32], "dropout": 0.1}},
                        "training": {"epochs": 15, "global_batch_size": 32, "learning_rate": 0.005}},
+        "early_stopped": {**cpu, "task": "regression", "dataset": {"source": diabetes, "options": {"label_column": "target"}},
+                          "model": {"name": "mlp", "params": {"hidden_units": [32], "dropout": 0.0}},
+                          "training": {"epochs": 60, "global_batch_size": 32, "learning_rate": 0.01,
+                                       "early_stopping": {"monitor": "val_r2", "patience": 3, "min_delta": 0.005}}},
         "regression_as_classes": {**cpu, "dataset": {"source": diabetes, "options": {"label_column": "target"}},
                                   "model": {"name": "mlp"}},
         "binary": {**cpu, "task": "binary", "precision": "float32",
@@ -228,3 +233,26 @@ def test_a_users_build_model_that_takes_the_task_trains_a_regression_in_bfloat16
     x_val, y_val, _ = _split(jobs[1]["regression_user_model"], "validation", tmp_path)
     served = _served(jobs, "regression_user_model", tmp_path / "download")
     assert r2_score(y_val[:, 0], served.serve(tf.constant(x_val)).numpy()[:, 0]) >= 0.35
+
+
+def test_early_stopping_ends_a_job_whose_validation_r2_stops_improving_and_keeps_its_best_epoch(
+        jobs: Jobs, tmp_path: Path) -> None:
+    import tensorflow as tf
+    from sklearn.metrics import r2_score
+
+    job = _done(jobs, "early_stopped")
+    assert job["status"] == "SUCCEEDED", job.get("error")
+    client, ids = jobs
+    history = client.get(f"/v1/jobs/{ids['early_stopped']}/metrics").json()["epochs"]["history"]
+    final = json.loads(client.get(f"/v1/jobs/{ids['early_stopped']}/artifacts/metrics.json").content)
+    assert final["stopped_at_epoch"] == len(history) < 60, final
+    best: dict[str, Any] = {"val_r2": float("-inf")}
+    for entry in history:  # Keras' rule: an improvement beats the best so far by more than min_delta
+        if entry["val_r2"] - 0.005 > best["val_r2"]:
+            best = entry
+    assert final["best_epoch"] == best["epoch"] and final["stopped_at_epoch"] == best["epoch"] + 3, (final, history)
+    assert final["early_stopping"].startswith("val_r2 did not improve by more than 0.005 for 3 epochs; best")
+    # restore_best: the exported model is the best epoch's, so it scores that epoch's val_r2.
+    x_val, y_val, _ = _split(ids["early_stopped"], "validation", tmp_path)
+    served = _served(jobs, "early_stopped", tmp_path / "download")
+    assert r2_score(y_val[:, 0], served.serve(tf.constant(x_val)).numpy()[:, 0]) == pytest.approx(best["val_r2"], abs=0.01)

@@ -119,6 +119,14 @@ REJECTED = [
     ("a regression's integer TFLite output", {"task": "regression", "export": {"tflite": {"quantization": "int8",
                                                                                          "io_type": "int8"}}},
      "export.tflite.io_type", "would round its answers"),
+    ("early stopping on a metric the task does not report", {"task": "regression", "training": {
+        "early_stopping": {"monitor": "val_accuracy"}}}, "training.early_stopping.monitor",
+     "'val_accuracy' is not a metric of task regression: one of loss, mae, rmse, r2, val_loss"),
+    ("early stopping on the validation split with none held out", {"dataset": {"source": "sklearn:digits", "options": {
+        "validation_split": 0}}, "training": {"early_stopping": {}}}, "training.early_stopping.monitor",
+     "val_loss needs a validation split"),
+    ("early stopping in a program", {"model": None, "program": {"source": "t.py"}, "training": {"early_stopping": {}}},
+     "training.early_stopping", "a program stops its own training"),
     ("an environment variable the runtime sets", {"model": None, "program": {"source": "t.py", "env": {"TF_CONFIG": "{}"}}},
      "program.env.TF_CONFIG", "cannot be overridden"),
     ("a Vertex AI directory variable", {"model": None, "program": {"source": "t.py", "env": {"AIP_MODEL_DIR": "/x"}}},

@@ -22,6 +22,20 @@ if TYPE_CHECKING:
 Task = Literal["classification", "binary", "regression"]
 TASKS: tuple[str, ...] = ("classification", "binary", "regression")
 
+# The metrics each task's epochs report, besides the loss (and each as val_<name> on the validation split).
+METRICS: dict[str, tuple[str, ...]] = {
+    "classification": ("accuracy",),
+    "binary": ("accuracy", "auc", "precision", "recall"),
+    "regression": ("mae", "rmse", "r2"),
+}
+HIGHER_IS_BETTER = frozenset({"accuracy", "auc", "precision", "recall", "r2"})
+
+
+def epoch_names(task: str) -> tuple[str, ...]:
+    """What each epoch's history entry records from Keras' logs."""
+    names = METRICS[task]
+    return ("loss", *names, "val_loss", *(f"val_{n}" for n in names))
+
 
 def task_problem(spec: JobSpec) -> tuple[str, str] | None:
     """(field, reason) for a task the rest of the spec contradicts, else None."""
@@ -31,6 +45,16 @@ def task_problem(spec: JobSpec) -> tuple[str, str] | None:
                 f"positive_label names the positive label of task binary; this job's task is {spec.task}")
     if spec.task == "regression" and spec.dataset is not None and spec.dataset.format == "image_folder":
         return "task", "an image folder's labels are its class folders: task regression needs numeric labels"
+    stopping = spec.training.early_stopping
+    if stopping is not None and spec.model is not None:
+        if stopping.monitor not in epoch_names(spec.task):
+            return ("training.early_stopping.monitor", f"{stopping.monitor!r} is not a metric of task {spec.task}: "
+                    f"one of {', '.join(epoch_names(spec.task))}")
+        if stopping.monitor.startswith("val_") and options is not None and options.validation_split == 0:
+            return ("training.early_stopping.monitor", f"{stopping.monitor} needs a validation split: "
+                    "dataset.options.validation_split is 0 (monitor loss, or hold some data out)")
+    if stopping is not None and spec.program is not None:
+        return "training.early_stopping", "a program stops its own training: early_stopping is the managed trainer's"
     if spec.task == "regression" and spec.export.tflite is not None and spec.export.tflite.io_type != "float32":
         return ("export.tflite.io_type", "a regression model's integer output would round its answers: keep "
                                          "io_type float32 with task regression")

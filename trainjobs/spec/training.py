@@ -13,6 +13,14 @@ from trainjobs.spec.strict import Int, Number, StrictModel, fail
 MAX_GLOBAL_BATCH = 1_048_576
 
 
+class EarlyStopping(StrictModel):
+    monitor: str = Field(default="val_loss", max_length=64, description=(
+        "the epoch metric watched: loss or one of the task's metrics, val_ for the validation split's"))
+    patience: Int = Field(default=3, ge=0, le=10_000, description="epochs without improvement before stopping")
+    min_delta: Number = Field(default=0.0, ge=0.0, le=1e9, description="the least change that counts as improvement")
+    restore_best: bool = Field(default=True, description="end with the weights of the best epoch, not the last")
+
+
 class TrainingSpec(StrictModel):
     epochs: Int = Field(default=10, ge=1, le=10_000)
     per_replica_batch_size: Int | None = Field(default=None, ge=1, le=65_536)
@@ -31,6 +39,8 @@ class TrainingSpec(StrictModel):
         "at the end of the first call that reaches each multiple. Combines with checkpoint_every_epochs.",
     )
     cache_dataset: bool = False
+    early_stopping: EarlyStopping | None = Field(default=None, description=(
+        "Stop when the monitored metric has not improved for `patience` epochs; the job records the epoch and why."))
 
     @model_validator(mode="after")
     def _one_batch(self) -> TrainingSpec:
