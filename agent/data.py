@@ -46,6 +46,7 @@ class LocalDataset:
     target_names: tuple[str, ...] = ()  # regression: the targets, their training-split mean and std
     target_mean: tuple[float, ...] | None = None
     target_std: tuple[float, ...] | None = None
+    train_class_counts: tuple[int, ...] | None = None  # examples of each class id in the training split
 
     @property
     def labels(self) -> list[str]:
@@ -102,6 +103,8 @@ def download_dataset(dataset_uri: str, local_dir: Path) -> LocalDataset:
         dropped_examples=int(manifest.get("dropped_examples", 0)),
         staging_notes=tuple(manifest.get("notes", ())),
         **_task_fields(manifest.get("task", "classification"), label),
+        train_class_counts=tuple(int(c) for c in counts) if (counts := manifest["splits"]["train"].get("class_counts"))
+        else None,
     )
 
 

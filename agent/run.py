@@ -104,7 +104,10 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
     recorder = EpochRecorder(plan, job.attempt, meter, train_function, on_epoch, schedule.after_call,
                              reporter.step_progress, names=tasks.epoch_names(data.task))
     stop_early = StopEarly(spec.training.early_stopping) if spec.training.early_stopping is not None else None
-    fit(model, plan, train, val, recorder, stop_early)
+    weights = tasks.class_weights(spec.training.class_weight, data.labels, data.train_class_counts)
+    if weights is not None:
+        log.info("class weights: %s", json.dumps({data.labels[i]: round(w, 6) for i, w in weights.items()}))
+    fit(model, plan, train, val, recorder, stop_early, weights)
     # The final checkpoint and metrics.json are in storage before the job can report success.
     publisher.drain()
     if tb is not None:
@@ -168,6 +171,8 @@ def _export(job: AgentJob, work: WorkDir, plan: RuntimePlan, data: LocalDataset,
         final.update(export.tflite_scores(tflite, data.task, val_x, val_y))
     final.update(_throughput(history, job.attempt))
     final.update(stopping)
+    if (weights := tasks.class_weights(job.spec.training.class_weight, data.labels, data.train_class_counts)) is not None:
+        final["class_weight"] = {data.labels[i]: w for i, w in weights.items()}
     final.update(eval_examples=int(len(val_y)), epochs=plan.epochs, initial_epoch=plan.initial_epoch,
                  initial_step=plan.initial_step, optimizer_iterations=int(model.optimizer.iterations.numpy()),
                  precision=plan.precision, replicas=plan.replicas, global_batch_size=plan.global_batch_size)

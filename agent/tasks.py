@@ -129,3 +129,19 @@ def auc(scores: np.ndarray, truth: np.ndarray) -> float:
         ranks[order[i:j + 1]] = (i + j) / 2 + 1
         i = j + 1
     return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def class_weights(asked: str | dict[str, float] | None, names: list[str],
+                  counts: tuple[int, ...] | None) -> dict[int, float] | None:
+    """training.class_weight as Keras takes it, by class id: 'balanced' is n / (classes x count) over the
+    training split (a class without examples there weighs 1); names map to ids through labels.json's."""
+    if asked is None:
+        return None
+    if asked == "balanced":
+        if not counts:
+            raise ValueError("class_weight balanced needs the training split's class counts, which this "
+                             "dataset's manifest lacks (staged before they were counted): stage it again")
+        total, present = sum(counts), sum(1 for c in counts if c)
+        return {i: (total / (present * c) if c else 1.0) for i, c in enumerate(counts)}
+    assert isinstance(asked, dict)
+    return {names.index(name): float(w) for name, w in asked.items()}

@@ -123,7 +123,7 @@ class StopEarly(keras.callbacks.EarlyStopping):
 
 
 def fit(model: Any, plan: RuntimePlan, train_data: Any, val_data: Any | None, recorder: EpochRecorder,
-        stop_early: StopEarly | None = None) -> None:
+        stop_early: StopEarly | None = None, class_weight: dict[int, float] | None = None) -> None:
     """Train from the plan's start to `plan.epochs`. A start inside an epoch (a mid-epoch
     checkpoint) takes two fit calls: the rest of that epoch, then the epochs after it.
 
@@ -139,6 +139,7 @@ def fit(model: Any, plan: RuntimePlan, train_data: Any, val_data: Any | None, re
         "validation_data": val_data,
         "callbacks": [recorder, *([stop_early] if stop_early is not None else [])],  # the epoch recorded first
         "shuffle": False,  # the pipeline shuffles with the spec's seed
+        "class_weight": class_weight,
         "verbose": 0,
     }
     first = plan.initial_epoch

@@ -82,6 +82,13 @@ def _specs(client: httpx.Client) -> dict[str, dict[str, Any]]:
                    "model": {"name": "mlp", "params": {"hidden_units": [32]}},
                    "training": {"epochs": 30, "global_batch_size": 32, "learning_rate": 0.003},
                    "export": {"tflite": {"quantization": "dynamic"}}},
+        "weighted": {**cpu, "task": "binary",
+                     "dataset": {"source": cancer, "options": {"skip_rows": 1, "header": "none", "label_column": -1}},
+                     "model": {"name": "mlp", "params": {"hidden_units": [16]}},
+                     "training": {"epochs": 8, "global_batch_size": 32, "learning_rate": 0.003, "class_weight": "balanced"}},
+        "weighted_unknown_label": {**cpu, "dataset": {"source": cancer, "options": {
+            "skip_rows": 1, "header": "none", "label_column": -1}}, "model": {"name": "mlp"},
+            "training": {"class_weight": {"0": 1.0, "malignant": 2.0}}},
         "binary_text_without_positive": {**cpu, "task": "binary", "dataset": {"source": yes_no}, "model": {"name": "mlp"}},
     }
 
@@ -256,3 +263,24 @@ def test_early_stopping_ends_a_job_whose_validation_r2_stops_improving_and_keeps
     x_val, y_val, _ = _split(ids["early_stopped"], "validation", tmp_path)
     served = _served(jobs, "early_stopped", tmp_path / "download")
     assert r2_score(y_val[:, 0], served.serve(tf.constant(x_val)).numpy()[:, 0]) == pytest.approx(best["val_r2"], abs=0.01)
+
+
+def test_balanced_class_weights_come_from_the_training_split_and_an_unknown_label_fails_at_staging(
+        jobs: Jobs, tmp_path: Path) -> None:
+    import tensorflow as tf
+    from sklearn.metrics import roc_auc_score
+
+    job = _done(jobs, "weighted")
+    assert job["status"] == "SUCCEEDED", job.get("error")
+    client, ids = jobs
+    _, y_train, _ = _split(ids["weighted"], "train", tmp_path)
+    counts = np.bincount(y_train)
+    final = json.loads(client.get(f"/v1/jobs/{ids['weighted']}/artifacts/metrics.json").content)
+    assert final["class_weight"] == pytest.approx({"0": len(y_train) / (2 * counts[0]), "1": len(y_train) / (2 * counts[1])})
+    x_val, y_val, _ = _split(ids["weighted"], "validation", tmp_path / "val")
+    served = _served(jobs, "weighted", tmp_path / "download")
+    assert roc_auc_score(y_val, served.serve(tf.constant(x_val)).numpy()[:, 0]) >= 0.95
+
+    refused = _done(jobs, "weighted_unknown_label")
+    assert refused["status"] == "FAILED"
+    assert "training.class_weight names 1 label(s) the data does not have (first: 'malignant')" in refused["error"]

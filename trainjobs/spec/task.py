@@ -55,6 +55,13 @@ def task_problem(spec: JobSpec) -> tuple[str, str] | None:
                     "dataset.options.validation_split is 0 (monitor loss, or hold some data out)")
     if stopping is not None and spec.program is not None:
         return "training.early_stopping", "a program stops its own training: early_stopping is the managed trainer's"
+    weights = spec.training.class_weight
+    if weights is not None and spec.task == "regression":
+        return "training.class_weight", "class_weight weighs classes, and task regression has none"
+    if weights is not None and spec.program is not None:
+        return "training.class_weight", "a program weighs its own loss: class_weight is the managed trainer's"
+    if isinstance(weights, dict) and len(weights) > 10_000:
+        return "training.class_weight", f"{len(weights)} weights, over the limit of 10000"
     if spec.task == "regression" and spec.export.tflite is not None and spec.export.tflite.io_type != "float32":
         return ("export.tflite.io_type", "a regression model's integer output would round its answers: keep "
                                          "io_type float32 with task regression")

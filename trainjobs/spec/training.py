@@ -4,9 +4,9 @@ trainjobs/spec/derived.py."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from trainjobs.spec.strict import Int, Number, StrictModel, fail
 
@@ -39,8 +39,27 @@ class TrainingSpec(StrictModel):
         "at the end of the first call that reaches each multiple. Combines with checkpoint_every_epochs.",
     )
     cache_dataset: bool = False
+    class_weight: str | dict[str, float] | None = Field(
+        default=None, description=("Weigh each class's examples in the loss: 'balanced' (n / (classes x the "
+                                   "class's count) over the training split) or {label: weight} by the labels' "
+                                   "names in labels.json (unnamed labels weigh 1)."))
     early_stopping: EarlyStopping | None = Field(default=None, description=(
         "Stop when the monitored metric has not improved for `patience` epochs; the job records the epoch and why."))
+
+    # Checked before the union is tried, so a bad value gets one reason, not one per union member.
+    @field_validator("class_weight", mode="before")
+    @classmethod
+    def _class_weight(cls, v: Any) -> Any:
+        if v is None or v == "balanced":
+            return v
+        if not isinstance(v, dict):
+            raise fail("class_weight", "class_weight is 'balanced' or {label: weight}")
+        for name, weight in v.items():
+            if not isinstance(name, str) or not 1 <= len(name) <= 256:
+                raise fail("class_weight", "a class_weight key is a label's name as labels.json has it (1 to 256 characters)")
+            if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight <= 1e6:
+                raise fail("class_weight", f"the weight of {name[:40]!r} must be a number greater than 0 (at most 1e6)")
+        return v
 
     @model_validator(mode="after")
     def _one_batch(self) -> TrainingSpec:

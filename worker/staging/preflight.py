@@ -49,6 +49,13 @@ def plan_problems(spec: JobSpec, manifest: dict[str, Any]) -> list[str]:
 
     problems += _class_coverage(splits["train"].get("class_counts"), validation.get("class_counts"),
                                 int(validation["examples"]))
+    weights = spec.training.class_weight
+    if isinstance(weights, dict):
+        names = set(manifest.get("class_names") or [str(i) for i in range(int(manifest.get("num_classes", 0)))])
+        # The names are the user's own spec text; which of them the data lacks is all that is said.
+        if unknown := sorted(set(weights) - names):
+            problems.append(f"training.class_weight names {len(unknown)} label(s) the data does not have "
+                            f"(first: {unknown[0][:40]!r}); labels.json lists the {len(names)} it has")
     return problems
 
 
