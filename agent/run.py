@@ -135,7 +135,7 @@ def _compile_and_restore(builder: Any, inputs: ModelInputs, plan: RuntimePlan, t
 
     with strategy.scope():
         model = build(builder, inputs)
-        model.compile(optimizer=make_optimizer(training, plan), loss=tasks.loss(inputs.task),
+        model.compile(optimizer=make_optimizer(training, plan), loss=tasks.loss(inputs.task, training.loss),
                       metrics=tasks.metrics(inputs.task, inputs.target_mean, inputs.target_std),
                       steps_per_execution=plan.steps_per_execution)
         if not model.built:

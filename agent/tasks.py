@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from trainjobs.spec.task import METRICS as METRICS, epoch_names as epoch_names  # the core's table
+from trainjobs.spec.task import LOSSES, METRICS as METRICS, epoch_names as epoch_names  # the core's tables
 # The score of an exported model on held-out examples, by task: saved_model_<name>, tflite_<name>.
 SCORES: dict[str, tuple[str, ...]] = {
     "classification": ("accuracy",),
@@ -63,12 +63,29 @@ def in_target_units(y: Any, target_mean: tuple[float, ...] | None, target_std: t
     return keras.layers.Rescaling(scale=scale, offset=offset, dtype="float32", name="target_units")(y)
 
 
-def loss(task: str) -> Any:
+def loss(task: str, name: str | None = None) -> Any:
+    """training.loss (one of LOSSES[task], checked at submit), default the task's first."""
     import keras
 
-    return {"classification": keras.losses.SparseCategoricalCrossentropy,
-            "binary": keras.losses.BinaryCrossentropy,
-            "regression": keras.losses.MeanSquaredError}[task]()
+    return {"sparse_categorical_crossentropy": keras.losses.SparseCategoricalCrossentropy,
+            "sparse_categorical_focal_crossentropy": _sparse_focal,
+            "binary_crossentropy": keras.losses.BinaryCrossentropy,
+            "binary_focal_crossentropy": keras.losses.BinaryFocalCrossentropy,
+            "mse": keras.losses.MeanSquaredError, "mae": keras.losses.MeanAbsoluteError,
+            "huber": keras.losses.Huber}[name or LOSSES[task][0]]()
+
+
+def _sparse_focal() -> Any:
+    """Focal cross-entropy on class ids: Keras has it for one-hot labels only (CategoricalFocalCrossentropy)."""
+    import keras
+
+    focal = keras.losses.CategoricalFocalCrossentropy(reduction=None)  # per example: Keras reduces
+
+    def sparse_categorical_focal_crossentropy(y_true: Any, y_pred: Any) -> Any:
+        ids = keras.ops.cast(keras.ops.reshape(y_true, (-1,)), "int32")
+        return focal(keras.ops.one_hot(ids, keras.ops.shape(y_pred)[-1]), y_pred)
+
+    return sparse_categorical_focal_crossentropy
 
 
 def metrics(task: str, target_mean: tuple[float, ...] | None = None,

@@ -27,6 +27,7 @@ from tests.support.jobs import module_jobs, wait_for_job
 from trainjobs import storage
 from trainjobs.job_paths import ARTIFACT_HISTORY, ARTIFACT_METRICS, JobPaths
 from trainjobs.spec import JobSpec, describe_errors
+from trainjobs.spec.task import LOSSES
 from trainjobs.states import TERMINAL
 
 pytestmark = pytest.mark.tf
@@ -58,6 +59,7 @@ class Case:
     steps_per_execution: int
     quantization: str
     task: str = "classification"
+    loss: str | None = None
 
     @property
     def id(self) -> str:
@@ -69,7 +71,8 @@ class Case:
             "name": self.id, "accelerator": {"type": "cpu", "replicas": replicas}, "workers": workers,
             "strategy": self.strategy, "precision": self.precision, "steps_per_execution": self.steps_per_execution,
             "task": self.task, "dataset": {"source": f"{folder}/{self.task}.npz"}, "model": {"name": "mlp"},
-            "training": {"epochs": EPOCHS, "per_replica_batch_size": PER_REPLICA_BATCH, "learning_rate": 0.01},
+            "training": {"epochs": EPOCHS, "per_replica_batch_size": PER_REPLICA_BATCH, "learning_rate": 0.01,
+                         "loss": self.loss},
             "export": {"tflite": {"quantization": self.quantization, "calibration_examples": 32}},
         }
 
@@ -81,7 +84,9 @@ def _combinations() -> tuple[list[Case], list[tuple[Case, list[dict[str, str]]]]
     accepted, refused = [], []
     for (s, strategy), (p, precision) in itertools.product(enumerate(STRATEGIES), enumerate(PRECISIONS)):
         spe = STEPS_PER_EXECUTION[(s + p) % len(STEPS_PER_EXECUTION)]
-        case = Case(strategy, precision, spe, QUANTIZATIONS[(s + p) % len(QUANTIZATIONS)], TASKS[(s + p) % len(TASKS)])
+        task = TASKS[(s + p) % len(TASKS)]
+        losses = LOSSES[task]  # each task's losses turn with the strategy
+        case = Case(strategy, precision, spe, QUANTIZATIONS[(s + p) % len(QUANTIZATIONS)], task, losses[s % len(losses)])
         try:
             JobSpec.model_validate(case.spec("/data"))
         except ValidationError as exc:
@@ -103,6 +108,7 @@ def test_every_combination_is_trained_or_refused_with_a_reason() -> None:
         assert {c.steps_per_execution for c in cases} == set(STEPS_PER_EXECUTION), option
         assert {c.quantization for c in cases} == set(QUANTIZATIONS), option
         assert {c.task for c in cases} == set(TASKS), option
+    assert {c.loss for c in ACCEPTED} == {loss for losses in LOSSES.values() for loss in losses}
 
 
 # --- one stack for the module, every accepted job submitted up front ------------------------------

@@ -127,6 +127,8 @@ REJECTED = [
      "val_loss needs a validation split"),
     ("early stopping in a program", {"model": None, "program": {"source": "t.py"}, "training": {"early_stopping": {}}},
      "training.early_stopping", "a program stops its own training"),
+    ("a loss of another task", {"task": "regression", "training": {"loss": "binary_crossentropy"}}, "training.loss",
+     "task regression trains with mse or mae or huber, not 'binary_crossentropy'"),
     ("class weights in a regression", {"task": "regression", "training": {"class_weight": "balanced"}},
      "training.class_weight", "task regression has none"),
     ("a class weight that is not positive", {"training": {"class_weight": {"cat": 0}}}, "training.class_weight",
@@ -177,6 +179,8 @@ ACCEPTED = [
         "positive_label": "yes"}}}),
     ("a regression exported to int8 TFLite with a float interface", {"task": "regression", "export": {
         "tflite": {"quantization": "int8"}}}),
+    ("a regression with the huber loss", {"task": "regression", "training": {"loss": "huber"}}),
+    ("focal loss for classes", {"training": {"loss": "sparse_categorical_focal_crossentropy"}}),
     ("built-in params", {"model": {"name": "mlp", "params": {"hidden_units": [64, 32], "dropout": 0}}}),
     ("one hidden layer as a number", {"model": {"name": "mlp", "params": {"hidden_units": 64}}}),
     ("application params", {"model": {"name": "MobileNetV3Small", "params": {"alpha": 0.75, "minimalistic": True,

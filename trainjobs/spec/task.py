@@ -29,6 +29,12 @@ METRICS: dict[str, tuple[str, ...]] = {
     "regression": ("mae", "rmse", "r2"),
 }
 HIGHER_IS_BETTER = frozenset({"accuracy", "auc", "precision", "recall", "r2"})
+# training.loss: the Keras losses each task may train with, its default first.
+LOSSES: dict[str, tuple[str, ...]] = {
+    "classification": ("sparse_categorical_crossentropy", "sparse_categorical_focal_crossentropy"),
+    "binary": ("binary_crossentropy", "binary_focal_crossentropy"),
+    "regression": ("mse", "mae", "huber"),
+}
 
 
 def epoch_names(task: str) -> tuple[str, ...]:
@@ -55,6 +61,11 @@ def task_problem(spec: JobSpec) -> tuple[str, str] | None:
                     "dataset.options.validation_split is 0 (monitor loss, or hold some data out)")
     if stopping is not None and spec.program is not None:
         return "training.early_stopping", "a program stops its own training: early_stopping is the managed trainer's"
+    loss = spec.training.loss
+    if loss is not None and loss not in LOSSES[spec.task]:
+        return "training.loss", f"task {spec.task} trains with {' or '.join(LOSSES[spec.task])}, not {loss!r}"
+    if loss is not None and spec.program is not None:
+        return "training.loss", "a program chooses its own loss: training.loss is the managed trainer's"
     weights = spec.training.class_weight
     if weights is not None and spec.task == "regression":
         return "training.class_weight", "class_weight weighs classes, and task regression has none"

@@ -39,6 +39,8 @@ class TrainingSpec(StrictModel):
         "at the end of the first call that reaches each multiple. Combines with checkpoint_every_epochs.",
     )
     cache_dataset: bool = False
+    loss: str | None = Field(default=None, max_length=64, description=(
+        "The Keras loss, by name, among those of the job's task (README, Tasks); default the task's first"))
     class_weight: str | dict[str, float] | None = Field(
         default=None, description=("Weigh each class's examples in the loss: 'balanced' (n / (classes x the "
                                    "class's count) over the training split) or {label: weight} by the labels' "
