@@ -57,6 +57,10 @@ class LocalDataset:
     def regression(self) -> bool:
         return self.task == "regression"
 
+    @property
+    def multilabel(self) -> bool:
+        return self.task == "multilabel"
+
     def summary(self) -> dict[str, Any]:
         """What the job's record shows of its data."""
         out: dict[str, Any] = {"train_examples": self.train.examples,
@@ -169,6 +173,8 @@ def _parser(ds: LocalDataset, standardized: bool = False) -> Any:
     std = tf.constant(ds.target_std or (1.0,), tf.float32)
     if ds.regression:
         label = tf.io.FixedLenFeature([len(ds.target_names)], tf.float32)
+    elif ds.multilabel:
+        label = tf.io.FixedLenFeature([ds.num_classes], tf.float32)  # 0/1, one per label
     else:
         label = tf.io.FixedLenFeature([], tf.int64)
     spec = {ds.feature_key: feature, ds.label_key: label}
@@ -181,6 +187,8 @@ def _parser(ds: LocalDataset, standardized: bool = False) -> Any:
             return x, tf.cast(tf.reshape(y, (-1, 1)), tf.float32)
         if ds.regression:
             return x, (y - mean) / std if standardized else y
+        if ds.multilabel:
+            return x, y
         return x, tf.cast(y, tf.int32)
 
     return parse

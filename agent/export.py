@@ -61,6 +61,8 @@ def save_model(model: Any, input_shape: tuple[int, ...], directory: Path, labels
 
         def classify(x: Any) -> dict[str, Any]:
             out = model(x, training=False)
+            if task == "multilabel":  # each label on its own: 1 where its probability passes 0.5
+                return {"probabilities": out, "labels": tf.cast(out > 0.5, tf.int32)}
             if task == "binary":
                 ids = tf.cast(out[:, 0] > 0.5, tf.int32)
                 return {"probability": out[:, 0], "class_id": ids, "class_name": tf.gather(names, ids)}

@@ -22,12 +22,13 @@ from trainjobs.spec.task import LOSSES, METRICS as METRICS, epoch_names as epoch
 SCORES: dict[str, tuple[str, ...]] = {
     "classification": ("accuracy",),
     "binary": ("accuracy", "auc"),
+    "multilabel": ("f1_micro", "f1_macro"),
     "regression": ("r2", "mae"),
 }
 
 
 def num_outputs(task: str, num_classes: int, targets: int) -> int:
-    return {"classification": num_classes, "binary": 1, "regression": targets}[task]
+    return {"classification": num_classes, "binary": 1, "multilabel": num_classes, "regression": targets}[task]
 
 
 def head(x: Any, task: str, outputs: int) -> Any:
@@ -38,6 +39,8 @@ def head(x: Any, task: str, outputs: int) -> Any:
         return keras.layers.Dense(outputs, activation="softmax", dtype="float32", name="probabilities")(x)
     if task == "binary":
         return keras.layers.Dense(1, activation="sigmoid", dtype="float32", name="probability")(x)
+    if task == "multilabel":
+        return keras.layers.Dense(outputs, activation="sigmoid", dtype="float32", name="probabilities")(x)
     # The standardised target: what training compares with (agent/data.py standardises the labels).
     return keras.layers.Dense(outputs, dtype="float32", name="standardized_prediction")(x)
 
@@ -99,6 +102,10 @@ def metrics(task: str, target_mean: tuple[float, ...] | None = None,
     if task == "binary":
         return [keras.metrics.BinaryAccuracy(name="accuracy"), keras.metrics.AUC(name="auc"),
                 keras.metrics.Precision(name="precision"), keras.metrics.Recall(name="recall")]
+    if task == "multilabel":
+        return [keras.metrics.F1Score(average="micro", threshold=0.5, name="f1_micro"),
+                keras.metrics.F1Score(average="macro", threshold=0.5, name="f1_macro"),
+                keras.metrics.AUC(multi_label=True, name="auc")]
     mean = np.asarray(target_mean if target_mean is not None else (0.0,), dtype="float32")
     std = np.asarray(target_std if target_std is not None else (1.0,), dtype="float32")
     return [_in_units(keras.metrics.MeanAbsoluteError, "mae", mean, std),
@@ -122,6 +129,8 @@ def score(task: str, predictions: np.ndarray, y: np.ndarray) -> dict[str, float]
     if task == "binary":
         p, truth = predictions.reshape(-1), y.reshape(-1)
         return {"accuracy": float(np.mean((p > 0.5) == (truth > 0.5))), "auc": auc(p, truth)}
+    if task == "multilabel":
+        return f1_scores(predictions > 0.5, y > 0.5)
     predicted = predictions.reshape(len(y), -1).astype(np.float64)
     target = y.reshape(len(y), -1).astype(np.float64)
     residual = float(np.sum((target - predicted) ** 2))
@@ -162,3 +171,17 @@ def class_weights(asked: str | dict[str, float] | None, names: list[str],
         return {i: (total / (present * c) if c else 1.0) for i, c in enumerate(counts)}
     assert isinstance(asked, dict)
     return {names.index(name): float(w) for name, w in asked.items()}
+
+
+def f1_scores(predicted: np.ndarray, truth: np.ndarray) -> dict[str, float]:
+    """Micro F1 (over every label decision) and macro F1 (the mean of each label's), as
+    keras.metrics.F1Score computes them (a label with no positives, predicted or true, scores 0)."""
+    tp = (predicted & truth).sum(axis=0).astype(np.float64)
+    fp = (predicted & ~truth).sum(axis=0).astype(np.float64)
+    fn = (~predicted & truth).sum(axis=0).astype(np.float64)
+
+    def f1(t: Any, p: Any, n: Any) -> Any:
+        denominator = 2 * t + p + n
+        return np.where(denominator > 0, 2 * t / np.maximum(denominator, 1e-12), 0.0)
+
+    return {"f1_micro": float(f1(tp.sum(), fp.sum(), fn.sum())), "f1_macro": float(np.mean(f1(tp, fp, fn)))}

@@ -34,6 +34,30 @@ def _diabetes_csv() -> bytes:
     return ("\n".join([header, *rows]) + "\n").encode()
 
 
+def _tags_csvs() -> tuple[bytes, bytes]:
+    """The same multi-label data two ways: three 0/1 tag columns, and one column of tag names joined by
+    '|' (an empty cell: no tag). Each tag is a rule over the features, some rows have none, some all."""
+    rng = np.random.default_rng(11)
+    x = rng.normal(0, 1, (500, 6))
+    tags = np.stack([x[:, 0] > 0, x[:, 1] + x[:, 2] > 0.5, x[:, 3] < -0.3], axis=1)
+    features = [",".join(f"{v:.5f}" for v in row) for row in x]
+    columns = "f0,f1,f2,f3,f4,f5"
+    wide = [f"{columns},urgent,billing,outage"] + [f"{f},{','.join(str(int(t)) for t in row)}"
+                                                   for f, row in zip(features, tags, strict=True)]
+    names = np.array(["urgent", "billing", "outage"])
+    joined = [f"{columns},tags"] + [f"{f},{'|'.join(names[row])}" for f, row in zip(features, tags, strict=True)]
+    return ("\n".join(wide) + "\n").encode(), ("\n".join(joined) + "\n").encode()
+
+
+def _linnerud_csv() -> bytes:
+    """scikit-learn's linnerud files as they ship (space-separated, a header each), side by side: three
+    exercises, then the three physiological measurements a multi-target regression predicts."""
+    exercise = (SKLEARN_DATA / "linnerud_exercise.csv").read_text().split("\n")
+    body = (SKLEARN_DATA / "linnerud_physiological.csv").read_text().split("\n")
+    rows = [f"{a.strip()} {b.strip()}" for a, b in zip(exercise, body, strict=True) if a.strip()]
+    return ("\n".join(rows) + "\n").encode()
+
+
 def _upload(client: httpx.Client, name: str, data: bytes) -> str:
     r = client.post("/v1/datasets", files={"file": (name, data)})
     assert r.status_code == 201, r.text
@@ -60,6 +84,9 @@ def _specs(client: httpx.Client) -> dict[str, dict[str, Any]]:
     cancer = _upload(client, "breast_cancer.csv", (SKLEARN_DATA / "breast_cancer.csv").read_bytes())
     yes_no = _upload(client, "answers.csv", b"a,b,label\n" + b"".join(
         f"{i},{i % 7},{'yes' if i % 3 else 'no'}\n".encode() for i in range(60)))
+    linnerud = _upload(client, "linnerud.csv", _linnerud_csv())
+    wide, joined = _tags_csvs()
+    tag_columns, tag_names = _upload(client, "tags_wide.csv", wide), _upload(client, "tags.csv", joined)
     module = client.post("/v1/modules", files={"file": ("wide_and_deep.py", WIDE_AND_DEEP)})
     assert module.status_code == 201, module.text
     cpu = {"accelerator": {"type": "cpu"}, "strategy": "default"}
@@ -76,6 +103,18 @@ def _specs(client: httpx.Client) -> dict[str, dict[str, Any]]:
                           "model": {"name": "mlp", "params": {"hidden_units": [32], "dropout": 0.0}},
                           "training": {"epochs": 60, "global_batch_size": 32, "learning_rate": 0.01,
                                        "early_stopping": {"monitor": "val_r2", "patience": 3, "min_delta": 0.005}}},
+        "multilabel_columns": {**cpu, "task": "multilabel", "strategy": "mirrored", "accelerator": {"type": "cpu", "replicas": 2},
+                               "dataset": {"source": tag_columns, "options": {"label_column": ["urgent", "billing", "outage"]}},
+                               "model": {"name": "mlp"}, "training": {"epochs": 20, "global_batch_size": 32,
+                                                                      "learning_rate": 0.01},
+                               "export": {"tflite": {"quantization": "dynamic"}}},
+        "multilabel_names": {**cpu, "task": "multilabel", "dataset": {"source": tag_names, "options": {
+            "label_column": "tags", "label_separator": "|"}}, "model": {"name": "mlp"},
+            "training": {"epochs": 20, "global_batch_size": 32, "learning_rate": 0.01}},
+        "three_targets": {**cpu, "task": "regression", "dataset": {"source": linnerud, "options": {
+            "delimiter": " ", "label_column": ["Weight", "Waist", "Pulse"], "validation_split": 0.2}},
+            "model": {"name": "mlp", "params": {"hidden_units": [8]}},
+            "training": {"epochs": 5, "global_batch_size": 4, "learning_rate": 0.01}},
         "regression_as_classes": {**cpu, "dataset": {"source": diabetes, "options": {"label_column": "target"}},
                                   "model": {"name": "mlp"}},
         "binary": {**cpu, "task": "binary", "precision": "float32",
@@ -285,3 +324,49 @@ def test_balanced_class_weights_come_from_the_training_split_and_an_unknown_labe
     refused = _done(jobs, "weighted_unknown_label")
     assert refused["status"] == "FAILED"
     assert "training.class_weight names 1 label(s) the data does not have (first: 'malignant')" in refused["error"]
+
+
+@pytest.mark.parametrize("name", ["multilabel_columns", "multilabel_names"])
+def test_a_multilabel_task_from_tag_columns_or_joined_names_predicts_each_tag(jobs: Jobs, tmp_path: Path, name: str) -> None:
+    import tensorflow as tf
+    from sklearn.metrics import f1_score
+
+    job = _done(jobs, name)
+    assert job["status"] == "SUCCEEDED", job.get("error")
+    client, ids = jobs
+    x_val, y_val, manifest = _split(ids[name], "validation", tmp_path)
+    names = ["urgent", "billing", "outage"] if name == "multilabel_columns" else ["billing", "outage", "urgent"]  # sorted
+    assert manifest["task"] == "multilabel" and manifest["class_names"] == names and y_val.shape[1] == 3
+    labels = json.loads(client.get(f"/v1/jobs/{ids[name]}/artifacts/labels.json").content)
+    assert labels["class_names"] == names
+    served = _served(jobs, name, tmp_path / "download")
+    probabilities = served.serve(tf.constant(x_val)).numpy()
+    micro = f1_score(y_val, probabilities > 0.5, average="micro")
+    assert micro >= 0.85, micro
+    assert [list(r) for r in served.classify(tf.constant(x_val[:4]))["labels"].numpy()] == \
+        [list((p > 0.5).astype(int)) for p in probabilities[:4]]
+    final = json.loads(client.get(f"/v1/jobs/{ids[name]}/artifacts/metrics.json").content)
+    assert final["saved_model_f1_micro"] == pytest.approx(micro, abs=0.01)
+    assert final["saved_model_f1_macro"] == pytest.approx(f1_score(y_val, probabilities > 0.5, average="macro"), abs=0.01)
+    if name == "multilabel_columns":
+        assert final["tflite_f1_micro"] == pytest.approx(micro, abs=0.03)
+
+
+def test_a_regression_of_three_targets_answers_each_in_its_own_units(jobs: Jobs, tmp_path: Path) -> None:
+    """linnerud (20 men): too few for a good model, enough to show three targets staged, trained and served
+    in their units (weight in pounds, waist in inches, pulse per minute)."""
+    import tensorflow as tf
+
+    job = _done(jobs, "three_targets")
+    assert job["status"] == "SUCCEEDED", job.get("error")
+    client, ids = jobs
+    x_train, y_train, manifest = _split(ids["three_targets"], "train", tmp_path)
+    assert manifest["label"]["names"] == ["Weight", "Waist", "Pulse"] and y_train.shape == (16, 3)
+    assert manifest["label"]["mean"] == pytest.approx(list(y_train.mean(axis=0)), rel=1e-5)
+    served = _served(jobs, "three_targets", tmp_path / "download")
+    predicted = served.serve(tf.constant(x_train)).numpy()
+    assert predicted.shape == (16, 3)
+    # Each column near its own target's scale: a standardised answer would sit near 0 for all three.
+    assert np.all(np.abs(predicted.mean(axis=0) - y_train.mean(axis=0)) < 2 * y_train.std(axis=0)), predicted.mean(axis=0)
+    labels = json.loads(client.get(f"/v1/jobs/{ids['three_targets']}/artifacts/labels.json").content)
+    assert labels["targets"] == ["Weight", "Waist", "Pulse"]

@@ -38,7 +38,7 @@ PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 # strategy runs a shorter last call in each epoch (issue 11: steps used to be dropped instead).
 STEPS_PER_EXECUTION = (1, 3)
 QUANTIZATIONS = ("none", "dynamic", "float16", "int8")
-TASKS = ("classification", "binary", "regression")  # issue 21: each on its own data (_write_datasets)
+TASKS = ("classification", "binary", "multilabel", "regression")  # issue 21: each on its own data (_write_datasets)
 # The CPU devices each strategy needs: (replicas per worker, workers). `auto` over two devices
 # resolves to mirrored.
 PLACEMENT = {"auto": (2, 1), "default": (1, 1), "one_device": (1, 1), "mirrored": (2, 1),
@@ -117,13 +117,16 @@ def test_every_combination_is_trained_or_refused_with_a_reason() -> None:
 def _write_datasets(folder: Path) -> None:
     """Well separated clusters: a few dozen steps learn them, so scores say whether an export predicts,
     not how lucky the initialisation was. Classes: the cluster; binary: its parity; regression: a
-    linear function of the features in units far from 0 (the model answers in them)."""
+    linear function of the features in units far from 0 (the model answers in them); multilabel: three
+    tags, each a rule over the cluster."""
     rng = np.random.default_rng(0)
     centers = rng.normal(0, 4, (CLASSES, FEATURES))
     y = rng.integers(0, CLASSES, EXAMPLES)
     x = (centers[y] + rng.normal(0, 1, (EXAMPLES, FEATURES))).astype(np.float32)
     np.savez(folder / "classification.npz", x=x, y=y.astype(np.int64))
     np.savez(folder / "binary.npz", x=x, y=(y % 2).astype(np.int64))
+    tags = np.stack([y % 2 == 0, y >= 2, y == 1], axis=1)  # three tags per example, from its cluster
+    np.savez(folder / "multilabel.npz", x=x, y=tags.astype(np.int64))
     target = 300.0 + 20.0 * x @ rng.normal(0, 1, FEATURES) / np.sqrt(FEATURES)
     np.savez(folder / "regression.npz", x=x, y=(target + rng.normal(0, 2, EXAMPLES)).astype(np.float32))
 
@@ -207,7 +210,7 @@ def test_accepted_combination_trains_as_asked_and_exports(case: Case, matrix_job
     for entry in history:
         assert entry["steps"] == runtime["steps_per_epoch"]
         assert entry["executions"] == -(-runtime["steps_per_epoch"] // case.steps_per_execution)
-        assert entry["val_r2" if case.task == "regression" else "val_accuracy"] is not None
+        assert entry[{"regression": "val_r2", "multilabel": "val_f1_micro"}.get(case.task, "val_accuracy")] is not None
 
     manifest = {e["path"] for e in storage.read_json(paths.artifact_manifest)}
     assert {"saved_model/saved_model.pb", "model.tflite", ARTIFACT_METRICS, ARTIFACT_HISTORY} <= manifest
@@ -216,6 +219,9 @@ def test_accepted_combination_trains_as_asked_and_exports(case: Case, matrix_job
     if case.task == "regression":  # scored from the exported models on the validation split
         assert final["saved_model_r2"] > 0.5, final
         assert final["tflite_r2"] >= final["saved_model_r2"] - 0.1, final
+    elif case.task == "multilabel":
+        assert final["saved_model_f1_micro"] > 0.9, final
+        assert final["tflite_f1_micro"] >= final["saved_model_f1_micro"] - 0.05, final
     else:
         assert final["saved_model_accuracy"] > 0.9, final
         assert final["tflite_accuracy"] >= final["saved_model_accuracy"] - 0.05, final

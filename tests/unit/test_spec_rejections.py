@@ -111,11 +111,19 @@ REJECTED = [
     ("too many requirements", {"model": None, "program": {"source": "t.py", "requirements": [f"p{i}" for i in range(65)]}},
      "program.requirements", "65 requirements, over the limit of 64"),
     # task: what the labels are (issue 21)
-    ("an unknown task", {"task": "ranking"}, "task", "'classification', 'binary' or 'regression'"),
+    ("an unknown task", {"task": "ranking"}, "task", "'classification', 'binary', 'multilabel' or 'regression'"),
     ("a positive label outside task binary", {"task": "regression", "dataset": {"source": "sklearn:digits", "options": {
         "positive_label": "yes"}}}, "dataset.options.positive_label", "this job's task is regression"),
     ("a regression on an image folder", {"task": "regression", "dataset": {"source": "gs://my-bucket/pets/", "format": "image_folder"}},
-     "task", "needs numeric labels"),
+     "task", "task regression needs label columns"),
+    ("several label columns for classes", {"dataset": {"source": "d.csv", "options": {"label_column": ["a", "b"]}}},
+     "dataset.options.label_column", "task classification has one label column"),
+    ("a label separator outside multilabel", {"dataset": {"source": "d.csv", "options": {"label_separator": "|"}}},
+     "dataset.options.label_separator", "this job's task is classification"),
+    ("a label separator over several columns", {"task": "multilabel", "dataset": {"source": "d.csv", "options": {
+        "label_separator": "|", "label_column": ["a", "b"]}}}, "dataset.options.label_separator", "not a list of them"),
+    ("a label column named twice", {"task": "multilabel", "dataset": {"source": "d.csv", "options": {
+        "label_column": ["a", "a"]}}}, "dataset.options.label_column", "a list of distinct ones"),
     ("a regression's integer TFLite output", {"task": "regression", "export": {"tflite": {"quantization": "int8",
                                                                                          "io_type": "int8"}}},
      "export.tflite.io_type", "would round its answers"),

@@ -19,7 +19,7 @@ _KEY = Annotated[str, Field(min_length=1, max_length=256)]
 _SIDE = Annotated[Int, Field(ge=1, le=4096)]
 # Which format reads each option; an option set for another format is refused, never ignored.
 OPTION_FORMATS: dict[str, tuple[str, ...]] = {
-    "header": ("csv",), "skip_rows": ("csv",), "label_column": ("csv",), "delimiter": ("csv",),
+    "header": ("csv",), "skip_rows": ("csv",), "label_column": ("csv",), "delimiter": ("csv",), "label_separator": ("csv",),
     "na_values": ("csv",), "na_policy": ("csv",), "na_fill": ("csv",),
     "x_key": ("npz", "tfrecord"), "y_key": ("npz", "tfrecord"),
     "features": ("tfrecord",), "image_shape": ("tfrecord",), "compression": ("tfrecord",),
@@ -34,7 +34,7 @@ class DatasetOptions(StrictModel):
         default=None, description="csv: the header row, counted from 0 after skip_rows (default 0), or 'none' "
         "when every row is data (columns are then named by position).")
     skip_rows: Int = Field(default=0, ge=0, le=1_000_000, description="csv: lines skipped before the header or data")
-    label_column: str | Int | None = Field(
+    label_column: str | Int | list[str | Int] | None = Field(
         default=None, description="csv: the label column, by header name, or by position from 0 (negative counts "
         "from the end: -1 is the last). Default 'label' with a header, the last column without.")
     delimiter: str | None = Field(default=None, min_length=1, max_length=1, description="csv: the field separator (default ',')")
@@ -59,6 +59,9 @@ class DatasetOptions(StrictModel):
     # --- image_folder ---
     image_size: tuple[Annotated[Int, Field(ge=8, le=1024)], Annotated[Int, Field(ge=8, le=1024)]] | None = None
     shard_examples: Int = Field(default=4096, ge=64, le=1_000_000, description="examples per staged TFRecord shard")
+    label_separator: str | None = Field(default=None, min_length=1, max_length=8, description=(
+        "task multilabel: the label column holds the example's label names joined by this (e.g. '|'; an "
+        "empty cell is no label)"))
     positive_label: str | None = Field(default=None, min_length=1, max_length=256, description=(
         "task binary: the label value that is the positive class (needed when the labels are text)"))
 
@@ -73,12 +76,17 @@ class DatasetOptions(StrictModel):
     @field_validator("label_column", mode="before")
     @classmethod
     def _label_column(cls, v: Any) -> Any:
-        if v is None or (isinstance(v, str) and 1 <= len(v) <= 256):
+        def one(c: Any) -> bool:
+            return (isinstance(c, str) and 1 <= len(c) <= 256) or (
+                isinstance(c, int) and not isinstance(c, bool) and -10_000 <= c <= 10_000)
+
+        if v is None or one(v):
             return v
-        if isinstance(v, int) and not isinstance(v, bool) and -10_000 <= v <= 10_000:
-            return v
+        if isinstance(v, list) and 1 <= len(v) <= 1024 and all(one(c) for c in v) and len(set(map(str, v))) == len(v):
+            return v  # several: a regression's targets, or a multilabel task's 0/1 columns
         raise fail("label_column", "label_column is a column's name (1 to 256 characters) or its position "
-                   "(an integer from 0; negative counts from the end)")
+                   "(an integer from 0; negative counts from the end), or a list of distinct ones (task "
+                   "regression's targets, task multilabel's 0/1 columns)")
 
     @field_validator("delimiter")
     @classmethod
@@ -93,7 +101,8 @@ class DatasetOptions(StrictModel):
             raise fail("features", "give x_key (one feature) or features (several), not both")
         if self.na_fill is not None and self.na_policy != "fill":
             raise fail("na_fill", f"na_fill is the value of a missing cell under na_policy fill, not {self.na_policy}")
-        if isinstance(self.label_column, str) and self.header == "none":
+        if (isinstance(self.label_column, str) or (isinstance(self.label_column, list) and any(
+                isinstance(c, str) for c in self.label_column))) and self.header == "none":
             raise fail("label_column", "a CSV without a header has no column names: give label_column as a position")
         return self
 

@@ -6,10 +6,12 @@
 - `binary`: two label values; one sigmoid output (the probability of the positive label), binary
   cross-entropy, accuracy, AUC, precision and recall. Numbers: the larger is positive; text labels name
   the positive one with `dataset.options.positive_label`.
-- `regression`: a numeric target; a linear float32 output in the target's units (the model ends in a
-  fixed affine layer with the training split's mean and standard deviation, so the layers before it
-  learn a standardised target and the served model answers in the data's units), mean squared error,
-  MAE, RMSE and R².
+- `multilabel`: any number of labels per example, as several 0/1 columns (label_column a list) or one
+  column of names joined by `dataset.options.label_separator`; one sigmoid per label, binary
+  cross-entropy, micro and macro F1 and AUC.
+- `regression`: a numeric target (or several: label_column a list), trained standardised with the
+  training split's mean and standard deviation (agent/tasks.py), mean squared error, MAE, RMSE and R²
+  in the data's units; the exported model answers in them.
 """
 
 from __future__ import annotations
@@ -19,20 +21,22 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from trainjobs.spec.job import JobSpec
 
-Task = Literal["classification", "binary", "regression"]
-TASKS: tuple[str, ...] = ("classification", "binary", "regression")
+Task = Literal["classification", "binary", "multilabel", "regression"]
+TASKS: tuple[str, ...] = ("classification", "binary", "multilabel", "regression")
 
 # The metrics each task's epochs report, besides the loss (and each as val_<name> on the validation split).
 METRICS: dict[str, tuple[str, ...]] = {
     "classification": ("accuracy",),
     "binary": ("accuracy", "auc", "precision", "recall"),
+    "multilabel": ("f1_micro", "f1_macro", "auc"),
     "regression": ("mae", "rmse", "r2"),
 }
-HIGHER_IS_BETTER = frozenset({"accuracy", "auc", "precision", "recall", "r2"})
+HIGHER_IS_BETTER = frozenset({"accuracy", "auc", "precision", "recall", "r2", "f1_micro", "f1_macro"})
 # training.loss: the Keras losses each task may train with, its default first.
 LOSSES: dict[str, tuple[str, ...]] = {
     "classification": ("sparse_categorical_crossentropy", "sparse_categorical_focal_crossentropy"),
     "binary": ("binary_crossentropy", "binary_focal_crossentropy"),
+    "multilabel": ("binary_crossentropy", "binary_focal_crossentropy"),
     "regression": ("mse", "mae", "huber"),
 }
 
@@ -49,8 +53,17 @@ def task_problem(spec: JobSpec) -> tuple[str, str] | None:
     if options is not None and options.positive_label is not None and spec.task != "binary":
         return ("dataset.options.positive_label",
                 f"positive_label names the positive label of task binary; this job's task is {spec.task}")
-    if spec.task == "regression" and spec.dataset is not None and spec.dataset.format == "image_folder":
-        return "task", "an image folder's labels are its class folders: task regression needs numeric labels"
+    if spec.task in ("regression", "multilabel") and spec.dataset is not None and spec.dataset.format == "image_folder":
+        return "task", f"an image folder's labels are its class folders: task {spec.task} needs label columns"
+    if options is not None and isinstance(options.label_column, list) and spec.task not in ("regression", "multilabel"):
+        return ("dataset.options.label_column", f"several label columns are a regression's targets or a multilabel "
+                f"task's 0/1 columns; task {spec.task} has one label column")
+    if options is not None and options.label_separator is not None:
+        if spec.task != "multilabel":
+            return ("dataset.options.label_separator", f"label_separator splits a multilabel task's label names; this "
+                    f"job's task is {spec.task}")
+        if isinstance(options.label_column, list):
+            return "dataset.options.label_separator", "label_separator splits one label column, not a list of them"
     stopping = spec.training.early_stopping
     if stopping is not None and spec.model is not None:
         if stopping.monitor not in epoch_names(spec.task):
@@ -67,8 +80,9 @@ def task_problem(spec: JobSpec) -> tuple[str, str] | None:
     if loss is not None and spec.program is not None:
         return "training.loss", "a program chooses its own loss: training.loss is the managed trainer's"
     weights = spec.training.class_weight
-    if weights is not None and spec.task == "regression":
-        return "training.class_weight", "class_weight weighs classes, and task regression has none"
+    if weights is not None and spec.task in ("regression", "multilabel"):
+        return ("training.class_weight", f"class_weight weighs one class per example: task {spec.task} has "
+                                         f"{'none' if spec.task == 'regression' else 'several'}")
     if weights is not None and spec.program is not None:
         return "training.class_weight", "a program weighs its own loss: class_weight is the managed trainer's"
     if isinstance(weights, dict) and len(weights) > 10_000:

@@ -35,6 +35,8 @@ class Examples:
     notes: list[str] = field(default_factory=list)  # what staging did that the user should read
     what: str = ""  # the data, for messages
     task: str = ""  # set by `labelled`
+    label_names: list[str] | None = None  # the label columns' names (a CSV's header), for targets and labels
+    label_separator: str | None = None  # multilabel: each label cell is names joined by it
     target_mean: list[float] | None = None  # regression: the training split's, set by shards.write_splits' caller
     target_std: list[float] | None = None
 
@@ -44,24 +46,28 @@ class Examples:
 
     @property
     def num_classes(self) -> int:
-        """Class ids (classification, binary); 0 for a regression."""
+        """Class ids (classification, binary) or labels (multilabel); 0 for a regression."""
         return 0 if self.task == "regression" else len(self.class_names or ())
 
 
 def make_examples(x: object, labels: object, what: str, class_names: list[str] | None = None, *,
-                  dropped: int = 0, notes: list[str] | None = None) -> Examples:
-    """Validated Examples from raw features and labels; `what` names the data in error messages."""
+                  dropped: int = 0, notes: list[str] | None = None, label_names: list[str] | None = None,
+                  label_separator: str | None = None) -> Examples:
+    """Validated Examples from raw features and labels ([n], or [n, k] for several label columns);
+    `what` names the data in error messages."""
     features = _features(x, what)
     y_raw = np.asarray(labels)
     if y_raw.ndim == 2 and y_raw.shape[1] == 1:
         y_raw = y_raw[:, 0]
-    if y_raw.ndim != 1:
-        raise DatasetError(f"{what}: labels must be one class per example, got an array of shape {list(y_raw.shape)}")
+    if y_raw.ndim not in (1, 2):
+        raise DatasetError(f"{what}: labels must be one value (or one row of values) per example, got an array of "
+                           f"shape {list(y_raw.shape)}")
     if len(features) != len(y_raw):
         raise DatasetError(f"{what}: {len(features)} examples of features but {len(y_raw)} labels")
     if len(features) == 0:
         raise DatasetError(f"{what} holds no examples")
-    return Examples(features, y_raw, class_names, dropped, list(notes or []), what=what)
+    return Examples(features, y_raw, class_names, dropped, list(notes or []), what=what, label_names=label_names,
+                    label_separator=label_separator)
 
 
 # A label column with more distinct whole numbers than this share of its rows (and more than
@@ -74,6 +80,11 @@ def labelled(ex: Examples, task: str, positive_label: str | None = None) -> Exam
     from dataclasses import replace
 
     what, raw = ex.what, ex.y
+    if task == "multilabel":
+        return _multilabel(ex)
+    if raw.ndim == 2 and task != "regression":
+        raise DatasetError(f"{what}: {raw.shape[1]} label columns; task {task} has one (several are task "
+                           "regression's targets or task multilabel's 0/1 columns)")
     if task == "regression":
         if ex.class_names is not None:
             raise DatasetError(f"{what}: its labels are named classes (class folders, a classification set), "
@@ -84,9 +95,12 @@ def labelled(ex: Examples, task: str, positive_label: str | None = None) -> Exam
             raise DatasetError(f"{what}: task regression needs numeric labels, and some are text") from None
         if not np.isfinite(y).all():
             raise DatasetError(f"{what}: example {int(np.argmin(np.isfinite(y)))}'s target is NaN or infinite")
-        if len(np.unique(y)) < 2:
-            raise DatasetError(f"{what}: every target has the same value: there is nothing to learn")
-        return replace(ex, y=y.astype(np.float32)[:, None], class_names=["target"], task=task)
+        y = y.reshape(len(y), -1)
+        for j in range(y.shape[1]):
+            if len(np.unique(y[:, j])) < 2:
+                raise DatasetError(f"{what}: target {j + 1} has the same value in every row: there is nothing to learn")
+        names = ["target"] if y.shape[1] == 1 else (ex.label_names or [f"target_{j}" for j in range(y.shape[1])])
+        return replace(ex, y=y.astype(np.float32), class_names=list(names), task=task)
     if ex.class_names is not None:  # the source named its classes (image folders, scikit-learn)
         y, names = raw.astype(np.int64), list(ex.class_names)
     else:
@@ -98,6 +112,44 @@ def labelled(ex: Examples, task: str, positive_label: str | None = None) -> Exam
     elif len(np.unique(y)) < 2:
         raise DatasetError(f"{what}: classification needs at least 2 classes, found only 1")
     return replace(ex, y=y, class_names=names, task=task)
+
+
+def _multilabel(ex: Examples) -> Examples:
+    """Multi-hot float32 [n, k] from several 0/1 columns, or from one column of names joined by the
+    label separator (sorted names are the labels)."""
+    from dataclasses import replace
+
+    what, raw = ex.what, ex.y
+    if ex.class_names is not None:
+        raise DatasetError(f"{what}: its labels are named classes, one per example; task multilabel needs 0/1 "
+                           "label columns or a column of names joined by dataset.options.label_separator")
+    if raw.ndim == 1:
+        if ex.label_separator is None:
+            raise DatasetError(f"{what}: task multilabel needs several 0/1 label columns (dataset.options.label_column "
+                               "as a list) or one column of names joined by dataset.options.label_separator")
+        sets = [{n.strip() for n in str(cell).split(ex.label_separator) if n.strip()} for cell in raw.tolist()]
+        names = sorted(set().union(*sets))
+        if len(names) > 10_000:
+            raise DatasetError(f"{what}: {len(names)} distinct label names, over the limit of 10000")
+        index = {n: i for i, n in enumerate(names)}
+        y = np.zeros((len(sets), len(names)), np.float32)
+        for r, found in enumerate(sets):
+            y[r, [index[n] for n in found]] = 1.0
+    else:
+        try:
+            values = np.asarray(raw, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise DatasetError(f"{what}: task multilabel's label columns hold 0 or 1, and some hold text") from None
+        if not np.isin(values, (0.0, 1.0)).all():
+            r, c = np.argwhere(~np.isin(values, (0.0, 1.0)))[0]
+            raise DatasetError(f"{what}: example {int(r)}'s label column {int(c) + 1} is not 0 or 1")
+        y = values.astype(np.float32)
+        names = ex.label_names or [f"label_{j}" for j in range(y.shape[1])]
+    if y.shape[1] < 2:
+        raise DatasetError(f"{what}: task multilabel needs at least 2 labels, found {y.shape[1]}; one is task binary")
+    if never := [j for j in range(y.shape[1]) if not y[:, j].any()]:
+        raise DatasetError(f"{what}: label {never[0] + 1} of {y.shape[1]} is on no example: there is nothing to learn")
+    return replace(ex, y=y, class_names=list(names), task="multilabel")
 
 
 def _refuse_continuous(raw: np.ndarray, what: str) -> None:

@@ -10,8 +10,9 @@
 
 A regression (`"task": "regression"`, trainjobs/spec/task.py) has no classes: its label is
 {"key": "y", "dtype": "float32", "shape": [1], "names": ["target"], "mean": [...], "std": [...]}, the
-training split's mean and standard deviation, and each record's 'y' is a float_list. A binary task's
-class_names are [negative, positive]. Manifests without "task" are classification.
+training split's mean and standard deviation, and each record's 'y' is a float_list. A multilabel task's
+'y' is a float_list of 0/1, one per label (class_names; class_counts count each label's positives). A
+binary task's class_names are [negative, positive]. Manifests without "task" are classification.
 
 Shard paths are relative to the manifest's folder, or absolute gs:// URIs when the data is used in
 place. Each record is a tf.train.Example in our schema (example_proto.py): parse 'x' as
@@ -53,6 +54,13 @@ def build_manifest(
     task: str = "classification", targets: dict[str, list[float]] | None = None,
 ) -> dict[str, Any]:
     regression = task == "regression"
+    if regression:
+        label: dict[str, Any] = {"key": "y", "dtype": "float32", "shape": [len(class_names)], "names": class_names,
+                                 **(targets or {})}
+    elif task == "multilabel":
+        label = {"key": "y", "dtype": "float32", "shape": [len(class_names)]}
+    else:
+        label = {"key": "y", "dtype": "int64"}
     return {
         "format_version": FORMAT_VERSION,
         "sha256": sha256,
@@ -61,8 +69,7 @@ def build_manifest(
         "num_classes": 0 if regression else len(class_names),
         "class_names": [] if regression else class_names,
         "feature": {"key": "x", "shape": feature_shape, "dtype": "float32"},
-        "label": ({"key": "y", "dtype": "float32", "shape": [len(class_names)], "names": class_names, **(targets or {})}
-                  if regression else {"key": "y", "dtype": "int64"}),
+        "label": label,
         "splits": {name: {"examples": s.examples, "shards": s.shards, "class_counts": s.class_counts}
                    for name, s in splits.items()},
         "in_place": in_place,

@@ -16,7 +16,8 @@ SHUFFLE_SEED = 20240601  # fixed: the same data and options always give the same
 class CsvOptions:
     header: int | None = 0  # the header row after skip_rows; None: every row is data
     skip_rows: int = 0
-    label_column: str | int | None = None  # None: 'label' with a header, the last column without
+    label_column: str | int | tuple[str | int, ...] | None = None  # None: 'label' with a header, the last column without
+    label_separator: str | None = None  # multilabel: one column of names joined by it
     delimiter: str = ","
     na_values: tuple[str, ...] = ("",)
     na_policy: str = "error"  # error | drop | fill
@@ -55,7 +56,8 @@ class ConversionOptions:
     def from_spec(cls, o: DatasetOptions, task: str = "classification") -> ConversionOptions:
         csv = CsvOptions(
             header=None if o.header == "none" else (o.header or 0), skip_rows=o.skip_rows,
-            label_column=o.label_column, delimiter=o.delimiter or ",",
+            label_column=tuple(o.label_column) if isinstance(o.label_column, list) else o.label_column,
+            label_separator=o.label_separator, delimiter=o.delimiter or ",",
             na_values=tuple(o.na_values) if o.na_values is not None else ("",),
             na_policy=o.na_policy, na_fill=o.na_fill if o.na_fill is not None else 0.0,
         )
@@ -85,6 +87,8 @@ class ConversionOptions:
         for key, default in (("task", "classification"), ("positive_label", None)):
             if d[key] == default:
                 del d[key]
+        if d["csv"]["label_separator"] is None:
+            del d["csv"]["label_separator"]
         # As JSON has it (tuples become lists), so a manifest compares equal once stored and read back.
         loaded: dict[str, Any] = json.loads(json.dumps(d))
         return loaded

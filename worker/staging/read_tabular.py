@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -41,21 +42,27 @@ def read_csv(path: Path, o: CsvOptions) -> Examples:
     if header is None and not rows:
         raise DatasetError(f"{path.name} holds no examples")
     width = len(header) if header is not None else len(rows[0])
-    at = _label_index(path.name, o, header, width)  # first: a header without the label says more than no rows
+    # First: a header without the label says more than no rows.
+    wanted = o.label_column if isinstance(o.label_column, tuple) else (o.label_column,)
+    ats = [_label_index(path.name, replace(o, label_column=c), header, width) for c in wanted]
+    if len(set(ats)) != len(ats):
+        raise DatasetError(f"dataset.options.label_column names one column of {path.name} twice")
     if not rows:
         raise DatasetError(f"{path.name} holds no examples (only a header row)")
-    feature_cols = [i for i in range(width) if i != at]
+    feature_cols = [i for i in range(width) if i not in ats]
     if not feature_cols:
-        raise DatasetError(f"{path.name} has only the label column: no feature columns")
+        raise DatasetError(f"{path.name} has only label columns: no feature columns")
     cells = np.char.strip(np.asarray(rows, dtype=str))
     missing = np.isin(cells, np.asarray(o.na_values, dtype=str)) if o.na_values else np.zeros(cells.shape, bool)
     keep = np.ones(len(rows), bool)
-    label_missing = missing[:, at]
+    # An empty cell of names joined by label_separator is an example without labels, not a missing one.
+    label_cells_missing = missing[:, ats] if o.label_separator is None else np.zeros((len(rows), len(ats)), bool)
     feature_missing = missing[:, feature_cols]
-    if label_missing.any() and o.na_policy != "drop":
-        line = lines[int(np.argmax(label_missing))]
-        raise DatasetError(f"{path.name} line {line}, column {at + 1}: the label is missing; fix the file or set "
-                           "dataset.options.na_policy to drop to leave such rows out")
+    if label_cells_missing.any() and o.na_policy != "drop":
+        r, c = np.argwhere(label_cells_missing)[0]
+        raise DatasetError(f"{path.name} line {lines[r]}, column {ats[c] + 1}: the label is missing; fix the file or "
+                           "set dataset.options.na_policy to drop to leave such rows out")
+    label_missing = np.asarray(label_cells_missing.any(axis=1))
     if feature_missing.any() and o.na_policy == "error":
         r, c = np.argwhere(feature_missing)[0]
         raise DatasetError(f"{path.name} line {lines[r]}, column {feature_cols[c] + 1}: a missing feature; set "
@@ -71,13 +78,17 @@ def read_csv(path: Path, o: CsvOptions) -> Examples:
     x = _numbers(path.name, block, [lines[i] for i in np.flatnonzero(keep)], feature_cols)
     if o.na_policy == "fill":
         x = np.where(feature_missing[keep], np.float32(o.na_fill), x)
-    labels = cells[keep][:, at]
+    labels = cells[keep][:, ats[0]] if len(ats) == 1 else cells[keep][:, ats]
+    if o.label_separator is not None:
+        labels = np.where(missing[keep][:, ats[0]], "", labels)  # na_values mean no labels too
     notes = []
     if dropped:
         notes.append(f"{dropped} of {len(rows)} rows of {path.name} left out for a missing cell (na_policy drop)")
     if o.na_policy == "fill" and (filled := int(feature_missing.sum())):
         notes.append(f"{filled} missing feature cells of {path.name} set to {o.na_fill:g} (na_policy fill)")
-    return make_examples(x, _numeric_if_possible(labels), path.name, dropped=dropped, notes=notes)
+    names = [header[i] for i in ats] if header is not None else [f"label_{i}" for i in ats]
+    return make_examples(x, labels if o.label_separator is not None else _numeric_if_possible(labels), path.name,
+                         dropped=dropped, notes=notes, label_names=names, label_separator=o.label_separator)
 
 
 def _csv_rows(path: Path, o: CsvOptions) -> tuple[list[str] | None, list[list[str]], list[int]]:

@@ -39,7 +39,7 @@ def stratified_indices(y: np.ndarray, validation_split: float) -> dict[str, np.n
 
 def examples_split(examples: Examples, options: ConversionOptions) -> dict[str, np.ndarray]:
     """Which examples are training and which validation: by class for classes, else a plain shuffle."""
-    if examples.task == "regression":
+    if examples.task in ("regression", "multilabel"):
         return split_indices(len(examples.y), options.validation_split)
     return stratified_indices(examples.y, options.validation_split)
 
@@ -56,7 +56,9 @@ def write_splits(examples: Examples, options: ConversionOptions, out_dir: Path) 
             rel = f"{DATASET_SHARDS}/{name}-{k:05d}-of-{count:05d}.tfrecord"
             write_examples(out_dir / rel, examples.x[part], examples.y[part])
             shards.append(rel)
-        if examples.task == "regression":
+        if examples.task == "multilabel":  # each label's positive examples
+            splits[name] = Split(int(len(rows)), shards, [int(c) for c in examples.y[rows].sum(axis=0)])
+        elif examples.task == "regression":
             splits[name] = Split(int(len(rows)), shards, None)
         else:
             counts = np.bincount(examples.y[rows], minlength=examples.num_classes)
