@@ -5,6 +5,7 @@ from the exported model (SavedModel and TFLite alike, with numpy).
 - classification: softmax over the classes; sparse categorical cross-entropy; accuracy.
 - binary: one sigmoid (the positive label's probability); binary cross-entropy; accuracy, AUC,
   precision, recall.
+- multilabel: a sigmoid per label; binary cross-entropy; micro and macro F1, AUC.
 - regression: a linear output trained on the target standardised with the training split's mean and
   standard deviation (so the loss is near 1 whatever the units, which float16 needs); mean squared
   error; MAE, RMSE and R² in the data's units. The exported model ends in a fixed affine layer that
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from trainjobs.spec.task import LOSSES, METRICS as METRICS, epoch_names as epoch_names  # the core's tables
+
 # The score of an exported model on held-out examples, by task: saved_model_<name>, tflite_<name>.
 SCORES: dict[str, tuple[str, ...]] = {
     "classification": ("accuracy",),
@@ -67,7 +69,9 @@ def in_target_units(y: Any, target_mean: tuple[float, ...] | None, target_std: t
 
 
 def loss(task: str, name: str | None = None) -> Any:
-    """training.loss (one of LOSSES[task], checked at submit), default the task's first."""
+    """training.loss (one of LOSSES[task], checked at submit), default the task's first. A regression's
+    loss (mse, mae or huber alike) compares standardised targets: huber's delta of 1 is one standard
+    deviation of the training targets."""
     import keras
 
     return {"sparse_categorical_crossentropy": keras.losses.SparseCategoricalCrossentropy,

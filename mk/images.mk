@@ -51,7 +51,7 @@ IMAGE_VENVS := $(foreach tf,$(IMAGE_TENSORFLOWS),.venv-tf-$(tf))
 
 $(addprefix test-image-,$(IMAGE_TENSORFLOWS)): test-image-%: .venv-tf-%/.installed
 	@echo "== the agent under TensorFlow $* ($(IMAGE_PACKAGES_$*)), tests: $(IMAGES_SUBSET)"
-	.venv-tf-$*/bin/python -m pytest $(IMAGE_TESTS) --deselect $(IMAGE_TESTS_SKIP) \
+	TRAINJOBS_TEST_TASKS=all .venv-tf-$*/bin/python -m pytest $(IMAGE_TESTS) --deselect $(IMAGE_TESTS_SKIP) \
 		$(if $(IMAGE_TESTS_$(IMAGES_SUBSET)),-k "$(IMAGE_TESTS_$(IMAGES_SUBSET))") --durations=5 $(PYTEST_ARGS)
 
 # Every image in turn; a failing one stops the run (make -k runs the rest).

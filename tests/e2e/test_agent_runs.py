@@ -9,6 +9,7 @@ agent run (a TensorFlow start-up saved), each by its own test."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import uuid
@@ -92,22 +93,28 @@ def test_resumes_from_the_last_checkpoint_after_being_killed(bucket: str, slow_d
     assert read(JobPaths(job_dir).artifact_manifest)
 
 
-def test_two_workers_train_together_and_only_the_chief_writes_artifacts(bucket: str, tmp_path: Path) -> None:
+def _train_on_two_workers(job_dir: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Two agents of one job, one CPU device each, under TF_CONFIG as a multi-worker machine starts them;
+    their last statuses (chief, the other) once both have exited 0."""
     from trainjobs.loopback import free_port
 
-    x, y = digits()
-    dataset = write_dataset(bucket, tmp_path, x, y, 10, val=359, shards=1)
-    # Mid-epoch checkpoints too: every worker writes them (the writes are collective), the chief uploads.
-    job_dir = make_job(bucket, spec(accelerator={"type": "cpu"}, workers=2, model={"name": "cnn"}, training={
-        "epochs": 2, "per_replica_batch_size": 32, "learning_rate": 0.003, "checkpoint_every_steps": 8,
-    }), dataset)
     cluster = {"worker": [f"localhost:{free_port()}", f"localhost:{free_port()}"]}
     procs = [start_agent(job_dir, TRAINJOBS_LOCAL_DEVICES="1",
                          TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}))
              for i in range(2)]
     outs = [p.communicate(timeout=AGENT_TIMEOUT_S)[0].decode(errors="replace") for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
-    chief, other = read(JobPaths(job_dir).status), read(JobPaths(job_dir).status_of(1))
+    return read(JobPaths(job_dir).status), read(JobPaths(job_dir).status_of(1))
+
+
+def test_two_workers_train_together_and_only_the_chief_writes_artifacts(bucket: str, tmp_path: Path) -> None:
+    x, y = digits()
+    dataset = write_dataset(bucket, tmp_path, x, y, 10, val=359, shards=1)
+    # Mid-epoch checkpoints too: every worker writes them (the writes are collective), the chief uploads.
+    job_dir = make_job(bucket, spec(accelerator={"type": "cpu"}, workers=2, model={"name": "cnn"}, training={
+        "epochs": 2, "per_replica_batch_size": 32, "learning_rate": 0.003, "checkpoint_every_steps": 8,
+    }), dataset)
+    chief, other = _train_on_two_workers(job_dir)
     assert (chief["state"], chief["task_index"], other["state"], other["task_index"]) == ("succeeded", 0, "succeeded", 1)
     assert chief["runtime"]["strategy"] == "multi_worker_mirrored" and chief["runtime"]["replicas"] == 2
     assert chief["metrics"]["val_accuracy"] == other["metrics"]["val_accuracy"]  # one model, trained together
@@ -115,14 +122,17 @@ def test_two_workers_train_together_and_only_the_chief_writes_artifacts(bucket: 
     assert read(f"{JobPaths(job_dir).checkpoints}/{LATEST}")["global_step"] == 2 * chief["runtime"]["steps_per_epoch"]
 
 
-@pytest.mark.parametrize("task", ["regression", "binary"])
+# Binary on two workers is in the trainer matrix (tests/e2e/test_trainer_matrix.py); the images run it
+# here with `-k two_workers` too (mk/images.mk): `TRAINJOBS_TEST_TASKS=all` adds it to any run.
+TWO_WORKER_TASKS = ["regression", "binary"] if os.environ.get("TRAINJOBS_TEST_TASKS") == "all" else ["regression"]
+
+
+@pytest.mark.parametrize("task", TWO_WORKER_TASKS)
 def test_two_workers_train_a_regression_or_a_binary_task_in_bfloat16(bucket: str, tmp_path: Path, task: str) -> None:
     """Issue 21's tasks under MultiWorkerMirroredStrategy and mixed_bfloat16, as the images' Keras runs
     them too (make test-images): the metrics in the data's units agree across workers, and the exported
     model, loaded here, answers in the target's units (regression) or with probabilities (binary)."""
     import tensorflow as tf
-
-    from trainjobs.loopback import free_port
 
     rng = np.random.default_rng(3)
     x = rng.normal(0, 1, (600, 8)).astype(np.float32)
@@ -132,13 +142,7 @@ def test_two_workers_train_a_regression_or_a_binary_task_in_bfloat16(bucket: str
     job_dir = make_job(bucket, spec(accelerator={"type": "cpu"}, workers=2, task=task, precision="mixed_bfloat16",
                                     model={"name": "mlp"}, training={"epochs": 4, "per_replica_batch_size": 16,
                                                                      "learning_rate": 0.01}), dataset)
-    cluster = {"worker": [f"localhost:{free_port()}", f"localhost:{free_port()}"]}
-    procs = [start_agent(job_dir, TRAINJOBS_LOCAL_DEVICES="1",
-                         TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}))
-             for i in range(2)]
-    outs = [p.communicate(timeout=AGENT_TIMEOUT_S)[0].decode(errors="replace") for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
-    chief, other = read(JobPaths(job_dir).status), read(JobPaths(job_dir).status_of(1))
+    chief, other = _train_on_two_workers(job_dir)
     quality = "val_r2" if task == "regression" else "val_auc"
     assert chief["metrics"][quality] == other["metrics"][quality]  # one model, trained together
     local = tmp_path / "saved_model"

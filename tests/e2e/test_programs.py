@@ -23,11 +23,10 @@ import numpy as np
 import pytest
 
 from tests.support import scaled
-from tests.support.jobs import make_key, module_jobs, wait_for_job
-from tests.support.local import AGENT_JOB_S, local_stack_running
+from tests.support.jobs import ModuleJobs, finished, make_key, module_jobs, submit_all
+from tests.support.local import local_stack_running
 from tests.support.streams import sse
 from tests.support.wheels import make_wheel
-from trainjobs.states import TERMINAL
 
 pytestmark = pytest.mark.tf
 
@@ -162,7 +161,7 @@ def _specs(client: httpx.Client, alpha: httpx.Client, bucket: str, scratch: Path
     }
 
 
-Jobs = tuple[httpx.Client, dict[str, str]]
+Jobs = ModuleJobs
 
 
 @pytest.fixture(scope="module")
@@ -177,18 +176,12 @@ def jobs(database_url: str, api_url: str, gcs_emulator: Any, tmp_path_factory: p
         with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {make_key(factory, 'alpha')}"},
                           timeout=scaled(30)) as alpha:
             specs = _specs(client, alpha, os.environ["TRAINJOBS_BUCKET"], tmp_path_factory.mktemp("programs"))
-        ids = {}
-        for name, spec in specs.items():
-            r = client.post("/v1/jobs", json={"name": name, **spec})
-            assert r.status_code == 201, (name, r.text)
-            ids[name] = r.json()["id"]
+        ids = submit_all(client, specs)
         with local_stack_running(database_url, tmp_path_factory.mktemp("stack")):
             yield client, ids
 
 
-def _done(jobs: Jobs, name: str) -> dict[str, Any]:
-    client, ids = jobs
-    return wait_for_job(client, ids[name], TERMINAL, timeout=AGENT_JOB_S)
+_done = finished
 
 
 def _download(jobs: Jobs, name: str, path: str, to: Path) -> Path:

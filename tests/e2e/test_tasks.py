@@ -13,11 +13,10 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.support.jobs import module_jobs, wait_for_job
-from tests.support.local import AGENT_JOB_S, local_stack_running
+from tests.support.jobs import ModuleJobs, finished, module_jobs, submit_all
+from tests.support.local import local_stack_running
 from trainjobs import storage
 from trainjobs.job_paths import JobPaths, dataset_file, dataset_manifest
-from trainjobs.states import TERMINAL
 
 pytestmark = pytest.mark.tf
 
@@ -133,24 +132,18 @@ def _specs(client: httpx.Client) -> dict[str, dict[str, Any]]:
     }
 
 
-Jobs = tuple[httpx.Client, dict[str, str]]
+Jobs = ModuleJobs
 
 
 @pytest.fixture(scope="module")
 def jobs(database_url: str, api_url: str, gcs_emulator: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jobs]:
     with module_jobs(database_url, api_url, "tasks") as (client, _, _):
-        ids = {}
-        for name, spec in _specs(client).items():
-            r = client.post("/v1/jobs", json={"name": name, **spec})
-            assert r.status_code == 201, (name, r.text)
-            ids[name] = r.json()["id"]
+        ids = submit_all(client, _specs(client))
         with local_stack_running(database_url, tmp_path_factory.mktemp("stack")):
             yield client, ids
 
 
-def _done(jobs: Jobs, name: str) -> dict[str, Any]:
-    client, ids = jobs
-    return wait_for_job(client, ids[name], TERMINAL, timeout=AGENT_JOB_S)
+_done = finished
 
 
 def _split(job_id: str, split: str, into: Path) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:

@@ -77,3 +77,24 @@ def module_jobs(database_url: str, api_url: str, project: str) -> Iterator[tuple
     finally:
         client.close()
         monkey.undo()
+
+
+ModuleJobs = tuple[httpx.Client, dict[str, str]]  # a module's API client and its jobs' ids by name
+
+
+def submit_all(client: httpx.Client, specs: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Each spec submitted as a job named by its key; the ids by name."""
+    ids = {}
+    for name, spec in specs.items():
+        r = client.post("/v1/jobs", json={"name": name, **spec})
+        assert r.status_code == 201, (name, r.text)
+        ids[name] = r.json()["id"]
+    return ids
+
+
+def finished(jobs: ModuleJobs, name: str) -> dict[str, Any]:
+    """Job `name` of the module, once it has ended (each test waits for the one it judges)."""
+    from tests.support.local import AGENT_JOB_S
+
+    client, ids = jobs
+    return wait_for_job(client, ids[name], TERMINAL, timeout=AGENT_JOB_S)
