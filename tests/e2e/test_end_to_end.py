@@ -85,19 +85,6 @@ def _read_split(uri: str, manifest: dict, split: str, local: Path):
     return np.stack(xs).astype("float32"), np.array(ys)
 
 
-def test_second_job_on_same_data_uploads_nothing(api, local_stack, bucket):
-    first = api.post("/v1/jobs", json=digits_spec(strategy="default", accelerator={"type": "cpu"},
-                                                  training={"epochs": 1}, model={"name": "mlp"})).json()
-    wait_for_job(api, first["id"], {"SUCCEEDED"}, timeout=AGENT_JOB_S)
-    datasets_before = {b.name: b.generation for b in storage.client().list_blobs(bucket, prefix=f"{DATASETS}/")}
-    second = api.post("/v1/jobs", json=digits_spec(strategy="default", accelerator={"type": "cpu"},
-                                                   training={"epochs": 1}, model={"name": "mlp"})).json()
-    wait_for_job(api, second["id"], {"SUCCEEDED"}, timeout=AGENT_JOB_S)
-    datasets_after = {b.name: b.generation for b in storage.client().list_blobs(bucket, prefix=f"{DATASETS}/")}
-    assert datasets_after == datasets_before  # same objects, same generations: nothing re-uploaded
-    assert _dataset_uri(first["id"]) == _dataset_uri(second["id"])
-
-
 def test_bad_data_fails_with_reason_and_no_machine(api, local_stack, tmp_path, monkeypatch):
     monkeypatch.setenv("TRAINJOBS_HOST_DATA_DIRS", str(tmp_path))  # host paths are off unless allowed
     bad = tmp_path / "bad.csv"
@@ -133,9 +120,11 @@ def test_unknown_job_artifacts_are_404(api):
     assert api.get(f"/v1/jobs/{uuid.uuid4()}/artifacts").status_code == 404
 
 
-def test_scikit_learns_gzipped_digits_csv_uploaded_as_it_ships_trains_and_its_model_serves(api, local_stack, tmp_path):
+def test_scikit_learns_gzipped_digits_csv_uploaded_as_it_ships_trains_serves_and_is_staged_once(
+        api, local_stack, bucket, tmp_path):
     """Issue 21: digits.csv.gz (headerless, label last, gzipped) uploaded as is; the downloaded
-    SavedModel is scored here on the staged validation split."""
+    SavedModel is scored here on the staged validation split. A second job on the same data stages
+    nothing again."""
     import sklearn.datasets
     import tensorflow as tf
 
@@ -157,3 +146,10 @@ def test_scikit_learns_gzipped_digits_csv_uploaded_as_it_ships_trains_and_its_mo
     assert len(y) == 359
     served = tf.saved_model.load(str(tmp_path / "download" / "saved_model"))
     assert float(np.mean(served.serve(tf.constant(x)).numpy().argmax(-1) == y)) >= 0.95
+
+    datasets_before = {b.name: b.generation for b in storage.client().list_blobs(bucket, prefix=f"{DATASETS}/")}
+    second = api.post("/v1/jobs", json={**spec, "training": {"epochs": 1}}).json()
+    wait_for_job(api, second["id"], {"SUCCEEDED"}, timeout=AGENT_JOB_S)
+    datasets_after = {b.name: b.generation for b in storage.client().list_blobs(bucket, prefix=f"{DATASETS}/")}
+    assert datasets_after == datasets_before  # same objects, same generations: nothing re-uploaded
+    assert _dataset_uri(job["id"]) == _dataset_uri(second["id"])

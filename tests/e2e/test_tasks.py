@@ -97,11 +97,8 @@ def _specs(client: httpx.Client) -> dict[str, dict[str, Any]]:
                                                "loss": "huber"}},
         "regression": {**cpu, "task": "regression", "dataset": {"source": diabetes, "options": {"label_column": "target"}},
                        "model": {"name": "mlp", "params": {"hidden_units": [32], "dropout": 0.1}},
-                       "training": {"epochs": 15, "global_batch_size": 32, "learning_rate": 0.005}},
-        "early_stopped": {**cpu, "task": "regression", "dataset": {"source": diabetes, "options": {"label_column": "target"}},
-                          "model": {"name": "mlp", "params": {"hidden_units": [32], "dropout": 0.0}},
-                          "training": {"epochs": 60, "global_batch_size": 32, "learning_rate": 0.01,
-                                       "early_stopping": {"monitor": "val_r2", "patience": 3, "min_delta": 0.005}}},
+                       "training": {"epochs": 60, "global_batch_size": 32, "learning_rate": 0.005,
+                                    "early_stopping": {"monitor": "val_r2", "patience": 3, "min_delta": 0.005}}},
         "multilabel_columns": {**cpu, "task": "multilabel", "strategy": "mirrored", "accelerator": {"type": "cpu", "replicas": 2},
                                "dataset": {"source": tag_columns, "options": {"label_column": ["urgent", "billing", "outage"]}},
                                "model": {"name": "mlp"}, "training": {"epochs": 20, "global_batch_size": 32,
@@ -109,7 +106,7 @@ def _specs(client: httpx.Client) -> dict[str, dict[str, Any]]:
                                "export": {"tflite": {"quantization": "dynamic"}}},
         "multilabel_names": {**cpu, "task": "multilabel", "dataset": {"source": tag_names, "options": {
             "label_column": "tags", "label_separator": "|"}}, "model": {"name": "mlp"},
-            "training": {"epochs": 20, "global_batch_size": 32, "learning_rate": 0.01}},
+            "training": {"epochs": 12, "global_batch_size": 32, "learning_rate": 0.01}},
         "three_targets": {**cpu, "task": "regression", "dataset": {"source": linnerud, "options": {
             "delimiter": " ", "label_column": ["Weight", "Waist", "Pulse"], "validation_split": 0.2}},
             "model": {"name": "mlp", "params": {"hidden_units": [8]}},
@@ -119,12 +116,8 @@ def _specs(client: httpx.Client) -> dict[str, dict[str, Any]]:
         "binary": {**cpu, "task": "binary", "precision": "float32",
                    "dataset": {"source": cancer, "options": {"skip_rows": 1, "header": "none", "label_column": -1}},
                    "model": {"name": "mlp", "params": {"hidden_units": [32]}},
-                   "training": {"epochs": 30, "global_batch_size": 32, "learning_rate": 0.003},
+                   "training": {"epochs": 30, "global_batch_size": 32, "learning_rate": 0.003, "class_weight": "balanced"},
                    "export": {"tflite": {"quantization": "dynamic"}}},
-        "weighted": {**cpu, "task": "binary",
-                     "dataset": {"source": cancer, "options": {"skip_rows": 1, "header": "none", "label_column": -1}},
-                     "model": {"name": "mlp", "params": {"hidden_units": [16]}},
-                     "training": {"epochs": 8, "global_batch_size": 32, "learning_rate": 0.003, "class_weight": "balanced"}},
         "weighted_unknown_label": {**cpu, "dataset": {"source": cancer, "options": {
             "skip_rows": 1, "header": "none", "label_column": -1}}, "model": {"name": "mlp"},
             "training": {"class_weight": {"0": 1.0, "malignant": 2.0}}},
@@ -280,11 +273,11 @@ def test_early_stopping_ends_a_job_whose_validation_r2_stops_improving_and_keeps
     import tensorflow as tf
     from sklearn.metrics import r2_score
 
-    job = _done(jobs, "early_stopped")
+    job = _done(jobs, "regression")  # its model is judged above
     assert job["status"] == "SUCCEEDED", job.get("error")
     client, ids = jobs
-    history = client.get(f"/v1/jobs/{ids['early_stopped']}/metrics").json()["epochs"]["history"]
-    final = json.loads(client.get(f"/v1/jobs/{ids['early_stopped']}/artifacts/metrics.json").content)
+    history = client.get(f"/v1/jobs/{ids['regression']}/metrics").json()["epochs"]["history"]
+    final = json.loads(client.get(f"/v1/jobs/{ids['regression']}/artifacts/metrics.json").content)
     assert final["stopped_at_epoch"] == len(history) < 60, final
     best: dict[str, Any] = {"val_r2": float("-inf")}
     for entry in history:  # Keras' rule: an improvement beats the best so far by more than min_delta
@@ -293,26 +286,20 @@ def test_early_stopping_ends_a_job_whose_validation_r2_stops_improving_and_keeps
     assert final["best_epoch"] == best["epoch"] and final["stopped_at_epoch"] == best["epoch"] + 3, (final, history)
     assert final["early_stopping"].startswith("val_r2 did not improve by more than 0.005 for 3 epochs; best")
     # restore_best: the exported model is the best epoch's, so it scores that epoch's val_r2.
-    x_val, y_val, _ = _split(ids["early_stopped"], "validation", tmp_path)
-    served = _served(jobs, "early_stopped", tmp_path / "download")
+    x_val, y_val, _ = _split(ids["regression"], "validation", tmp_path)
+    served = _served(jobs, "regression", tmp_path / "download")
     assert r2_score(y_val[:, 0], served.serve(tf.constant(x_val)).numpy()[:, 0]) == pytest.approx(best["val_r2"], abs=0.01)
 
 
 def test_balanced_class_weights_come_from_the_training_split_and_an_unknown_label_fails_at_staging(
         jobs: Jobs, tmp_path: Path) -> None:
-    import tensorflow as tf
-    from sklearn.metrics import roc_auc_score
-
-    job = _done(jobs, "weighted")
+    job = _done(jobs, "binary")  # its AUC is judged above
     assert job["status"] == "SUCCEEDED", job.get("error")
     client, ids = jobs
-    _, y_train, _ = _split(ids["weighted"], "train", tmp_path)
+    _, y_train, _ = _split(ids["binary"], "train", tmp_path)
     counts = np.bincount(y_train)
-    final = json.loads(client.get(f"/v1/jobs/{ids['weighted']}/artifacts/metrics.json").content)
+    final = json.loads(client.get(f"/v1/jobs/{ids['binary']}/artifacts/metrics.json").content)
     assert final["class_weight"] == pytest.approx({"0": len(y_train) / (2 * counts[0]), "1": len(y_train) / (2 * counts[1])})
-    x_val, y_val, _ = _split(ids["weighted"], "validation", tmp_path / "val")
-    served = _served(jobs, "weighted", tmp_path / "download")
-    assert roc_auc_score(y_val, served.serve(tf.constant(x_val)).numpy()[:, 0]) >= 0.95
 
     refused = _done(jobs, "weighted_unknown_label")
     assert refused["status"] == "FAILED"

@@ -17,7 +17,7 @@ Classification labels become class ids 0..K-1 by one rule for all formats:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -77,8 +77,6 @@ CONTINUOUS_SHARE, CONTINUOUS_MIN_VALUES = 0.3, 10
 
 def labelled(ex: Examples, task: str, positive_label: str | None = None) -> Examples:
     """`ex` with its labels as `task` trains on them (see the module docstring)."""
-    from dataclasses import replace
-
     what, raw = ex.what, ex.y
     if task == "multilabel":
         return _multilabel(ex)
@@ -94,7 +92,8 @@ def labelled(ex: Examples, task: str, positive_label: str | None = None) -> Exam
         except (TypeError, ValueError):
             raise DatasetError(f"{what}: task regression needs numeric labels, and some are text") from None
         if not np.isfinite(y).all():
-            raise DatasetError(f"{what}: example {int(np.argmin(np.isfinite(y)))}'s target is NaN or infinite")
+            row = int(np.argwhere(~np.isfinite(y))[0][0])
+            raise DatasetError(f"{what}: example {row}'s target is NaN or infinite")
         y = y.reshape(len(y), -1)
         for j in range(y.shape[1]):
             if len(np.unique(y[:, j])) < 2:
@@ -117,8 +116,6 @@ def labelled(ex: Examples, task: str, positive_label: str | None = None) -> Exam
 def _multilabel(ex: Examples) -> Examples:
     """Multi-hot float32 [n, k] from several 0/1 columns, or from one column of names joined by the
     label separator (sorted names are the labels)."""
-    from dataclasses import replace
-
     what, raw = ex.what, ex.y
     if ex.class_names is not None:
         raise DatasetError(f"{what}: its labels are named classes, one per example; task multilabel needs 0/1 "
