@@ -123,8 +123,11 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
         wait_for_chief(job)
         return
     reporter.set_phase("exporting")
-    _export(job, work, plan, data, builder, inputs, model, history,
-            stop_early.outcome() if stop_early is not None else {})
+    # What the training options did, for the final metrics.
+    extra: dict[str, Any] = stop_early.outcome() if stop_early is not None else {}
+    if weights is not None:
+        extra["class_weight"] = {data.labels[i]: w for i, w in weights.items()}
+    _export(job, work, plan, data, builder, inputs, model, history, extra)
 
 
 def _compile_and_restore(builder: Any, inputs: ModelInputs, plan: RuntimePlan, training: TrainingSpec, strategy: Any,
@@ -148,7 +151,7 @@ def _compile_and_restore(builder: Any, inputs: ModelInputs, plan: RuntimePlan, t
 
 
 def _export(job: AgentJob, work: WorkDir, plan: RuntimePlan, data: LocalDataset, builder: Any, inputs: ModelInputs,
-            model: Any, history: list[dict[str, Any]], stopping: dict[str, Any]) -> None:
+            model: Any, history: list[dict[str, Any]], extra: dict[str, Any]) -> None:
     paths, tflite_options = job.paths, job.spec.export.tflite
     out = work.artifacts
     out.mkdir(parents=True, exist_ok=True)
@@ -170,9 +173,7 @@ def _export(job: AgentJob, work: WorkDir, plan: RuntimePlan, data: LocalDataset,
                      tflite_bytes=len(tflite))
         final.update(export.tflite_scores(tflite, data.task, val_x, val_y))
     final.update(_throughput(history, job.attempt))
-    final.update(stopping)
-    if (weights := tasks.class_weights(job.spec.training.class_weight, data.labels, data.train_class_counts)) is not None:
-        final["class_weight"] = {data.labels[i]: w for i, w in weights.items()}
+    final.update(extra)
     final.update(eval_examples=int(len(val_y)), epochs=plan.epochs, initial_epoch=plan.initial_epoch,
                  initial_step=plan.initial_step, optimizer_iterations=int(model.optimizer.iterations.numpy()),
                  precision=plan.precision, replicas=plan.replicas, global_batch_size=plan.global_batch_size)

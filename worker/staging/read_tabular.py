@@ -34,7 +34,7 @@ def read_npz(path: Path, x_key: str, y_key: str) -> Examples:
 
 
 def read_csv(path: Path, o: CsvOptions) -> Examples:
-    """One example per row; every column but the label is a numeric feature (see CsvOptions).
+    """One example per row; every column but the label column(s) is a numeric feature (see CsvOptions).
 
     Messages name the file's line and column (from 1), never a value or a column's name: both are
     the file's bytes."""
