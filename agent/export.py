@@ -186,9 +186,10 @@ def _interpreter(model: bytes) -> Any:
     return Interpreter(model_content=model)
 
 
-def artifact_manifest(directory: Path, remote: str) -> list[dict[str, Any]]:
+def artifact_manifest(directory: Path, remote: str, files: list[Path]) -> list[dict[str, Any]]:
+    """The manifest of `files` (storage.local_files(directory), the list upload_dir is given too)."""
     entries = []
-    for path in storage.local_files(directory):  # what upload_dir uploads
+    for path in files:
         rel = path.relative_to(directory).as_posix()
         if rel == ARTIFACT_MANIFEST:
             continue

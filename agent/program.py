@@ -157,8 +157,9 @@ def run_program(job: AgentJob, work: WorkDir, reporter: StatusReporter, terminat
                         "come from its reports only", name)
         else:
             (out / name).write_text(json.dumps(doc, indent=2))
-    manifest = export.artifact_manifest(out, job.paths.artifacts)
-    storage.upload_dir(out, job.paths.artifacts)
+    files = storage.local_files(out)  # listed once: the manifest names exactly what is uploaded
+    manifest = export.artifact_manifest(out, job.paths.artifacts, files)
+    storage.upload_dir(out, job.paths.artifacts, found=files)
     if work.tensorboard.exists() and any(work.tensorboard.iterdir()):
         storage.upload_dir(work.tensorboard, job.paths.tensorboard)
     storage.write_json(job.paths.artifact_manifest, manifest)  # last: its presence means every artifact is in

@@ -180,8 +180,9 @@ def _export(job: AgentJob, work: WorkDir, plan: RuntimePlan, data: LocalDataset,
     log.info("final metrics: %s", json.dumps(final))
     (out / ARTIFACT_METRICS).write_text(json.dumps(final, indent=2))
     (out / ARTIFACT_HISTORY).write_text(json.dumps(history, indent=2))
-    manifest = export.artifact_manifest(out, paths.artifacts)
-    storage.upload_dir(out, paths.artifacts)
+    files = storage.local_files(out)  # listed once: the manifest names exactly what is uploaded
+    manifest = export.artifact_manifest(out, paths.artifacts, files)
+    storage.upload_dir(out, paths.artifacts, found=files)
     # Last, so its presence means every artifact it lists is in place.
     storage.write_json(paths.artifact_manifest, manifest)
 

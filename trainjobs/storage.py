@@ -236,12 +236,13 @@ def restorable(names: list[str], local_dir: Path) -> list[str]:
     return kept
 
 
-def upload_dir(local_dir: Path, prefix_uri: str, workers: int = 8) -> list[str]:
-    """Upload every file under local_dir (local_files) to prefix_uri/<relative path>; parallel."""
+def upload_dir(local_dir: Path, prefix_uri: str, workers: int = 8, found: list[Path] | None = None) -> list[str]:
+    """Upload every file under local_dir (local_files, or `found` when the caller already listed them)
+    to prefix_uri/<relative path>; parallel."""
     from google.cloud.storage import transfer_manager
 
     name, prefix = split_uri(prefix_uri.rstrip("/") + "/")
-    files = [p.relative_to(local_dir).as_posix() for p in local_files(local_dir)]
+    files = [p.relative_to(local_dir).as_posix() for p in (local_files(local_dir) if found is None else found)]
     if files:
         transfer_manager.upload_many_from_filenames(
             bucket(name), files, source_directory=str(local_dir), blob_name_prefix=prefix,
