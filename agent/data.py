@@ -47,6 +47,19 @@ class LocalDataset:
     target_mean: tuple[float, ...] | None = None
     target_std: tuple[float, ...] | None = None
     train_class_counts: tuple[int, ...] | None = None  # examples of each class id in the training split
+    # A CSV's feature columns when some are categorical or text (agent/columns.py); feature_shape then
+    # counts the numeric ones, and `strings_key` holds the others' cells.
+    columns: tuple[dict[str, Any], ...] | None = None
+    strings_key: str = "xs"
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """What the model takes: the features, or the columns' encoding (agent/columns.py)."""
+        if self.columns is None:
+            return self.feature_shape
+        from agent.columns import encoded_width
+
+        return (encoded_width(self.columns),)
 
     @property
     def labels(self) -> list[str]:
@@ -65,8 +78,10 @@ class LocalDataset:
         """What the job's record shows of its data."""
         out: dict[str, Any] = {"train_examples": self.train.examples,
                                "validation_examples": self.validation.examples if self.validation else 0,
-                               "dropped_examples": self.dropped_examples, "feature_shape": list(self.feature_shape),
+                               "dropped_examples": self.dropped_examples, "feature_shape": list(self.input_shape),
                                "task": self.task}
+        if self.columns is not None:
+            out["columns"] = {c["name"]: c["type"] for c in self.columns}
         if self.regression:
             out.update(targets=list(self.target_names), target_mean=list(self.target_mean or ()),
                        target_std=list(self.target_std or ()))
@@ -109,7 +124,14 @@ def download_dataset(dataset_uri: str, local_dir: Path) -> LocalDataset:
         **_task_fields(manifest.get("task", "classification"), label),
         train_class_counts=tuple(int(c) for c in counts) if (counts := manifest["splits"]["train"].get("class_counts"))
         else None,
+        **_column_fields(feature),
     )
+
+
+def _column_fields(feature: dict[str, Any]) -> dict[str, Any]:
+    if not feature.get("columns"):
+        return {}
+    return {"columns": tuple(feature["columns"]), "strings_key": feature.get("strings_key", "xs")}
 
 
 def _task_fields(task: str, label: dict[str, Any]) -> dict[str, Any]:
@@ -128,6 +150,7 @@ def save_local(ds: LocalDataset, local_dir: Path) -> None:
            "feature_shape": list(ds.feature_shape), "feature_dtype": ds.feature_dtype, "label_key": ds.label_key,
            "dropped_examples": ds.dropped_examples, "staging_notes": list(ds.staging_notes), "task": ds.task,
            "label": {"names": list(ds.target_names), "mean": list(ds.target_mean or ()), "std": list(ds.target_std or ())},
+           "feature": {"columns": list(ds.columns or ()), "strings_key": ds.strings_key},
            "splits": {name: {"examples": split.examples, "files": [str(f.relative_to(local_dir)) for f in split.files]}
                       for name, split in (("train", ds.train), ("validation", ds.validation)) if split is not None}}
     (local_dir / LOCAL_DATASET).write_text(json.dumps(doc))
@@ -142,6 +165,7 @@ def load_local(local_dir: Path) -> LocalDataset:
         feature_shape=tuple(doc["feature_shape"]), feature_dtype=doc["feature_dtype"], label_key=doc["label_key"],
         train=splits["train"], validation=splits.get("validation"), dropped_examples=int(doc["dropped_examples"]),
         staging_notes=tuple(doc["staging_notes"]), **_task_fields(doc.get("task", "classification"), doc.get("label", {})),
+        **_column_fields(doc.get("feature", {})),
     )
 
 
@@ -155,11 +179,14 @@ def _download_all(jobs: list[tuple[str, Path]]) -> None:
         list(pool.map(fetch, jobs))
 
 
-def _parser(ds: LocalDataset, standardized: bool = False) -> Any:
+def _parser(ds: LocalDataset, standardized: bool = False, encoded: bool = True) -> Any:
     """Parses a batch of serialized examples at once: one vectorized op instead of one per example.
     `standardized`: a regression's targets as the managed trainer's model learns them (agent/tasks.py);
-    otherwise as the data has them."""
+    otherwise as the data has them. A CSV's named columns are encoded with Keras' preprocessing layers
+    (agent/columns.py), or, not `encoded`, given as {input name: [n] tensor}, as the served model takes them."""
     import tensorflow as tf
+
+    from agent import columns
 
     size = math.prod(ds.feature_shape)
     if ds.feature_dtype.startswith("float"):
@@ -178,10 +205,23 @@ def _parser(ds: LocalDataset, standardized: bool = False) -> Any:
     else:
         label = tf.io.FixedLenFeature([], tf.int64)
     spec = {ds.feature_key: feature, ds.label_key: label}
+    encode = None
+    if ds.columns is not None:
+        texts = sum(c["type"] != columns.NUMERIC for c in ds.columns)
+        spec[ds.strings_key] = tf.io.FixedLenFeature([texts], tf.string)
+        if not size:  # every feature column is categorical or text: the records' 'x' is empty
+            del spec[ds.feature_key]
+        encode = columns.encoder(ds.columns) if encoded else None
 
     def parse(serialized: Any) -> tuple[Any, Any]:
         parsed = tf.io.parse_example(serialized, spec)
-        x = tf.reshape(tf.cast(parsed[ds.feature_key], tf.float32), (-1, *ds.feature_shape))
+        if ds.feature_key in parsed:
+            x = tf.reshape(tf.cast(parsed[ds.feature_key], tf.float32), (-1, *ds.feature_shape))
+        else:
+            x = tf.zeros((tf.shape(serialized)[0], 0), tf.float32)
+        if ds.columns is not None:
+            x = columns.named_columns(ds.columns, x, parsed[ds.strings_key])
+            x = encode(x) if encode is not None else x
         y = parsed[ds.label_key]
         if ds.task == "binary":
             return x, tf.cast(tf.reshape(y, (-1, 1)), tf.float32)
@@ -261,8 +301,26 @@ def read_arrays(ds: LocalDataset, split: Split, limit: int | None = None) -> tup
         xs.append(x.numpy())
         ys.append(y.numpy())
     if not xs:
-        return np.zeros((0, *ds.feature_shape), np.float32), np.zeros((0,), np.int32)
+        return np.zeros((0, *ds.input_shape), np.float32), np.zeros((0,), np.int32)
     return np.concatenate(xs), np.concatenate(ys)
+
+
+def read_columns(ds: LocalDataset, split: Split, limit: int | None = None) -> tuple[dict[str, Any], Any]:
+    """A CSV's first `limit` rows of a split as the served model takes them: {input name: numpy [n]}
+    (agent/columns.py), with their labels as the data has them."""
+    import numpy as np
+    import tensorflow as tf
+
+    records = tf.data.TFRecordDataset([str(f) for f in split.files])
+    if limit is not None:
+        records = records.take(limit)
+    parts: dict[str, list[Any]] = {}
+    ys = []
+    for x, y in records.batch(1024).map(_parser(ds, encoded=False)):
+        for name, value in x.items():
+            parts.setdefault(name, []).append(value.numpy())
+        ys.append(y.numpy())
+    return {name: np.concatenate(v) for name, v in parts.items()}, (np.concatenate(ys) if ys else np.zeros((0,)))
 
 
 def split_dataset(ds: LocalDataset, split: str, batch_size: int, *, shuffle: bool, seed: int,

@@ -23,6 +23,7 @@ import tensorflow as tf
 from trainjobs import storage
 from trainjobs.job_paths import ARTIFACT_MANIFEST
 from trainjobs.spec import TfliteExport
+from agent import columns
 from agent.data import LocalDataset
 from agent.models import Builder, ModelInputs, build
 from agent.tasks import SCORES, score
@@ -41,7 +42,8 @@ def float32_copy(builder: Builder, inputs: ModelInputs, trained: Any) -> Any:
     return copy
 
 
-def save_model(model: Any, input_shape: tuple[int, ...], directory: Path, labels: dict[str, Any]) -> None:
+def save_model(model: Any, input_shape: tuple[int, ...], directory: Path, labels: dict[str, Any],
+               columns_: tuple[dict[str, Any], ...] | None = None, encoder: Any = None) -> None:
     """A SavedModel whose `serve` (also `serving_default`) runs the model in inference mode and returns
     its output: class probabilities (classification), the positive label's probability (binary), the
     targets in the data's units (regression). For classes, `classify` also returns each example's
@@ -50,17 +52,34 @@ def save_model(model: Any, input_shape: tuple[int, ...], directory: Path, labels
 
     Not model.export(): it serves `model.__call__` without `training=`, and in Keras 3.15 a
     Resizing layer (a tf.data-style preprocessing layer) leaves the layers after it in training
-    mode on such calls, so BatchNormalization would serve with batch statistics."""
+    mode on such calls, so BatchNormalization would serve with batch statistics.
+
+    A CSV's categorical and text columns (`columns_` and their `encoder`, agent/columns.py): both
+    endpoints take the raw row, one [n] tensor per column by input name (strings for categorical and
+    text, float32 for numbers), encoded in the graph by the layers training used."""
     archive = keras.export.ExportArchive()
     archive.track(model)
-    signature = [tf.TensorSpec((None, *input_shape), tf.float32)]
-    archive.add_endpoint("serve", lambda x: model(x, training=False), input_signature=signature)
+    signature: list[Any] = [tf.TensorSpec((None, *input_shape), tf.float32)]
+
+    def predict(x: Any) -> Any:
+        return model(x, training=False)
+
+    if encoder is not None and columns_ is not None:
+        archive.track(encoder)
+        for lookup in encoder.lookups:  # their tables, which Keras 3.4's archive finds only this way
+            archive.track(lookup)
+        signature = [columns.input_signature(columns_)]
+
+        def predict(x: Any) -> Any:
+            return model(encoder(x), training=False)
+
+    archive.add_endpoint("serve", predict, input_signature=signature)
     task = labels["task"]
     if task != "regression":
         names = tf.constant(labels["class_names"])
 
         def classify(x: Any) -> dict[str, Any]:
-            out = model(x, training=False)
+            out = predict(x)
             if task == "multilabel":  # each label on its own: 1 where its probability passes 0.5
                 return {"probabilities": out, "labels": tf.cast(out > 0.5, tf.int32)}
             if task == "binary":
@@ -83,11 +102,13 @@ LABELS_NAME = "labels.json"
 def labels_doc(data: LocalDataset) -> dict[str, Any]:
     """What the model's outputs mean. Classes: class_names[i] is the label (the data's value, or its
     image folder's name) that became class id i; binary: class 1 is the positive label, the output its
-    probability; regression: the targets in output order, with the training split's mean and std."""
-    if data.regression:
-        return {"task": data.task, "targets": list(data.target_names), "target_mean": list(data.target_mean or ()),
-                "target_std": list(data.target_std or ())}
-    return classes_doc(data.labels, data.task)
+    probability; regression: the targets in output order, with the training split's mean and std. A
+    CSV's categorical and text columns add `inputs`: what the served model takes (columns.inputs_doc)."""
+    doc = ({"task": data.task, "targets": list(data.target_names), "target_mean": list(data.target_mean or ()),
+            "target_std": list(data.target_std or ())} if data.regression else classes_doc(data.labels, data.task))
+    if data.columns is not None:  # what the served model takes (agent/columns.py)
+        doc["inputs"] = columns.inputs_doc(data.columns)
+    return doc
 
 
 def classes_doc(names: list[str], task: str = "classification") -> dict[str, Any]:
@@ -107,7 +128,11 @@ def saved_model_scores(directory: Path, task: str, x: Any, y: Any) -> dict[str, 
     if len(y) == 0:
         return {f"saved_model_{name}": None for name in SCORES[task]}
     loaded = tf.saved_model.load(str(directory))
-    preds = [loaded.serve(tf.constant(x[i:i + EVAL_BATCH])).numpy() for i in range(0, len(x), EVAL_BATCH)]
+    if isinstance(x, dict):  # a CSV's columns, by input name
+        preds = [loaded.serve({k: tf.constant(v[i:i + EVAL_BATCH]) for k, v in x.items()}).numpy()
+                 for i in range(0, len(y), EVAL_BATCH)]
+    else:
+        preds = [loaded.serve(tf.constant(x[i:i + EVAL_BATCH])).numpy() for i in range(0, len(x), EVAL_BATCH)]
     return {f"saved_model_{k}": v for k, v in score(task, np.concatenate(preds), y).items()}
 
 

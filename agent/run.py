@@ -15,9 +15,9 @@ from typing import Any
 from trainjobs import storage
 from trainjobs.job_paths import ARTIFACT_HISTORY, ARTIFACT_METRICS
 from trainjobs.spec import TrainingSpec
-from agent import devices, export, keras_compat, tasks
+from agent import columns, devices, export, keras_compat, tasks
 from agent.checkpoints import CheckpointSchedule, CheckpointStore
-from agent.data import LocalDataset, download_dataset, eval_dataset, read_arrays, train_dataset
+from agent.data import LocalDataset, download_dataset, eval_dataset, read_arrays, read_columns, train_dataset
 from agent.input_wait import InputWaitMeter
 from agent.job import AgentJob, WorkDir, wait_for_chief
 from agent.models import ModelInputs, build, builder_for
@@ -158,16 +158,24 @@ def _export(job: AgentJob, work: WorkDir, plan: RuntimePlan, data: LocalDataset,
     serving = tasks.serving_model(export.float32_copy(builder, inputs, model), inputs.task, inputs.target_mean,
                                   inputs.target_std)
     labels = export.labels_doc(data)
-    export.save_model(serving, inputs.input_shape, out / "saved_model", labels)
+    encoder = columns.encoder(data.columns) if data.columns is not None else None
+    export.save_model(serving, inputs.input_shape, out / "saved_model", labels, data.columns, encoder)
     export.write_labels(out / export.LABELS_NAME, labels)  # next to saved_model/ and model.tflite
     # Without a validation split there is nothing to score: empty arrays give scores of None.
-    val_x, val_y = read_arrays(data, data.validation or data.train, EVAL_EXAMPLES if data.validation else 0)
+    held_out, limit = data.validation or data.train, EVAL_EXAMPLES if data.validation else 0
+    val_x, val_y = read_arrays(data, held_out, limit)
     last = history[-1] if history else {}
     final: dict[str, Any] = {k: last.get(k) for k in tasks.epoch_names(data.task)}
-    final.update(export.saved_model_scores(out / "saved_model", data.task, val_x, val_y))
+    # A CSV's columns: the served model is fed the rows' cells as they are.
+    raw_x = read_columns(data, held_out, limit)[0] if data.columns is not None else val_x
+    final.update(export.saved_model_scores(out / "saved_model", data.task, raw_x, val_y))
     if tflite_options is not None:
         calibration, _ = read_arrays(data, data.train, tflite_options.calibration_limit)
-        tflite = export.to_tflite(out / "saved_model", tflite_options, calibration)
+        converted = out / "saved_model"
+        if data.columns is not None:  # TFLite holds no string lookups: it takes the encoded vector
+            converted = work.root / "encoded_model"
+            export.save_model(serving, inputs.input_shape, converted, labels)
+        tflite = export.to_tflite(converted, tflite_options, calibration)
         (out / "model.tflite").write_bytes(tflite)
         final.update(tflite_quantization=tflite_options.quantization, tflite_io_type=tflite_options.io_type,
                      tflite_bytes=len(tflite))
@@ -194,7 +202,7 @@ def _model_inputs(params: dict[str, Any], data: LocalDataset, builtin: bool) -> 
         axes = tuple(range(x.ndim - 1))
         mean, variance = tuple(x.mean(axis=axes).tolist()), tuple(x.var(axis=axes).tolist())
     outputs = tasks.num_outputs(data.task, data.num_classes, len(data.target_names))
-    return ModelInputs(data.feature_shape, outputs, dict(params), mean, variance, task=data.task,
+    return ModelInputs(data.input_shape, outputs, dict(params), mean, variance, task=data.task,
                        target_mean=data.target_mean, target_std=data.target_std)
 
 

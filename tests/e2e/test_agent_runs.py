@@ -131,14 +131,27 @@ TWO_WORKER_TASKS = ["regression", "binary"] if os.environ.get("TRAINJOBS_TEST_TA
 def test_two_workers_train_a_regression_or_a_binary_task_in_bfloat16(bucket: str, tmp_path: Path, task: str) -> None:
     """Issue 21's tasks under MultiWorkerMirroredStrategy and mixed_bfloat16, as the images' Keras runs
     them too (make test-images): the metrics in the data's units agree across workers, and the exported
-    model, loaded here, answers in the target's units (regression) or with probabilities (binary)."""
+    model, loaded here, answers in the target's units (regression) or with probabilities (binary). The
+    binary task's data has a CSV's categorical and text columns besides its numbers: encoded by Keras'
+    lookup layers in each worker's input pipeline, and the export takes the raw rows."""
     import tensorflow as tf
 
     rng = np.random.default_rng(3)
     x = rng.normal(0, 1, (600, 8)).astype(np.float32)
     signal = x @ rng.normal(0, 1, 8)
+    strings = columns = None
+    if task == "binary":
+        kind = rng.choice(["plain", "gold", "red"], 600)
+        urgent = rng.random(600) < 0.3
+        notes = np.where(urgent, "Please, URGENT reply", "a note of no consequence")
+        signal = signal + 3.0 * (kind == "gold") - 3.0 * (kind == "red") + 3.0 * urgent
+        strings = np.stack([kind, notes], axis=1)
+        columns = [*({"name": f"f{i}", "type": "numeric", "index": i} for i in range(8)),
+                   {"name": "kind", "type": "categorical", "index": 0, "vocabulary": ["plain", "red", "gold"]},
+                   {"name": "notes", "type": "text", "index": 1,
+                    "vocabulary": ["a", "note", "of", "no", "consequence", "please", "urgent", "reply"]}]
     y = (150.0 + 30.0 * signal) if task == "regression" else (signal > 0).astype(np.int64)
-    dataset = write_dataset(bucket, tmp_path, x, y, 2, val=120, shards=1, task=task)
+    dataset = write_dataset(bucket, tmp_path, x, y, 2, val=120, shards=1, task=task, strings=strings, columns=columns)
     job_dir = make_job(bucket, spec(accelerator={"type": "cpu"}, workers=2, task=task, precision="mixed_bfloat16",
                                     model={"name": "mlp"}, training={"epochs": 4, "per_replica_batch_size": 16,
                                                                      "learning_rate": 0.01}), dataset)
@@ -148,7 +161,13 @@ def test_two_workers_train_a_regression_or_a_binary_task_in_bfloat16(bucket: str
     local = tmp_path / "saved_model"
     storage.download_prefix(JobPaths(job_dir).artifact("saved_model"), local)
     served = tf.saved_model.load(str(local))
-    out = served.serve(tf.constant(x[-120:])).numpy()
+    if strings is None:
+        out = served.serve(tf.constant(x[-120:])).numpy()
+    else:  # the rows as they are: a number per f column, the category and the note as text
+        rows = {f"f{i}": tf.constant(x[-120:, i]) for i in range(8)}
+        rows.update(kind=tf.constant(strings[-120:, 0]), notes=tf.constant(strings[-120:, 1]))
+        out = served.serve(rows).numpy()
+        assert chief["runtime"]["dataset"]["feature_shape"] == [8 + 4 + 9]  # the encoding's length
     if task == "regression":
         residual = np.sum((y[-120:] - out[:, 0]) ** 2)
         assert 1 - residual / np.sum((y[-120:] - y[-120:].mean()) ** 2) > 0.8  # R², in the target's units

@@ -13,6 +13,7 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.support.census import census, rows
 from tests.support.jobs import ModuleJobs, finished, module_jobs, submit_all
 from tests.support.local import local_stack_running
 from trainjobs import storage
@@ -84,6 +85,7 @@ def _specs(client: httpx.Client) -> dict[str, dict[str, Any]]:
     yes_no = _upload(client, "answers.csv", b"a,b,label\n" + b"".join(
         f"{i},{i % 7},{'yes' if i % 3 else 'no'}\n".encode() for i in range(60)))
     linnerud = _upload(client, "linnerud.csv", _linnerud_csv())
+    people = _upload(client, "census.csv", census(3000, seed=1))
     wide, joined = _tags_csvs()
     tag_columns, tag_names = _upload(client, "tags_wide.csv", wide), _upload(client, "tags.csv", joined)
     module = client.post("/v1/modules", files={"file": ("wide_and_deep.py", WIDE_AND_DEEP)})
@@ -121,6 +123,14 @@ def _specs(client: httpx.Client) -> dict[str, dict[str, Any]]:
         "weighted_unknown_label": {**cpu, "dataset": {"source": cancer, "options": {
             "skip_rows": 1, "header": "none", "label_column": -1}}, "model": {"name": "mlp"},
             "training": {"class_weight": {"0": 1.0, "malignant": 2.0}}},
+        # Columns of three kinds, the served model fed raw rows: city and notes named, the rest detected.
+        "census": {**cpu, "task": "binary", "precision": "mixed_bfloat16",
+                   "dataset": {"source": people, "options": {"label_column": "income", "positive_label": ">50K",
+                                                              "na_policy": "fill",
+                                                              "columns": {"city": "categorical", "notes": "text"}}},
+                   "model": {"name": "mlp", "params": {"hidden_units": [32], "dropout": 0.1}},
+                   "training": {"epochs": 12, "global_batch_size": 64, "learning_rate": 0.003},
+                   "export": {"tflite": {"quantization": "dynamic"}}},
         "binary_text_without_positive": {**cpu, "task": "binary", "dataset": {"source": yes_no}, "model": {"name": "mlp"}},
     }
 
@@ -202,21 +212,26 @@ def test_a_regression_on_the_diabetes_csv_predicts_held_out_patients_in_the_targ
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     block = readme.split("Predicting with a downloaded regression model:", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     (tmp_path / "diabetes.csv").write_bytes(_diabetes_csv())
+    shown = _run_example(block, tmp_path)["predictions"]
+    assert shown.shape == (5, 1) and 25 <= float(np.median(shown)) <= 346, shown
+
+
+def _run_example(block: str, where: Path) -> dict[str, Any]:
+    """A README example run in `where` (its download/ and data file); it must print something."""
     import contextlib
     import io
     import os
 
     here, printed = os.getcwd(), io.StringIO()
-    os.chdir(tmp_path)
+    os.chdir(where)
     try:
         with contextlib.redirect_stdout(printed):
             scope: dict[str, Any] = {}
             exec(compile(block, "README.md", "exec"), scope)  # noqa: S102 - our own README's example
     finally:
         os.chdir(here)
-    shown = scope["predictions"]
-    assert shown.shape == (5, 1) and 25 <= float(np.median(shown)) <= 346, shown
     assert printed.getvalue().strip()
+    return scope
 
 
 def test_a_regression_target_staged_as_classes_fails_at_staging_with_the_task_to_choose(jobs: Jobs) -> None:
@@ -350,3 +365,55 @@ def test_a_regression_of_three_targets_answers_each_in_its_own_units(jobs: Jobs,
     assert np.all(np.abs(predicted.mean(axis=0) - y_train.mean(axis=0)) < 2 * y_train.std(axis=0)), predicted.mean(axis=0)
     labels = json.loads(client.get(f"/v1/jobs/{ids['three_targets']}/artifacts/labels.json").content)
     assert labels["targets"] == ["Weight", "Waist", "Pulse"]
+
+
+def test_a_census_table_of_numbers_categories_and_text_is_served_from_raw_rows(jobs: Jobs, tmp_path: Path) -> None:
+    """Rows the job never saw, drawn from the same population, fed to the downloaded SavedModel as
+    their cells (strings and numbers by column name), a city it never saw among them."""
+    import tensorflow as tf
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import roc_auc_score
+
+    job = _done(jobs, "census")
+    assert job["status"] == "SUCCEEDED", job.get("error")
+    assert job["runtime"]["dataset"]["columns"] == {
+        "age": "numeric", "workclass": "categorical", "education": "categorical", "city": "categorical",
+        "hours-per-week": "numeric", "native country": "categorical", "notes": "text"}
+    served = _served(jobs, "census", tmp_path / "download")
+    labels = json.loads((tmp_path / "download" / "labels.json").read_text())
+    inputs = {i["column"]: i for i in labels["inputs"]}
+    assert inputs["native country"]["name"] == "native_country" and inputs["hours-per-week"]["name"] == "hours_per_week"
+    assert inputs["age"]["dtype"] == "float32" and inputs["notes"]["dtype"] == "string"
+    assert "City00" in inputs["city"]["vocabulary"] and "promoted" in inputs["notes"]["vocabulary"]
+    signature = served.signatures["serving_default"].structured_input_signature[1]
+    assert {k: v.dtype for k, v in signature.items()} == {i["name"]: tf.as_dtype(i["dtype"]) for i in labels["inputs"]}
+
+    held_out = rows(1000, seed=2)
+    held_out[0][3], held_out[1][6] = "Atlantis", ""  # a city never seen, a row without notes
+    cells = list(zip(*held_out, strict=True))
+    feed = {inputs[name]["name"]: tf.constant(np.asarray(column, np.float32) if inputs[name]["dtype"] == "float32"
+                                              else list(column))
+            for name, column in zip(["age", "workclass", "education", "city", "hours-per-week", "native country",
+                                     "notes"], cells, strict=False)}
+    truth = np.array([r[-1] == ">50K" for r in held_out])
+    probability = served.serve(feed).numpy()[:, 0]
+    auc = roc_auc_score(truth, probability)
+    numbers = np.array([[float(r[0]), float(r[4])] for r in held_out])
+    train_rows = rows(3000, seed=1)
+    baseline = LogisticRegression().fit(np.array([[float(r[0]), float(r[4])] for r in train_rows]),
+                                        [r[-1] == ">50K" for r in train_rows])
+    numbers_only = roc_auc_score(truth, baseline.predict_proba(numbers)[:, 1])
+    print(f"census, held-out AUC: trainjobs mlp on raw rows {auc:.3f}, numeric columns only {numbers_only:.3f}")
+    assert auc >= 0.90 and auc > numbers_only + 0.1, (auc, numbers_only)
+    classified = served.classify(feed)
+    assert set(classified["class_name"].numpy().tolist()) == {b">50K", b"<=50K"}
+    final = jobs[0].get(f"/v1/jobs/{jobs[1]['census']}").json()["metrics"]
+    assert final["saved_model_auc"] >= 0.88 and final["tflite_auc"] == pytest.approx(final["saved_model_auc"], abs=0.02)
+
+    # The README's example, as written, against this download and rows of the CSV that was uploaded.
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("Predicting from raw rows:", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "census.csv").write_bytes(census(3000, seed=1))
+    scope = _run_example(block, tmp_path)
+    shown = scope["probabilities"]
+    assert shown.shape == (5, 1) and ((shown >= 0) & (shown <= 1)).all(), shown

@@ -283,7 +283,16 @@ BAD_DATA = [
     ("npz-nan-feature", _npz_of(x=np.array([[1.0], [np.nan]]), y=np.arange(2)), {}, "example 1 has a NaN or infinite feature"),
     ("npz-string-features", _npz_of(x=np.array([["a"], ["b"]]), y=np.arange(2)), {}, "features are not numeric"),
     ("csv-missing-label", _write("t.csv", "a,b\n1,2\n"), {}, "t.csv has no label column 'label' in its header (2 columns)"),
-    ("csv-non-numeric", _write("t.csv", "a,b,label\n1,2,0\n3,x,1\n"), {}, "t.csv line 3, column 2: a feature that is not a number"),
+    ("csv-non-numeric", _write("t.csv", "a,b,label\n" + "1,2,0\n" * 9 + "3,x,1\n" + "1,2,1\n" * 9), {},
+     "t.csv line 11, column 2: a feature that is not a number in a column of numbers"),
+    ("csv-numeric-named", _write("t.csv", "a,b,label\n1,2,0\n3,x,1\n"), {"options": {"columns": {"b": "numeric"}}},
+     "t.csv line 3, column 2: a feature that is not a number"),
+    ("csv-column-not-there", _write("t.csv", "a,b,label\n1,2,0\n3,x,1\n"), {"options": {"columns": {"c": "text"}}},
+     "dataset.options.columns names 'c', which is not a column of t.csv's header (3 columns)"),
+    ("csv-label-typed", _write("t.csv", "a,b,label\n1,2,0\n3,x,1\n"), {"options": {"label_column": 2, "columns": {
+        "label": "text"}}}, "dataset.options.columns names 'label', a label column of t.csv"),
+    ("csv-text-without-words", _write("t.csv", "a,b,label\n" + "1,...,0\n1,!?,1\n" * 5), {"options": {"columns": {
+        "b": "text"}}}, "t.csv: feature column 2 (text) has no word in any training row"),
     ("csv-no-rows", _write("t.csv", "a,label\n"), {}, "t.csv holds no examples"),
     ("csv-empty-file", _write("t.csv", ""), {}, "t.csv is empty"),
     ("csv-ragged", _write("t.csv", "a,b,label\n1,2,0\n3,1\n"), {}, "t.csv is not a well-formed CSV file"),
@@ -422,6 +431,54 @@ def test_a_rare_class_is_in_both_splits(bucket: str, tmp_path: Path) -> None:
 def test_many_whole_number_classes_with_enough_rows_stay_classes(bucket: str, tmp_path: Path) -> None:
     staged = stage(_rows([str(v % 12) for v in range(240)])(tmp_path), bucket, tmp_path / "work")
     assert staged.manifest["num_classes"] == 12
+
+
+# --- a CSV's categorical and text columns (issue 21) -------------------------------------------------
+
+
+def test_categorical_and_text_columns_stage_their_cells_and_the_training_splits_vocabularies(
+        bucket: str, tmp_path: Path) -> None:
+    """Types detected (numbers, a few values, sentences) or named; every vocabulary from the training
+    split only, most frequent first; the cells themselves in each record's 'xs', missing ones empty."""
+    from worker.staging.example_proto import BYTES_LIST, feature_map, feature_values
+    from worker.staging.tfrecord import iter_records
+
+    lines = ["age,city,zip,review,label"]
+    for i in range(40):
+        city = ["Paris", "Lyon", "Lyon", "Nice"][i % 4] if i != 7 else ""
+        review = ["Great food, GREAT staff!", "slow service and cold food", "great view"][i % 3]
+        lines.append(f"{20 + i},{city},{75000 + i % 3},\"{review}\",{i % 2}")
+    path = tmp_path / "people.csv"
+    path.write_text("\n".join(lines) + "\n")
+    staged = stage(path, bucket, tmp_path / "work", options={"na_policy": "fill", "columns": {"zip": "categorical"}})
+    m = staged.manifest
+    assert m["feature"]["shape"] == [1] and m["feature"]["strings_key"] == "xs"
+    columns = {c["name"]: c for c in m["feature"]["columns"]}
+    assert [(c["name"], c["type"], c["index"]) for c in m["feature"]["columns"]] == [
+        ("age", "numeric", 0), ("city", "categorical", 0), ("zip", "categorical", 1), ("review", "text", 2)]
+    assert "feature columns of people.csv: 1 numeric, 2 categorical, 1 text" in " ".join(m["notes"])
+
+    rows: list[tuple[float, list[str]]] = []
+    for split in ("train", "validation"):
+        for shard in m["splits"][split]["shards"]:
+            data = storage.blob(f"{staged.uri}/{shard}").download_as_bytes()
+            for i, record in enumerate(iter_records(io.BytesIO(data), shard)):
+                features = feature_map(record, f"record {i}")
+                assert features["xs"][0] == BYTES_LIST
+                cells = [v.decode() for v in feature_values(*features["xs"])]
+                rows.append((float(feature_values(*features["x"])[0]), cells))
+        if split == "train":
+            train = [cells for _, cells in rows]
+    by_age = dict(rows)
+    assert by_age[20.0] == ["Paris", "75000", "Great food, GREAT staff!"] and by_age[27.0][0] == ""  # missing: empty
+    assert len(rows) == 40
+    cities = [c[0] for c in train if c[0]]
+    expected = sorted(set(cities), key=lambda v: (-cities.count(v), v))
+    assert columns["city"]["vocabulary"] == expected and expected[0] == "Lyon"
+    assert columns["zip"]["vocabulary"] == sorted({c[1] for c in train}, key=lambda v: (-[d[1] for d in train].count(v), v))
+    words = columns["review"]["vocabulary"]
+    assert words[0] == "great" and set(words) <= {"great", "food", "staff", "slow", "service", "and", "cold", "view"}
+    assert "GREAT" not in words and "food," not in words  # lower case, punctuation removed, as TextVectorization
 
 
 # --- the contract with TensorFlow ------------------------------------------------------------------

@@ -34,14 +34,17 @@ def digits() -> tuple[np.ndarray, np.ndarray]:
 
 
 def write_dataset(bucket: str, tmp: Path, x: np.ndarray, y: np.ndarray, num_classes: int, val: int, shards: int = 2,
-                  task: str = "classification") -> str:
+                  task: str = "classification", strings: np.ndarray | None = None,
+                  columns: list[dict[str, Any]] | None = None) -> str:
     """Write manifest + TFRecord shards the way staging does; return the dataset URI. A regression's y
-    are float targets (num_classes is ignored), with the training split's mean and std."""
+    are float targets (num_classes is ignored), with the training split's mean and std. `strings` [n, k]
+    and `columns` (the manifest's feature.columns, vocabularies included) make it a CSV's named columns."""
     import tensorflow as tf
 
     sha = uuid.uuid4().hex * 2
     uri = dataset_uri(sha, bucket)
-    splits = {"train": (x[:-val], y[:-val]), "validation": (x[-val:], y[-val:])}
+    splits = {"train": (x[:-val], y[:-val], np.arange(len(y))[:-val]),
+              "validation": (x[-val:], y[-val:], np.arange(len(y))[-val:])}
     regression = task == "regression"
     label: dict[str, Any] = {"key": "y", "dtype": "int64"}
     if regression:
@@ -50,22 +53,27 @@ def write_dataset(bucket: str, tmp: Path, x: np.ndarray, y: np.ndarray, num_clas
     manifest: dict[str, Any] = {
         "format_version": 1, "sha256": sha, "task": task, "num_classes": 0 if regression else num_classes,
         "class_names": [] if regression else [str(i) for i in range(num_classes)],
-        "feature": {"key": "x", "shape": list(x.shape[1:]), "dtype": "float32"},
+        "feature": {"key": "x", "shape": list(x.shape[1:]), "dtype": "float32",
+                    **({"strings_key": "xs", "columns": columns} if columns else {})},
         "label": label, "splits": {},
     }
-    for name, (xs, ys) in splits.items():
+    for name, (xs, ys, at) in splits.items():
         n = shards if name == "train" else 1
         paths = [f"{DATASET_SHARDS}/{name}-{i:05d}-of-{n:05d}.tfrecord" for i in range(n)]
         for i, rel in enumerate(paths):
             local = tmp / rel
             local.parent.mkdir(parents=True, exist_ok=True)
             with tf.io.TFRecordWriter(str(local)) as w:
-                for xi, yi in zip(xs[i::n], ys[i::n]):
-                    w.write(tf.train.Example(features=tf.train.Features(feature={
+                for xi, yi, row in zip(xs[i::n], ys[i::n], at[i::n]):
+                    feature = {
                         "x": tf.train.Feature(float_list=tf.train.FloatList(value=xi.ravel())),
                         "y": (tf.train.Feature(float_list=tf.train.FloatList(value=[float(yi)])) if regression
                               else tf.train.Feature(int64_list=tf.train.Int64List(value=[int(yi)]))),
-                    })).SerializeToString())
+                    }
+                    if strings is not None:
+                        feature["xs"] = tf.train.Feature(bytes_list=tf.train.BytesList(
+                            value=[str(v).encode() for v in strings[row]]))
+                    w.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
             storage.blob(dataset_file(uri, rel)).upload_from_filename(str(local))
         manifest["splits"][name] = {"examples": len(ys), "shards": paths}
     storage.write_json(dataset_manifest(uri), manifest)

@@ -122,6 +122,14 @@ REJECTED = [
      "dataset.options.label_separator", "this job's task is classification"),
     ("a label separator over several columns", {"task": "multilabel", "dataset": {"source": "d.csv", "options": {
         "label_separator": "|", "label_column": ["a", "b"]}}}, "dataset.options.label_separator", "not a list of them"),
+    ("a column type nobody reads", {"dataset": {"source": "d.csv", "options": {"columns": {"city": "date"}}}},
+     "dataset.options.columns.city", "numeric, categorical, text, not 'date'"),
+    ("column types without a header", {"dataset": {"source": "d.csv", "options": {"header": "none", "columns": {
+        "city": "categorical"}}}}, "dataset.options.columns", "this CSV has none"),
+    ("a label column's type", {"dataset": {"source": "d.csv", "options": {"label_column": "y", "columns": {
+        "y": "categorical"}}}}, "dataset.options.columns.y", "that is a label column"),
+    ("column types for npz data", {"dataset": {"source": "d.npz", "options": {"columns": {"a": "text"}}}},
+     "dataset.options.columns", "columns applies to csv data, not npz"),
     ("a label column named twice", {"task": "multilabel", "dataset": {"source": "d.csv", "options": {
         "label_column": ["a", "a"]}}}, "dataset.options.label_column", "a list of distinct ones"),
     ("a regression's integer TFLite output", {"task": "regression", "export": {"tflite": {"quantization": "int8",

@@ -12,6 +12,9 @@ from pydantic import Field, field_validator, model_validator
 from trainjobs.spec.strict import Int, Number, StrictModel, fail
 
 DatasetFormat = Literal["auto", "npz", "csv", "tfrecord", "image_folder"]
+ColumnType = Literal["numeric", "categorical", "text"]
+COLUMN_TYPES: tuple[str, ...] = ("numeric", "categorical", "text")
+MAX_COLUMNS = 4096
 _SOURCE = re.compile(r"gs://[a-z0-9][a-z0-9._-]{1,220}/.+|https://\S+|http://\S+|file://\S+|dataset:[0-9a-f]{64}|sklearn:(digits|iris|wine|breast_cancer)|[^:\n]+")
 
 
@@ -20,7 +23,7 @@ _SIDE = Annotated[Int, Field(ge=1, le=4096)]
 # Which format reads each option; an option set for another format is refused, never ignored.
 OPTION_FORMATS: dict[str, tuple[str, ...]] = {
     "header": ("csv",), "skip_rows": ("csv",), "label_column": ("csv",), "delimiter": ("csv",), "label_separator": ("csv",),
-    "na_values": ("csv",), "na_policy": ("csv",), "na_fill": ("csv",),
+    "na_values": ("csv",), "na_policy": ("csv",), "na_fill": ("csv",), "columns": ("csv",),
     "x_key": ("npz", "tfrecord"), "y_key": ("npz", "tfrecord"),
     "features": ("tfrecord",), "image_shape": ("tfrecord",), "compression": ("tfrecord",),
     "image_size": ("image_folder",),
@@ -64,6 +67,10 @@ class DatasetOptions(StrictModel):
         "empty cell is no label)"))
     positive_label: str | None = Field(default=None, min_length=1, max_length=256, description=(
         "task binary: the label value that is the positive class (needed when the labels are text)"))
+    columns: dict[str, ColumnType] | None = Field(default=None, description=(
+        "csv: feature columns' types by header name: numeric, categorical (a vocabulary of the training split's "
+        "values, one-hot, an out-of-vocabulary bucket) or text (words, bag of words). Columns not named are "
+        "detected: numbers are numeric, other text categorical, or text when its cells average three words or more"))
 
     # Checked before the unions are tried, so a bad value gets one reason, not one per union member.
     @field_validator("header", mode="before")
@@ -88,6 +95,21 @@ class DatasetOptions(StrictModel):
                    "(an integer from 0; negative counts from the end), or a list of distinct ones (task "
                    "regression's targets, task multilabel's 0/1 columns)")
 
+    @field_validator("columns", mode="before")
+    @classmethod
+    def _columns(cls, v: Any) -> Any:
+        if v is None:
+            return v
+        if not isinstance(v, dict) or not 1 <= len(v) <= MAX_COLUMNS:
+            raise fail("columns", f"columns maps header names to a type ({', '.join(COLUMN_TYPES)}): 1 to "
+                       f"{MAX_COLUMNS} of them")
+        for name, kind in v.items():
+            if not isinstance(name, str) or not 1 <= len(name) <= 256:
+                raise fail("columns", "a column is named by its header text, 1 to 256 characters")
+            if kind not in COLUMN_TYPES:
+                raise fail(name, f"a column's type is {', '.join(COLUMN_TYPES)}, not {kind!r}")
+        return v
+
     @field_validator("delimiter")
     @classmethod
     def _usable_delimiter(cls, v: str | None) -> str | None:
@@ -104,6 +126,11 @@ class DatasetOptions(StrictModel):
         if (isinstance(self.label_column, str) or (isinstance(self.label_column, list) and any(
                 isinstance(c, str) for c in self.label_column))) and self.header == "none":
             raise fail("label_column", "a CSV without a header has no column names: give label_column as a position")
+        if self.columns is not None and self.header == "none":
+            raise fail("columns", "columns names columns by the header; this CSV has none (header: none)")
+        labels = self.label_column if isinstance(self.label_column, list) else [self.label_column or "label"]
+        if self.columns is not None and (named := [c for c in labels if isinstance(c, str) and c in self.columns]):
+            raise fail(f"columns.{named[0]}", "that is a label column; columns gives the features' types")
         return self
 
     def set_options(self) -> list[str]:

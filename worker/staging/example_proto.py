@@ -109,6 +109,25 @@ def encode_examples(x: np.ndarray, y: np.ndarray) -> list[bytes]:
     return out
 
 
+def _bytes_entry(name: bytes, values: list[bytes]) -> bytes:
+    """A Features.feature map entry {name: bytes_list(values)}."""
+    bytes_list = b"".join(_len_field(1, len(v)) + v for v in values)  # BytesList.value, repeated
+    feature = _len_field(BYTES_LIST, len(bytes_list)) + bytes_list
+    entry = b"\x0a" + varint(len(name)) + name + _len_field(2, len(feature)) + feature
+    return _len_field(1, len(entry)) + entry
+
+
+def with_strings(records: list[bytes], strings: np.ndarray, key: bytes = b"xs") -> list[bytes]:
+    """Each serialized Example with one more feature, `key`: a bytes_list of its row of `strings` [n, k]
+    (a CSV's categorical and text cells, UTF-8)."""
+    out = []
+    for record, row in zip(records, strings.tolist(), strict=True):
+        features, at = _read_varint(record, 1)  # record = 0x0a, varint(len(Features)), Features
+        body = record[at:at + features] + _bytes_entry(key, [str(v).encode("utf-8") for v in row])
+        out.append(_len_field(1, len(body)) + body)
+    return out
+
+
 # --- reading -------------------------------------------------------------------------------------
 
 

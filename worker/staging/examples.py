@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from worker.staging.columns import NUMERIC, Column, vocabulary
 from worker.staging.errors import DatasetError
 
 
@@ -39,6 +40,10 @@ class Examples:
     label_separator: str | None = None  # multilabel: each label cell is names joined by it
     target_mean: list[float] | None = None  # regression: the training split's, set by shards.write_splits' caller
     target_std: list[float] | None = None
+    # A CSV's categorical and text columns (columns.py): their cells [n, k] beside x's numbers, and every
+    # feature column in the file's order (vocabularies set by `with_vocabularies`); None: x is all there is.
+    strings: np.ndarray | None = None
+    columns: list[Column] | None = None
 
     @property
     def feature_shape(self) -> list[int]:
@@ -52,10 +57,11 @@ class Examples:
 
 def make_examples(x: object, labels: object, what: str, class_names: list[str] | None = None, *,
                   dropped: int = 0, notes: list[str] | None = None, label_names: list[str] | None = None,
-                  label_separator: str | None = None) -> Examples:
+                  label_separator: str | None = None, strings: np.ndarray | None = None,
+                  columns: list[Column] | None = None) -> Examples:
     """Validated Examples from raw features and labels ([n], or [n, k] for several label columns);
     `what` names the data in error messages."""
-    features = _features(x, what)
+    features = _features(x, what, strings is not None)
     y_raw = np.asarray(labels)
     if y_raw.ndim == 2 and y_raw.shape[1] == 1:
         y_raw = y_raw[:, 0]
@@ -67,7 +73,7 @@ def make_examples(x: object, labels: object, what: str, class_names: list[str] |
     if len(features) == 0:
         raise DatasetError(f"{what} holds no examples")
     return Examples(features, y_raw, class_names, dropped, list(notes or []), what=what, label_names=label_names,
-                    label_separator=label_separator)
+                    label_separator=label_separator, strings=strings, columns=columns)
 
 
 # A label column with more distinct whole numbers than this share of its rows (and more than
@@ -181,7 +187,7 @@ def _binary(y: np.ndarray, names: list[str], positive: str | None, what: str, nu
     return (y == pos_id).astype(np.int64), [negative, positive]
 
 
-def _features(x: object, what: str) -> np.ndarray:
+def _features(x: object, what: str, has_strings: bool = False) -> np.ndarray:
     arr = np.asarray(x)
     if arr.dtype.kind not in "biuf":
         try:
@@ -195,7 +201,7 @@ def _features(x: object, what: str) -> np.ndarray:
     arr = arr.astype(np.float32, copy=False)
     if arr.ndim == 1:
         arr = arr[:, None]
-    if len(arr) and arr[0].size == 0:
+    if len(arr) and arr[0].size == 0 and not has_strings:
         raise DatasetError(f"{what}: each example needs at least one feature, got shape {list(arr.shape)}")
     finite = np.isfinite(arr.reshape(len(arr), -1)).all(axis=1) if arr.size else np.ones(0, bool)
     if not finite.all():
@@ -221,3 +227,18 @@ def encode_labels(y: np.ndarray, what: str) -> tuple[np.ndarray, list[str]]:
         y = y.astype(str)
     values, ids = np.unique(y, return_inverse=True)
     return ids.astype(np.int64).reshape(-1), [str(v) for v in values.tolist()]
+
+
+def with_vocabularies(ex: Examples, train: np.ndarray) -> Examples:
+    """`ex` with each categorical and text column's vocabulary, from the training rows `train`."""
+    if ex.columns is None or ex.strings is None:
+        return ex
+    columns = []
+    for at, c in enumerate(ex.columns):
+        if c.type != NUMERIC:
+            c = replace(c, vocabulary=vocabulary(c.type, ex.strings[train, c.index]))
+            if not c.vocabulary:  # Keras' lookup layers need a vocabulary; named by position, never by its bytes
+                raise DatasetError(f"{ex.what}: feature column {at + 1} ({c.type}) has no "
+                                   f"{'word' if c.type == 'text' else 'value'} in any training row")
+        columns.append(c)
+    return replace(ex, columns=columns)

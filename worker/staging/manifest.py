@@ -14,6 +14,11 @@ training split's mean and standard deviation, and each record's 'y' is a float_l
 'y' is a float_list of 0/1, one per label (class_names; class_counts count each label's positives). A
 binary task's class_names are [negative, positive]. Manifests without "task" are classification.
 
+A CSV with categorical or text columns (columns.py) also has, in "feature", "strings_key": "xs" (each
+record's bytes_list of those columns' cells, UTF-8) and "columns": every feature column in the file's
+order, {"name", "type": numeric|categorical|text, "index"} (its place in 'x' for numbers, in 'xs' for
+the others) and, for the others, the training split's "vocabulary". 'x' then holds the numeric columns.
+
 Shard paths are relative to the manifest's folder, or absolute gs:// URIs when the data is used in
 place. Each record is a tf.train.Example in our schema (example_proto.py): parse 'x' as
 FixedLenFeature([prod(shape)], float32) and reshape to `shape`; 'y' as FixedLenFeature([1], int64).
@@ -52,6 +57,7 @@ def build_manifest(
     *, sha256: str, source: str, source_format: str, class_names: list[str], feature_shape: list[int],
     splits: dict[str, Split], options: ConversionOptions, in_place: bool, provenance: Provenance = Provenance(),
     task: str = "classification", targets: dict[str, list[float]] | None = None,
+    columns: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     regression = task == "regression"
     if regression:
@@ -68,7 +74,8 @@ def build_manifest(
         "task": task,
         "num_classes": 0 if regression else len(class_names),
         "class_names": [] if regression else class_names,
-        "feature": {"key": "x", "shape": feature_shape, "dtype": "float32"},
+        "feature": {"key": "x", "shape": feature_shape, "dtype": "float32",
+                    **({"strings_key": "xs", "columns": columns} if columns else {})},
         "label": label,
         "splits": {name: {"examples": s.examples, "shards": s.shards, "class_counts": s.class_counts}
                    for name, s in splits.items()},

@@ -22,6 +22,7 @@ class CsvOptions:
     na_values: tuple[str, ...] = ("",)
     na_policy: str = "error"  # error | drop | fill
     na_fill: float = 0.0
+    columns: tuple[tuple[str, str], ...] | None = None  # (name, type) named by dataset.options.columns, sorted
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class ConversionOptions:
             label_separator=o.label_separator, delimiter=o.delimiter or ",",
             na_values=tuple(o.na_values) if o.na_values is not None else ("",),
             na_policy=o.na_policy, na_fill=o.na_fill if o.na_fill is not None else 0.0,
+            columns=tuple(sorted(o.columns.items())) if o.columns else None,
         )
         tfrecord = TfrecordOptions(
             x_key=o.x_key, y_key=o.y_key, features=tuple(o.features) if o.features else None,
@@ -87,8 +89,9 @@ class ConversionOptions:
         for key, default in (("task", "classification"), ("positive_label", None)):
             if d[key] == default:
                 del d[key]
-        if d["csv"]["label_separator"] is None:
-            del d["csv"]["label_separator"]
+        for key in ("label_separator", "columns"):
+            if d["csv"][key] is None:
+                del d["csv"][key]
         # As JSON has it (tuples become lists), so a manifest compares equal once stored and read back.
         loaded: dict[str, Any] = json.loads(json.dumps(d))
         return loaded

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from worker.staging.columns import CATEGORICAL, NUMERIC, TEXT, Column, detected_type
 from worker.staging.errors import DatasetError, short
 from worker.staging.examples import Examples, make_examples
 from worker.staging.options import CsvOptions
@@ -34,7 +35,8 @@ def read_npz(path: Path, x_key: str, y_key: str) -> Examples:
 
 
 def read_csv(path: Path, o: CsvOptions) -> Examples:
-    """One example per row; every column but the label column(s) is a numeric feature (see CsvOptions).
+    """One example per row; every column but the label column(s) is a feature: numeric, categorical or
+    text (columns.py), the numbers in x and the others' cells in strings (see CsvOptions).
 
     Messages name the file's line and column (from 1), never a value or a column's name: both are
     the file's bytes."""
@@ -72,12 +74,19 @@ def read_csv(path: Path, o: CsvOptions) -> Examples:
     dropped = int((~keep).sum())
     if not keep.any():
         raise DatasetError(f"{path.name}: every row has a missing cell, so na_policy drop leaves no examples")
-    block = cells[keep][:, feature_cols]
+    block, absent = cells[keep][:, feature_cols], feature_missing[keep]
+    kinds = _column_types(path.name, o, header, feature_cols, block, absent)
+    num = [j for j, k in enumerate(kinds) if k == NUMERIC]
+    text = [j for j, k in enumerate(kinds) if k != NUMERIC]
+    numbers = np.where(absent[:, num], "nan", block[:, num]) if o.na_policy == "fill" else block[:, num]
+    x = _numbers(path.name, numbers, [lines[i] for i in np.flatnonzero(keep)], [feature_cols[j] for j in num])
     if o.na_policy == "fill":
-        block = np.where(feature_missing[keep], "nan", block)
-    x = _numbers(path.name, block, [lines[i] for i in np.flatnonzero(keep)], feature_cols)
-    if o.na_policy == "fill":
-        x = np.where(feature_missing[keep], np.float32(o.na_fill), x)
+        x = np.where(absent[:, num], np.float32(o.na_fill), x)
+    columns = strings = None
+    if text:  # categorical or text columns: the data's columns are the served model's inputs
+        strings = np.where(absent[:, text], "", block[:, text])
+        at = {j: i for i, j in enumerate(num)} | {j: i for i, j in enumerate(text)}
+        columns = [Column(_column_name(header, c), kinds[j], at[j]) for j, c in enumerate(feature_cols)]
     labels = cells[keep][:, ats[0]] if len(ats) == 1 else cells[keep][:, ats]
     if o.label_separator is not None:
         labels = np.where(missing[keep][:, ats[0]], "", labels)  # na_values mean no labels too
@@ -86,9 +95,35 @@ def read_csv(path: Path, o: CsvOptions) -> Examples:
         notes.append(f"{dropped} of {len(rows)} rows of {path.name} left out for a missing cell (na_policy drop)")
     if o.na_policy == "fill" and (filled := int(feature_missing.sum())):
         notes.append(f"{filled} missing feature cells of {path.name} set to {o.na_fill:g} (na_policy fill)")
+    if columns is not None:
+        kinds_seen = ", ".join(f"{kinds.count(k)} {k}" for k in (NUMERIC, CATEGORICAL, TEXT) if k in kinds)
+        notes.append(f"feature columns of {path.name}: {kinds_seen} (dataset.options.columns names a column's type)")
     names = [header[i] for i in ats] if header is not None else [f"label_{i}" for i in ats]
     return make_examples(x, labels if o.label_separator is not None else _numeric_if_possible(labels), path.name,
-                         dropped=dropped, notes=notes, label_names=names, label_separator=o.label_separator)
+                         dropped=dropped, notes=notes, label_names=names, label_separator=o.label_separator,
+                         strings=strings, columns=columns)
+
+
+def _column_name(header: list[str] | None, at: int) -> str:
+    return header[at] if header is not None else f"column_{at}"
+
+
+def _column_types(name: str, o: CsvOptions, header: list[str] | None, feature_cols: list[int], block: np.ndarray,
+                  absent: np.ndarray) -> list[str]:
+    """Each feature column's type: as dataset.options.columns names it, else detected (columns.py)."""
+    named = dict(o.columns or ())
+    for column in named:
+        if header is None or column not in header:
+            raise DatasetError(f"dataset.options.columns names {short(column)}, which is not a column of {name}'s "
+                               f"header ({len(header or ())} columns)")
+        if header.index(column) not in feature_cols:
+            raise DatasetError(f"dataset.options.columns names {short(column)}, a label column of {name}: "
+                               "columns gives the features' types")
+    kinds = []
+    for j, c in enumerate(feature_cols):
+        given = named.get(_column_name(header, c))
+        kinds.append(given or detected_type(block[~absent[:, j], j]))
+    return kinds
 
 
 def _csv_rows(path: Path, o: CsvOptions) -> tuple[list[str] | None, list[list[str]], list[int]]:
@@ -166,7 +201,9 @@ def _numbers(name: str, block: np.ndarray, lines: list[int], cols: list[int]) ->
                     float(cell)
                 except ValueError:
                     raise DatasetError(f"{name} line {lines[r]}, column {cols[c] + 1}: a feature that is not a "
-                                       "number (dataset.options.na_values lists the texts that mean missing)") from None
+                                       "number in a column of numbers (dataset.options.na_values lists the texts "
+                                       "that mean missing; dataset.options.columns can name the column "
+                                       "categorical)") from None
     raise DatasetError(f"{name} is not a well-formed CSV file")
 
 

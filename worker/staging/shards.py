@@ -54,7 +54,8 @@ def write_splits(examples: Examples, options: ConversionOptions, out_dir: Path) 
         for k in range(count):
             part = rows[k * options.shard_examples : (k + 1) * options.shard_examples]
             rel = f"{DATASET_SHARDS}/{name}-{k:05d}-of-{count:05d}.tfrecord"
-            write_examples(out_dir / rel, examples.x[part], examples.y[part])
+            write_examples(out_dir / rel, examples.x[part], examples.y[part],
+                           None if examples.strings is None else examples.strings[part])
             shards.append(rel)
         if examples.task == "multilabel":  # each label's positive examples
             splits[name] = Split(int(len(rows)), shards, [int(c) for c in examples.y[rows].sum(axis=0)])

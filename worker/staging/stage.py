@@ -19,10 +19,10 @@ from worker.staging.content_hash import dataset_sha256
 from worker.staging.gcs_source import GcsSource
 from worker.staging.in_place import scan_in_place
 from worker.staging.example_proto import NotOurSchema
-from worker.staging.examples import labelled
+from worker.staging.examples import labelled, with_vocabularies
 from worker.staging.manifest import Provenance, build_manifest
 from worker.staging.options import ConversionOptions
-from worker.staging.shards import train_target_stats, write_splits
+from worker.staging.shards import examples_split, train_target_stats, write_splits
 from worker.staging.sources import SourceAccess, open_source
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,7 @@ def stage_dataset(ds: DatasetSpec, *, project_id: str, work_dir: Path, task: str
         else:
             source_format, examples = source.read(ds.format, options, scratch)
             examples = labelled(examples, task, options.positive_label)
+            examples = with_vocabularies(examples, examples_split(examples, options)["train"])
             class_names, shape = examples.class_names or [], examples.feature_shape
             provenance = Provenance(examples.dropped, tuple(examples.notes))
             budget.check_stop()
@@ -98,6 +99,7 @@ def stage_dataset(ds: DatasetSpec, *, project_id: str, work_dir: Path, task: str
             feature_shape=shape, splits=splits, options=options, in_place=scanned is not None,
             provenance=provenance, task=task,
             targets=train_target_stats(examples, options) if task == "regression" else None,
+            columns=[c.as_dict() for c in examples.columns] if scanned is None and examples.columns else None,
         )
         # Last, and only after every shard: a manifest is the promise that the dataset is complete.
         # Two workers staging the same content write identical bytes, so the race is harmless.

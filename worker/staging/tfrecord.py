@@ -21,7 +21,7 @@ import numpy as np
 
 from worker.staging.budget import StagingBudget
 from worker.staging.errors import DatasetError
-from worker.staging.example_proto import NotOurSchema, decode_example, encode_examples
+from worker.staging.example_proto import NotOurSchema, decode_example, encode_examples, with_strings
 
 _MASK_DELTA = 0xA282EAD8
 _WRITE_BATCH = 1024  # examples encoded at once: bounds the byte matrices encode_examples builds
@@ -37,13 +37,17 @@ def frame(record: bytes) -> bytes:
     return length + struct.pack("<I", masked_crc(length)) + record + struct.pack("<I", masked_crc(record))
 
 
-def write_examples(path: Path, x: np.ndarray, y: np.ndarray) -> None:
-    """One TFRecord file of Examples in our schema; x is [n, ...] float32 (flattened here), y [n] int64."""
+def write_examples(path: Path, x: np.ndarray, y: np.ndarray, strings: np.ndarray | None = None) -> None:
+    """One TFRecord file of Examples in our schema; x is [n, ...] float32 (flattened here), y [n] int64;
+    `strings` [n, k], a CSV's categorical and text cells, are each record's 'xs'."""
     flat = x.reshape(len(x), -1)
     with path.open("wb") as out:
         for start in range(0, len(flat), _WRITE_BATCH):
             stop = start + _WRITE_BATCH
-            out.write(b"".join(frame(r) for r in encode_examples(flat[start:stop], y[start:stop])))
+            records = encode_examples(flat[start:stop], y[start:stop])
+            if strings is not None:
+                records = with_strings(records, strings[start:stop])
+            out.write(b"".join(frame(r) for r in records))
 
 
 class LooksCompressed(NotOurSchema):
