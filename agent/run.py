@@ -102,7 +102,7 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
         val = eval_dataset(data, plan.global_batch_size, plan.static_shapes, spec.training.cache_dataset)
     reporter.set_phase("training")
     recorder = EpochRecorder(plan, job.attempt, meter, train_function, on_epoch, schedule.after_call,
-                             reporter.step_progress, names=tasks.epoch_names(data.task))
+                             reporter.step_progress, names=tasks.epoch_names(data.task, spec.training.metrics))
     stop_early = StopEarly(spec.training.early_stopping) if spec.training.early_stopping is not None else None
     weights = tasks.class_weights(spec.training.class_weight, data.labels, data.train_class_counts)
     if weights is not None:
@@ -139,7 +139,7 @@ def _compile_and_restore(builder: Any, inputs: ModelInputs, plan: RuntimePlan, t
     with strategy.scope():
         model = build(builder, inputs)
         model.compile(optimizer=make_optimizer(training, plan), loss=tasks.loss(inputs.task, training.loss),
-                      metrics=tasks.metrics(inputs.task, inputs.target_mean, inputs.target_std),
+                      metrics=tasks.metrics(inputs.task, inputs.target_mean, inputs.target_std, training.metrics),
                       steps_per_execution=plan.steps_per_execution)
         if not model.built:
             model.build((None, *inputs.input_shape))
@@ -165,7 +165,7 @@ def _export(job: AgentJob, work: WorkDir, plan: RuntimePlan, data: LocalDataset,
     held_out, limit = data.validation or data.train, EVAL_EXAMPLES if data.validation else 0
     val_x, val_y = read_arrays(data, held_out, limit)
     last = history[-1] if history else {}
-    final: dict[str, Any] = {k: last.get(k) for k in tasks.epoch_names(data.task)}
+    final: dict[str, Any] = {k: last.get(k) for k in tasks.epoch_names(data.task, job.spec.training.metrics)}
     # A CSV's columns: the served model is fed the rows' cells as they are.
     raw_x = read_columns(data, held_out, limit)[0] if data.columns is not None else val_x
     final.update(export.saved_model_scores(out / "saved_model", data.task, raw_x, val_y))

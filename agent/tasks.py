@@ -2,6 +2,8 @@
 loss, the metrics, the per-epoch names, what the served model answers, and how its answers are scored
 from the exported model (SavedModel and TFLite alike, with numpy).
 
+training.loss and training.metrics choose among each task's (trainjobs/spec/task.py: LOSSES,
+METRIC_CHOICES); the defaults:
 - classification: softmax over the classes; sparse categorical cross-entropy; accuracy.
 - binary: one sigmoid (the positive label's probability); binary cross-entropy; accuracy, AUC,
   precision, recall.
@@ -18,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from trainjobs.spec.task import LOSSES, METRICS as METRICS, epoch_names as epoch_names  # the core's tables
+from trainjobs.spec.task import LOSSES, METRICS as METRICS, epoch_names as epoch_names, task_metrics  # the core's tables
 
 # The score of an exported model on held-out examples, by task: saved_model_<name>, tflite_<name>.
 SCORES: dict[str, tuple[str, ...]] = {
@@ -96,25 +98,30 @@ def _sparse_focal() -> Any:
 
 
 def metrics(task: str, target_mean: tuple[float, ...] | None = None,
-            target_std: tuple[float, ...] | None = None) -> list[Any]:
-    """A regression's metrics are in the data's units: the model and its labels are standardised, the
-    metrics put both back first."""
+            target_std: tuple[float, ...] | None = None, chosen: list[str] | None = None) -> list[Any]:
+    """The Keras metrics a job reports (training.metrics, else the task's; trainjobs/spec/task.py), each
+    named as its history records it. A regression's are in the data's units: the model and its labels
+    are standardised, the metrics put both back first."""
     import keras
 
-    if task == "classification":
-        return ["accuracy"]
-    if task == "binary":
-        return [keras.metrics.BinaryAccuracy(name="accuracy"), keras.metrics.AUC(name="auc"),
-                keras.metrics.Precision(name="precision"), keras.metrics.Recall(name="recall")]
-    if task == "multilabel":
-        return [keras.metrics.F1Score(average="micro", threshold=0.5, name="f1_micro"),
-                keras.metrics.F1Score(average="macro", threshold=0.5, name="f1_macro"),
-                keras.metrics.AUC(multi_label=True, name="auc")]
     mean = np.asarray(target_mean if target_mean is not None else (0.0,), dtype="float32")
     std = np.asarray(target_std if target_std is not None else (1.0,), dtype="float32")
-    return [_in_units(keras.metrics.MeanAbsoluteError, "mae", mean, std),
-            _in_units(keras.metrics.RootMeanSquaredError, "rmse", mean, std),
-            _in_units(keras.metrics.R2Score, "r2", mean, std)]
+    multilabel = task == "multilabel"
+    build = {
+        "accuracy": lambda: "accuracy" if task == "classification" else keras.metrics.BinaryAccuracy(name="accuracy"),
+        "top_5_accuracy": lambda: keras.metrics.SparseTopKCategoricalAccuracy(k=5, name="top_5_accuracy"),
+        "auc": lambda: keras.metrics.AUC(multi_label=multilabel, name="auc"),
+        "pr_auc": lambda: keras.metrics.AUC(curve="PR", multi_label=multilabel, name="pr_auc"),
+        "precision": lambda: keras.metrics.Precision(name="precision"),
+        "recall": lambda: keras.metrics.Recall(name="recall"),
+        "f1_micro": lambda: keras.metrics.F1Score(average="micro", threshold=0.5, name="f1_micro"),
+        "f1_macro": lambda: keras.metrics.F1Score(average="macro", threshold=0.5, name="f1_macro"),
+        "mae": lambda: _in_units(keras.metrics.MeanAbsoluteError, "mae", mean, std),
+        "rmse": lambda: _in_units(keras.metrics.RootMeanSquaredError, "rmse", mean, std),
+        "r2": lambda: _in_units(keras.metrics.R2Score, "r2", mean, std),
+        "mape": lambda: _in_units(keras.metrics.MeanAbsolutePercentageError, "mape", mean, std),
+    }
+    return [build[name]() for name in task_metrics(task, chosen)]
 
 
 def _in_units(metric: Any, name: str, mean: np.ndarray, std: np.ndarray) -> Any:

@@ -96,7 +96,7 @@ def _specs(client: httpx.Client) -> dict[str, dict[str, Any]]:
                                   "dataset": {"source": diabetes, "options": {"label_column": "target"}},
                                   "model": {"module": module.json()["module"]},
                                   "training": {"epochs": 15, "global_batch_size": 32, "learning_rate": 0.005,
-                                               "loss": "huber"}},
+                                               "loss": "huber", "metrics": ["r2", "mape"]}},
         "regression": {**cpu, "task": "regression", "dataset": {"source": diabetes, "options": {"label_column": "target"}},
                        "model": {"name": "mlp", "params": {"hidden_units": [32], "dropout": 0.1}},
                        "training": {"epochs": 60, "global_batch_size": 32, "learning_rate": 0.005,
@@ -129,7 +129,8 @@ def _specs(client: httpx.Client) -> dict[str, dict[str, Any]]:
                                                               "na_policy": "fill",
                                                               "columns": {"city": "categorical", "notes": "text"}}},
                    "model": {"name": "mlp", "params": {"hidden_units": [32], "dropout": 0.1}},
-                   "training": {"epochs": 12, "global_batch_size": 64, "learning_rate": 0.003},
+                   "training": {"epochs": 12, "global_batch_size": 64, "learning_rate": 0.003,
+                                "metrics": ["accuracy", "auc", "pr_auc"]},
                    "export": {"tflite": {"quantization": "dynamic"}}},
         "binary_text_without_positive": {**cpu, "task": "binary", "dataset": {"source": yes_no}, "model": {"name": "mlp"}},
     }
@@ -260,7 +261,7 @@ def test_breast_cancer_as_a_binary_task_scores_an_auc_of_098_from_its_saved_mode
     classified = served.classify(tf.constant(x_val[:5]))
     assert [int(i) for i in classified["class_id"]] == [int(p > 0.5) for p in probability[:5, 0]]
     final = job["metrics"]
-    assert {"val_auc", "val_precision", "val_recall"} <= set(final) or final.get("saved_model_auc")
+    assert {"val_auc", "val_precision", "val_recall"} <= set(final)  # the task's metrics, by default
     assert final["saved_model_auc"] == pytest.approx(auc, abs=0.01)
     assert final["tflite_auc"] == pytest.approx(auc, abs=0.02)  # the TFLite model, scored the same way
 
@@ -280,7 +281,13 @@ def test_a_users_build_model_that_takes_the_task_trains_a_regression_in_bfloat16
     assert job["runtime"]["precision"] == "mixed_bfloat16"
     x_val, y_val, _ = _split(jobs[1]["regression_user_model"], "validation", tmp_path)
     served = _served(jobs, "regression_user_model", tmp_path / "download")
-    assert r2_score(y_val[:, 0], served.serve(tf.constant(x_val)).numpy()[:, 0]) >= 0.35
+    ours = r2_score(y_val[:, 0], served.serve(tf.constant(x_val)).numpy()[:, 0])
+    assert ours >= 0.35
+    # training.metrics: r2 and mape, in the target's units, and none of the task's others.
+    history = jobs[0].get(f"/v1/jobs/{jobs[1]['regression_user_model']}/metrics").json()["epochs"]["history"]
+    assert {"r2", "mape", "val_r2", "val_mape"} <= set(history[-1]) and "val_mae" not in history[-1], history[-1]
+    assert 5 < history[-1]["val_mape"] < 100  # percent of a target of 25 to 346, not of a standardised one
+    assert job["metrics"]["val_r2"] == pytest.approx(ours, abs=0.05)
 
 
 def test_early_stopping_ends_a_job_whose_validation_r2_stops_improving_and_keeps_its_best_epoch(
@@ -408,6 +415,7 @@ def test_a_census_table_of_numbers_categories_and_text_is_served_from_raw_rows(j
     classified = served.classify(feed)
     assert set(classified["class_name"].numpy().tolist()) == {b">50K", b"<=50K"}
     final = jobs[0].get(f"/v1/jobs/{jobs[1]['census']}").json()["metrics"]
+    assert 0.8 < final["val_pr_auc"] <= 1 and "val_precision" not in final  # training.metrics chose them
     assert final["saved_model_auc"] >= 0.88 and final["tflite_auc"] == pytest.approx(final["saved_model_auc"], abs=0.02)
 
     # The README's example, as written, against this download and rows of the CSV that was uploaded.

@@ -137,7 +137,16 @@ REJECTED = [
      "export.tflite.io_type", "would round its answers"),
     ("early stopping on a metric the task does not report", {"task": "regression", "training": {
         "early_stopping": {"monitor": "val_accuracy"}}}, "training.early_stopping.monitor",
-     "'val_accuracy' is not a metric of task regression: one of loss, mae, rmse, r2, val_loss"),
+     "'val_accuracy' is not a metric this job reports: one of loss, mae, rmse, r2, val_loss"),
+    ("early stopping on a metric training.metrics leaves out", {"task": "binary", "training": {
+        "metrics": ["pr_auc"], "early_stopping": {"monitor": "val_auc"}}}, "training.early_stopping.monitor",
+     "one of loss, pr_auc, val_loss, val_pr_auc (training.metrics chooses them)"),
+    ("another task's metric", {"task": "regression", "training": {"metrics": ["r2", "auc"]}}, "training.metrics.1",
+     "task regression reports mae, rmse, r2, mape, not 'auc'"),
+    ("a metric named twice", {"training": {"metrics": ["accuracy", "accuracy"]}}, "training.metrics",
+     "a metric is named twice"),
+    ("metrics for a program", {"model": None, "program": {"source": "t.py"}, "training": {"metrics": ["accuracy"]}},
+     "training.metrics", "a program compiles its own metrics"),
     ("early stopping on the validation split with none held out", {"dataset": {"source": "sklearn:digits", "options": {
         "validation_split": 0}}, "training": {"early_stopping": {}}}, "training.early_stopping.monitor",
      "val_loss needs a validation split"),

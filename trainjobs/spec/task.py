@@ -31,7 +31,15 @@ METRICS: dict[str, tuple[str, ...]] = {
     "multilabel": ("f1_micro", "f1_macro", "auc"),
     "regression": ("mae", "rmse", "r2"),
 }
-HIGHER_IS_BETTER = frozenset({"accuracy", "auc", "precision", "recall", "r2", "f1_micro", "f1_macro"})
+# training.metrics: what each task may report instead (agent/tasks.py builds them), its defaults among them.
+METRIC_CHOICES: dict[str, tuple[str, ...]] = {
+    "classification": ("accuracy", "top_5_accuracy"),
+    "binary": ("accuracy", "auc", "precision", "recall", "pr_auc"),
+    "multilabel": ("f1_micro", "f1_macro", "auc", "precision", "recall", "pr_auc"),
+    "regression": ("mae", "rmse", "r2", "mape"),
+}
+HIGHER_IS_BETTER = frozenset({"accuracy", "top_5_accuracy", "auc", "pr_auc", "precision", "recall", "r2", "f1_micro",
+                              "f1_macro"})
 # training.loss: the Keras losses each task may train with, its default first.
 LOSSES: dict[str, tuple[str, ...]] = {
     "classification": ("sparse_categorical_crossentropy", "sparse_categorical_focal_crossentropy"),
@@ -41,9 +49,14 @@ LOSSES: dict[str, tuple[str, ...]] = {
 }
 
 
-def epoch_names(task: str) -> tuple[str, ...]:
-    """What each epoch's history entry records from Keras' logs."""
-    names = METRICS[task]
+def task_metrics(task: str, chosen: list[str] | tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """The metrics a job reports: training.metrics, else the task's."""
+    return tuple(chosen) if chosen else METRICS[task]
+
+
+def epoch_names(task: str, chosen: list[str] | tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """What each epoch's history entry records from Keras' logs (`chosen`: training.metrics)."""
+    names = task_metrics(task, chosen)
     return ("loss", *names, "val_loss", *(f"val_{n}" for n in names))
 
 
@@ -64,11 +77,19 @@ def task_problem(spec: JobSpec) -> tuple[str, str] | None:
                     f"job's task is {spec.task}")
         if isinstance(options.label_column, list):
             return "dataset.options.label_separator", "label_separator splits one label column, not a list of them"
+    chosen = spec.training.metrics
+    if chosen is not None and spec.program is not None:
+        return "training.metrics", "a program compiles its own metrics: training.metrics is the managed trainer's"
+    for i, name in enumerate(chosen or ()):
+        if name not in METRIC_CHOICES[spec.task]:
+            return (f"training.metrics.{i}", f"task {spec.task} reports {', '.join(METRIC_CHOICES[spec.task])}, "
+                    f"not {name!r}")
     stopping = spec.training.early_stopping
     if stopping is not None and spec.model is not None:
-        if stopping.monitor not in epoch_names(spec.task):
-            return ("training.early_stopping.monitor", f"{stopping.monitor!r} is not a metric of task {spec.task}: "
-                    f"one of {', '.join(epoch_names(spec.task))}")
+        names = epoch_names(spec.task, chosen)
+        if stopping.monitor not in names:
+            return ("training.early_stopping.monitor", f"{stopping.monitor!r} is not a metric this job reports: "
+                    f"one of {', '.join(names)} (training.metrics chooses them)")
         if stopping.monitor.startswith("val_") and options is not None and options.validation_split == 0:
             return ("training.early_stopping.monitor", f"{stopping.monitor} needs a validation split: "
                     "dataset.options.validation_split is 0 (monitor loss, or hold some data out)")

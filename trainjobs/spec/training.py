@@ -4,7 +4,7 @@ trainjobs/spec/derived.py."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -41,6 +41,10 @@ class TrainingSpec(StrictModel):
     cache_dataset: bool = False
     loss: str | None = Field(default=None, max_length=64, description=(
         "The Keras loss, by name, among those of the job's task (README, Tasks); default the task's first"))
+    metrics: list[Annotated[str, Field(min_length=1, max_length=64)]] | None = Field(
+        default=None, min_length=1, max_length=8, description=(
+            "The metrics each epoch reports (and val_ on the validation split), by name, among those of the "
+            "job's task (README, Tasks); default the task's own set"))
     class_weight: str | dict[str, float] | None = Field(
         default=None, description=("Weigh each class's examples in the loss: 'balanced' (n / (classes x the "
                                    "class's count) over the training split) or {label: weight} by the labels' "
@@ -61,6 +65,13 @@ class TrainingSpec(StrictModel):
                 raise fail("class_weight", "a class_weight key is a label's name as labels.json has it (1 to 256 characters)")
             if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight <= 1e6:
                 raise fail("class_weight", f"the weight of {name[:40]!r} must be a number greater than 0 (at most 1e6)")
+        return v
+
+    @field_validator("metrics")
+    @classmethod
+    def _distinct_metrics(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and len(set(v)) != len(v):
+            raise fail("metrics", "a metric is named twice")
         return v
 
     @model_validator(mode="after")
