@@ -113,6 +113,25 @@ def _zipped_image_folder(tmp: Path) -> str:
     return str(tmp / "shapes.zip")
 
 
+def _npz_in_a_tarball(tmp: Path) -> str:
+    import tarfile
+
+    _npz(tmp)
+    with tarfile.open(tmp / "data.tar.gz", "w:gz") as tar:
+        tar.add(tmp / "data.npz", arcname="release/data.npz")
+    return str(tmp / "data.tar.gz")
+
+
+def _gzipped_csv_in_a_zip(tmp: Path) -> str:
+    import gzip
+
+    _csv_with_string_labels(tmp)
+    csv_path = next(tmp.glob("*.csv"))
+    with zipfile.ZipFile(tmp / "bundle.zip", "w") as z:
+        z.writestr("bundle/animals.csv.gz", gzip.compress(csv_path.read_bytes()))
+    return str(tmp / "bundle.zip")
+
+
 @pytest.mark.parametrize(
     ("make_source", "spec", "examples", "class_names", "shape"),
     [
@@ -123,6 +142,10 @@ def _zipped_image_folder(tmp: Path) -> str:
         pytest.param(_image_folder, {"options": {"image_size": (16, 8)}}, 12, ["blue", "red"], [16, 8, 3], id="image-folder"),
         pytest.param(_tfrecord_dir, {}, 40, ["0", "1", "2", "3"], [6], id="tfrecord"),
         pytest.param(_zipped_image_folder, {}, 12, ["blue", "red"], [32, 32, 3], id="zipped-image-folder"),
+        pytest.param(_npz_in_a_tarball, {"options": {"x_key": "features", "y_key": "target"}}, 50,
+                     ["0", "1", "2", "3", "4"], [4, 3], id="npz-in-a-tarball"),
+        pytest.param(_gzipped_csv_in_a_zip, {"options": {"label_column": "kind"}}, 30, ["bird", "cat", "dog"], [2],
+                     id="gzipped-csv-in-a-zip"),
     ],
 )
 def test_local_format_stages(

@@ -88,7 +88,8 @@ def _guess(path: Path) -> str:
 
 
 def _unwrap(path: Path) -> Path:
-    """Step into a folder that only wraps the data: one data file, or one folder of class folders."""
+    """Step into a folder that only wraps the data: one data file, or one folder of class folders (or
+    of one data file: release/data.npz in a tarball)."""
     while path.is_dir():
         entries = visible(list(path.iterdir()))
         if len(entries) != 1:
@@ -96,8 +97,11 @@ def _unwrap(path: Path) -> Path:
         (inner,) = entries
         if inner.is_file() and file_format(inner) is None:
             return path
-        if inner.is_dir() and not all(p.is_dir() for p in visible(list(inner.iterdir()))):
-            return path
+        if inner.is_dir():
+            inside = visible(list(inner.iterdir()))
+            one_file = len(inside) == 1 and inside[0].is_file() and file_format(inside[0]) is not None
+            if not one_file and not all(p.is_dir() for p in inside):
+                return path
         path = inner
     return path
 
