@@ -213,7 +213,8 @@ _SECRET_EXAMPLE = b"\x0a\x12\x0a\x10\x0a\x07" + SECRET.encode() + b"\x12\x05\x1a
 
 @pytest.mark.parametrize(("name", "content", "says"), [
     ("passwd.csv", b"root:x:0:0:" + SECRET.encode() + b":/root:/bin/bash\n", "passwd.csv has no label column 'label'"),
-    ("values.csv", b"a,b,label\n1,2,0\n3," + SECRET.encode() + b",1\n", "values.csv line 3, column 2"),
+    # A column of numbers but for the secret (9 in 10): numeric with a bad cell, named by place.
+    ("values.csv", b"a,b,label\n" + b"1,2,0\n" * 9 + b"3," + SECRET.encode() + b",1\n", "values.csv line 11, column 2"),
     ("one-class.csv", b"a,label\n1," + SECRET.encode() + b"\n2," + SECRET.encode() + b"\n", "found only 1"),
     ("fraction.csv", b"a,label\n1,0.25\n2,1\n", "fraction.csv: the label column looks continuous (numbers that are not whole)"),
     ("arrays.npz", _npz_named_by_secret(), "arrays.npz has no array 'x'"),

@@ -112,7 +112,8 @@ def test_missing_features_are_filled_when_asked(bucket: str, tmp_path: Path) -> 
 
 @pytest.mark.parametrize(("text", "options", "message"), [
     ("f,label\n1,0\n,1\n", {}, "d.csv line 3, column 1: a missing feature"),
-    ("# exported\nf,g,label\n1,x,0\n", {"skip_rows": 1}, "d.csv line 3, column 2: a feature that is not a number"),
+    ("# exported\nf,g,label\n1,x,0\n", {"skip_rows": 1, "columns": {"g": "numeric"}},
+     "d.csv line 3, column 2: a feature that is not a number"),
     ("f,label\n1,0\n2,1\n", {"label_column": 5}, "label_column 5 is outside the 2 columns"),
     ("f,label\n1,0\n2,1\n", {"label_column": "kind"}, "has no label column 'kind'"),
     ("f;label\n1;0\n2;1;3\n", {"delimiter": ";"}, "line 3 has 3 fields, the header 2"),
