@@ -13,7 +13,7 @@ from service.auth_throttle import AuthThrottle, AuthThrottleConfig
 from service.db.session import POOL_TIMEOUT_S, check_migrated, get_engine, session_factory
 from service.deps import db_threads
 from service.middleware import AnswerUnexpectedErrors, BodyLimit, BodyLimits, SecurityHeaders, ThrottleFailedAuth
-from service.routes import artifacts, dashboard, datasets, health, jobs, modules
+from service.routes import artifacts, dashboard, datasets, health, jobs, modules, sweeps
 from trainjobs.uploads import UploadKind, max_upload_bytes, too_large_message
 
 MAX_JSON_BODY = 256 << 10  # a job spec; model.params alone is held to 64 KiB by the spec
@@ -66,6 +66,7 @@ def create_app(database_url: str, *, check_schema: bool = True) -> FastAPI:
     app.include_router(artifacts.router)
     app.include_router(datasets.router)
     app.include_router(modules.router)
+    app.include_router(sweeps.router)
     dashboard.install(app)  # /ui, and / redirects there
     prometheus.install(app, app.state.session_factory)  # GET /metrics; its middleware, added last, times all
     return app

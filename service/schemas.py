@@ -154,3 +154,46 @@ class ModulePublic(BaseModel):
     module: str  # gs:// URI; use as model.module
     sha256: str
     size: int
+
+
+class TrialPublic(BaseModel):
+    """One trial of a sweep: its parameters, its job, and how it did."""
+
+    number: int
+    state: str  # RUNNING, COMPLETE, PRUNED, FAIL (trainjobs.states.TrialState)
+    params: dict[str, Any]
+    value: float | None  # the objective's final value (COMPLETE)
+    curve: list[list[float]]  # [epoch, the objective's value] as the trial reported it
+    job_id: uuid.UUID
+    job_status: JobStatus
+    job_error: str | None
+    cost_usd: float
+    accelerator_seconds: float
+    created_at: datetime
+    finished_at: datetime | None
+    wait_reason: str | None = None  # its job's, while queued
+
+
+class SweepPublic(BaseModel):
+    id: uuid.UUID
+    name: str
+    status: str  # RUNNING, CANCELLING, SUCCEEDED, FAILED, CANCELLED (trainjobs.states.SweepStatus)
+    spec: dict[str, Any]
+    objective: dict[str, Any]  # {metric, goal}: the goal resolved
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    note: str | None  # why it stopped asking for trials, why it failed, or who cancelled it
+    trials: dict[str, int]  # trials by state, and `planned` (the most it runs)
+    best: TrialPublic | None  # the best completed trial so far
+    cost_usd: float  # its trials' together
+    accelerator_seconds: float
+    wait_reason: str | None = None  # a queued trial's, when trials wait on the project's quota
+
+
+class SweepList(BaseModel):
+    sweeps: list[SweepPublic]
+
+
+class TrialList(BaseModel):
+    trials: list[TrialPublic]

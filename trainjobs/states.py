@@ -50,3 +50,27 @@ def in_order(group: frozenset[JobStatus]) -> list[JobStatus]:
 def sql_list(group: frozenset[JobStatus]) -> str:
     """The group as the items of a SQL IN list: 'STAGING', 'PROVISIONING', ..."""
     return ", ".join(f"'{s.value}'" for s in in_order(group))
+
+
+class SweepStatus(StrEnum):
+    """A sweep's status (issue 22): RUNNING while it asks for trials or any runs; CANCELLING once a cancel
+    was asked for, until every trial's job has ended."""
+
+    RUNNING = "RUNNING"
+    CANCELLING = "CANCELLING"
+    SUCCEEDED = "SUCCEEDED"  # every trial ended and at least one completed: it has a best trial
+    FAILED = "FAILED"  # every trial ended and none completed
+    CANCELLED = "CANCELLED"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (SweepStatus.SUCCEEDED, SweepStatus.FAILED, SweepStatus.CANCELLED)
+
+
+class TrialState(StrEnum):
+    """A sweep trial's state, as Optuna's study records it too."""
+
+    RUNNING = "RUNNING"  # its job is queued or under way
+    COMPLETE = "COMPLETE"  # its job succeeded with the objective's value
+    PRUNED = "PRUNED"  # behind the others: its job was cancelled "pruned by the sweep"
+    FAIL = "FAIL"  # its job failed or was cancelled, or reported no value of the objective

@@ -26,12 +26,14 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.db import queue
 from service.db.jobstate import NOTIFY_CHANGED, NOTIFY_QUEUED, JobStatus
+from service.db.sweeps import NOTIFY_SWEEP
 from service.db.session import session_factory, transaction
 from trainjobs.storage_limits import WORKER_LIMITS, limited_calls
 from trainjobs.uploads import sweep_incoming
 from worker import prometheus
 from worker.driver import DriverConfig, JobDriver
 from worker.ports import JobChannel, Provisioner, Stager
+from worker.sweeps import SweepConfig, SweepEngine
 
 log = logging.getLogger("trainjobs.worker")
 
@@ -56,6 +58,8 @@ class WorkerConfig:
     # GPU work between workers. None: every type.
     accelerator_types: tuple[str, ...] | None = None
     driver: DriverConfig = field(default_factory=DriverConfig)
+    # Drive sweeps (worker/sweeps.py); None: this worker leaves them to others.
+    sweeps: SweepConfig | None = field(default_factory=SweepConfig)
     name: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
 
 
@@ -72,6 +76,8 @@ class Worker:
         self._pool = ThreadPoolExecutor(self.config.concurrency + self._takeover_slots, thread_name_prefix="job")
         self._threads: list[threading.Thread] = []
         self._claim_conn: Connection | None = None
+        self.sweeps = (SweepEngine(engine, self.factory, self.config.name, self.stopping, self.config.sweeps)
+                       if self.config.sweeps is not None else None)
 
     @property
     def name(self) -> str:
@@ -100,6 +106,10 @@ class Worker:
             t = threading.Thread(target=self._sweep_loop, name="worker-sweep-uploads", daemon=True)
             t.start()
             self._threads.append(t)
+        if self.sweeps is not None:
+            t = threading.Thread(target=self.sweeps.run, name="worker-sweeps", daemon=True)
+            t.start()
+            self._threads.append(t)
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop claiming, let each driver finish its current step, and give every job back with an
@@ -107,6 +117,8 @@ class Worker:
         owner adopts them)."""
         self.stopping.set()
         self._wake.set()
+        if self.sweeps is not None:
+            self.sweeps.wake.set()
         with self._lock:
             active = dict(self._active)
         for driver in active.values():
@@ -120,6 +132,8 @@ class Worker:
             log.warning("could not release leases on shutdown; they expire in %.0fs", self.config.lease_s, exc_info=True)
         for t in self._threads:
             t.join(timeout)
+        if self.sweeps is not None:
+            self.sweeps.release_all()
         if self._claim_conn is not None:
             self._claim_conn.close()
         log.info("worker %s stopped; released %d job(s)", self.name, len(active))
@@ -238,6 +252,7 @@ class Worker:
                 with psycopg.connect(dsn, autocommit=True) as conn:
                     conn.execute(f"LISTEN {NOTIFY_QUEUED}")
                     conn.execute(f"LISTEN {NOTIFY_CHANGED}")
+                    conn.execute(f"LISTEN {NOTIFY_SWEEP}")
                     self._wake.set()  # anything queued while we were not listening
                     while not self.stopping.is_set():
                         for note in conn.notifies(timeout=0.5):
@@ -249,6 +264,10 @@ class Worker:
     def _on_notify(self, channel: str, payload: str) -> None:
         if channel == NOTIFY_QUEUED:
             self._wake.set()
+            return
+        if channel == NOTIFY_SWEEP:
+            if self.sweeps is not None:
+                self.sweeps.wake.set()
             return
         try:
             job_id = uuid.UUID(payload)

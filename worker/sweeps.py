@@ -1,0 +1,377 @@
+"""The sweep engine (issue 22): drives each active sweep from one place, with Optuna's ask-and-tell.
+
+Per sweep, each tick, under the sweep's lease (one worker drives a sweep; a worker that stops renewing
+loses it to the next):
+1. a trial Optuna holds as running but no job runs for (the worker stopped between asking and
+   submitting) gets its job now, with the parameters Optuna gave it: no trial lost, none run twice
+   (its job is created with an idempotency key of the sweep and the trial's number);
+2. each running trial is followed: every epoch's objective its job wrote (metrics.json) is reported to
+   the study as an intermediate value; when the pruner says so, the job is cancelled with the reason
+   "pruned by the sweep" and the trial told PRUNED; a job that ended is told COMPLETE with its final
+   value of the objective, or FAIL;
+3. while fewer than parallel_trials run, more are asked for, up to the sweep's trials and within
+   limits.max_cost_usd (each trial may spend at most what is left, as its own max_cost_usd);
+4. the sweep ends when nothing runs and nothing more may be asked: SUCCEEDED with a best trial, FAILED
+   without one, or CANCELLED after a cancel (every running trial's job cancelled with it).
+
+Optuna's own state is the truth about a trial: when it says a trial ended and our row does not yet
+(the worker stopped between the two), the row follows it. Optuna's heartbeats do not work with
+ask-and-tell; the sweep's lease and the jobs' own leases are the liveness.
+
+Samplers are rebuilt for each ask, seeded with the sweep's seed plus the trials asked so far, so a
+restarted worker asks on as the first would have, never repeating the first random draws.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import threading
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.db import jobs as job_data
+from service.db import sweeps as data
+from service.db.models import Job, Sweep, SweepTrial
+from service.db.session import transaction
+from trainjobs import storage
+from trainjobs.job_paths import JobPaths
+from trainjobs.spec import parse_stored
+from trainjobs.spec.derived import hourly_price_usd, job_accelerators
+from trainjobs.spec.job import JobSpec
+from trainjobs.spec.sweep import SweepSpec, trial_spec
+from trainjobs.states import JobStatus, SweepStatus, TrialState
+from trainjobs.storage_limits import WORKER_LIMITS, limited_calls
+
+log = logging.getLogger("trainjobs.worker.sweeps")
+
+PRUNED_REASON = "pruned by the sweep"
+CANCELLED_REASON = "cancelled with its sweep"
+OPTUNA_SCHEMA = "optuna"
+
+
+@dataclass
+class SweepConfig:
+    poll_s: float = 2.0  # a tick when no notification wakes the loop sooner
+    lease_s: float = 30.0
+    max_sweeps: int = 32  # sweeps one worker drives at once
+
+
+def startup_trials(trials: int) -> int:
+    """Trials that run to the end before the median pruner may stop any: a quarter of the sweep, 1 to 5."""
+    return min(5, max(1, trials // 4))
+
+
+class SweepEngine:
+    def __init__(self, engine: Engine, factory: sessionmaker[Session], owner: str, stopping: threading.Event,
+                 config: SweepConfig | None = None):
+        self.engine, self.factory, self.owner, self.stopping = engine, factory, owner, stopping
+        self.config = config or SweepConfig()
+        self.wake = threading.Event()
+        self._storage: Any = None
+        self._specs: dict[uuid.UUID, SweepSpec] = {}
+
+    # --- the loop ---
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                self.tick()
+            except Exception as exc:
+                log.warning("sweep tick failed; retrying in %.1fs: %s", self.config.poll_s, exc)
+            self.wake.wait(self.config.poll_s)
+            self.wake.clear()
+
+    def tick(self) -> None:
+        with transaction(self.factory) as session:
+            leased = data.lease_sweeps(session, self.owner, self.config.lease_s, self.config.max_sweeps)
+        for sweep_id in leased:
+            if self.stopping.is_set():
+                return
+            try:
+                with limited_calls(WORKER_LIMITS):
+                    self.step(sweep_id)
+            except Exception:
+                log.exception("sweep %s: step failed; it is tried again next tick", sweep_id)
+
+    def release_all(self) -> None:
+        """On shutdown: our sweeps' leases lapse at once, so the next worker drives them now."""
+        try:
+            with transaction(self.factory) as session:
+                for sweep_id in list(self._specs):
+                    data.release_sweep(session, sweep_id, self.owner)
+        except Exception:
+            log.warning("could not release sweep leases; they expire in %.0fs", self.config.lease_s)
+
+    # --- one sweep ---
+
+    def step(self, sweep_id: uuid.UUID) -> None:
+        with transaction(self.factory) as session:
+            sweep = data.leased_sweep(session, sweep_id, self.owner)
+            if sweep is None or SweepStatus(sweep.status).terminal:
+                return
+            spec = self._spec(sweep)
+            study = self._study(sweep, spec)
+            rows = {t.number: (t, job) for t, job in data.trials_with_jobs(session, sweep.id)}
+            import optuna
+
+            for frozen in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+                if frozen.number not in rows:  # asked, then the worker stopped before its job was made
+                    log.info("sweep %s: trial %d had no job; submitting it", sweep.id, frozen.number)
+                    rows[frozen.number] = self._submit(session, sweep, spec, frozen.number, frozen._trial_id,
+                                                       frozen.params, rows)
+            for trial, job in rows.values():
+                if trial.state == TrialState.RUNNING:
+                    self._follow(session, study, sweep, spec, trial, job)
+            running = sum(1 for t, _ in rows.values() if t.state == TrialState.RUNNING)
+            if sweep.status == SweepStatus.CANCELLING:
+                for trial, job in rows.values():
+                    if trial.state == TrialState.RUNNING:
+                        self._end(session, study, trial, job, TrialState.FAIL, cancel=CANCELLED_REASON)
+                self._finish(session, sweep, SweepStatus.CANCELLED, sweep.note or "cancel requested by user")
+                return
+            note = None
+            while running < spec.parallel_trials and len(rows) < spec.trials:
+                cap = self._budget_left(spec, rows)
+                if cap is not None and cap < 0.01:
+                    note = "stopped asking for trials: limits.max_cost_usd is spent"
+                    break
+                number, trial_id, params = self._ask(study, spec, len(rows))
+                rows[number] = self._submit(session, sweep, spec, number, trial_id, params, rows, cap)
+                running += 1
+            if running == 0 and (len(rows) >= spec.trials or note is not None):
+                completed = [t for t, _ in rows.values() if t.state == TrialState.COMPLETE]
+                if completed:
+                    self._finish(session, sweep, SweepStatus.SUCCEEDED, note)
+                else:
+                    self._finish(session, sweep, SweepStatus.FAILED, note or "no trial completed")
+            else:
+                sweep.updated_at = _now()
+                if note is not None:
+                    sweep.note = note
+
+    def _spec(self, sweep: Sweep) -> SweepSpec:
+        # Parsed once per sweep: its spec never changes, and checking every trial's spec is not free.
+        if (spec := self._specs.get(sweep.id)) is None:
+            spec = self._specs[sweep.id] = SweepSpec.model_validate(sweep.spec)
+        return spec
+
+    def _optuna_storage(self) -> Any:
+        if self._storage is None:
+            import optuna
+
+            optuna.logging.set_verbosity(optuna.logging.WARNING)
+            url = self.engine.url.render_as_string(hide_password=False)
+            self._storage = optuna.storages.RDBStorage(url, engine_kwargs={
+                "pool_pre_ping": True, "connect_args": {"options": f"-c search_path={OPTUNA_SCHEMA}"}})
+        return self._storage
+
+    def _study(self, sweep: Sweep, spec: SweepSpec) -> Any:
+        import optuna
+
+        name = f"sweep-{sweep.id}"
+        storage = self._optuna_storage()
+        try:
+            return optuna.load_study(study_name=name, storage=storage, pruner=_pruner(spec))
+        except KeyError:
+            pass
+        study = optuna.create_study(study_name=name, storage=storage, direction=spec.objective.direction,  # type: ignore[arg-type]
+                                    pruner=_pruner(spec), load_if_exists=True)
+        if spec.algorithm == "grid" and not study.trials:
+            for params in grid(spec)[:spec.trials]:  # asked in this order, each exactly once
+                study.enqueue_trial(params)
+        return study
+
+    def _ask(self, study: Any, spec: SweepSpec, asked: int) -> tuple[int, int, dict[str, Any]]:
+        import optuna
+
+        seed = spec.seed + asked
+        sampler = (optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, max(2, spec.trials // 3)))
+                   if spec.algorithm == "tpe" else optuna.samplers.RandomSampler(seed=seed))
+        study.sampler = sampler
+        trial = study.ask(distributions(spec))
+        return trial.number, trial._trial_id, dict(trial.params)
+
+    def _submit(self, session: Session, sweep: Sweep, spec: SweepSpec, number: int, trial_id: int,
+                params: dict[str, Any], rows: dict[int, tuple[SweepTrial, Job]],
+                cap: float | None = None) -> tuple[SweepTrial, Job]:
+        raw = trial_spec(spec.job, params)
+        raw["name"] = f"{spec.name}-trial-{number}"
+        raw["labels"] = {**raw.get("labels", {}), "sweep": str(sweep.id), "trial": str(number)}
+        if cap is None:
+            cap = self._budget_left(spec, rows)
+        if cap is not None:
+            own = (raw.get("limits") or {}).get("max_cost_usd")
+            raw.setdefault("limits", {})["max_cost_usd"] = round(min(cap, own) if own is not None else cap, 6)
+        job_spec = JobSpec.model_validate(raw)
+        body = job_spec.model_dump(mode="json")
+        key = f"sweep-{sweep.id}-trial-{number}"
+        row, _ = job_data.create_job(session, sweep.project_id, body, idempotency_key=key,
+                                     request_hash=hashlib.sha256(json.dumps(body, sort_keys=True).encode()).digest(),
+                                     accelerators=job_accelerators(job_spec))
+        data.add_trial(session, sweep.id, number, trial_id, row.id, params)
+        trial = session.get(SweepTrial, (sweep.id, number))
+        job = session.get(Job, row.id)
+        assert trial is not None and job is not None
+        log.info("sweep %s: trial %d is job %s %s", sweep.id, number, row.id, params)
+        return trial, job
+
+    def _budget_left(self, spec: SweepSpec, rows: dict[int, tuple[SweepTrial, Job]]) -> float | None:
+        """What a new trial may spend: the sweep's max_cost_usd less what its trials spent (finished) or
+        may still spend (running: their own max_cost_usd)."""
+        if spec.limits.max_cost_usd is None:
+            return None
+        held = 0.0
+        for trial, job in rows.values():
+            if trial.state == TrialState.RUNNING:
+                held += float((job.spec.get("limits") or {}).get("max_cost_usd") or 0.0)  # always set under a limit
+            else:
+                held += trial.cost_usd
+        return spec.limits.max_cost_usd - held
+
+    def _follow(self, session: Session, study: Any, sweep: Sweep, spec: SweepSpec, trial: SweepTrial,
+                job: Job) -> None:
+        import optuna
+
+        session.refresh(job)
+        _account(trial, job)
+        frozen = self._optuna_storage().get_trial(trial.optuna_trial_id)
+        if frozen.state != optuna.trial.TrialState.RUNNING:  # told before the worker stopped: follow it
+            state = TrialState(frozen.state.name)
+            self._record(trial, state, frozen.value, frozen.intermediate_values)
+            if not JobStatus(job.status).terminal and state == TrialState.PRUNED:
+                self._cancel(session, sweep, job, PRUNED_REASON)
+            return
+        metric = spec.objective.metric
+        if JobStatus(job.status).terminal:
+            self._report(study, trial, job, metric)
+            if job.status == JobStatus.SUCCEEDED:
+                value: Any = (job.metrics or {}).get(metric)
+                if not _number(value) and trial.curve:
+                    value = trial.curve[-1][1]
+                if _number(value):
+                    self._end(session, study, trial, job, TrialState.COMPLETE, value=float(value))
+                    return
+                log.warning("sweep %s: trial %d's job reported no %s", sweep.id, trial.number, metric)
+            self._end(session, study, trial, job, TrialState.FAIL)
+            return
+        if job.status != JobStatus.RUNNING:
+            return
+        self._report(study, trial, job, metric)
+        live = optuna.trial.Trial(study, trial.optuna_trial_id)
+        if spec.early_stopping is not None and trial.curve and live.should_prune():
+            log.info("sweep %s: trial %d pruned at epoch %d (%s %.4g)", sweep.id, trial.number,
+                     int(trial.curve[-1][0]), metric, trial.curve[-1][1])
+            self._end(session, study, trial, job, TrialState.PRUNED, cancel=PRUNED_REASON)
+
+    def _report(self, study: Any, trial: SweepTrial, job: Job, metric: str) -> None:
+        """Each epoch's objective the job wrote, not yet reported, as an intermediate value."""
+        import optuna
+
+        doc = storage.read_json(JobPaths.for_job(str(job.id)).metrics) or {}
+        seen = {int(e) for e, _ in trial.curve}
+        live = optuna.trial.Trial(study, trial.optuna_trial_id)
+        added = False
+        for entry in doc.get("history", []):
+            epoch, value = entry.get("epoch"), entry.get(metric)
+            if isinstance(epoch, int) and epoch not in seen and _number(value):
+                live.report(float(value), epoch)
+                seen.add(epoch)
+                trial.curve = [*trial.curve, [epoch, float(value)]]
+                added = True
+        if added:
+            trial.curve = sorted(trial.curve)
+
+    def _end(self, session: Session, study: Any, trial: SweepTrial, job: Job, state: TrialState, *,
+             value: float | None = None, cancel: str | None = None) -> None:
+        import optuna
+
+        optuna_state = getattr(optuna.trial.TrialState, state.value)
+        if state == TrialState.PRUNED:
+            study.tell(trial.number, state=optuna_state)
+        elif state == TrialState.COMPLETE:
+            study.tell(trial.number, value)
+        else:
+            study.tell(trial.number, state=optuna_state)
+        self._record(trial, state, value, None)
+        if cancel is not None and not JobStatus(job.status).terminal:
+            job_data.request_cancel(session, job.project_id, job.id, reason=cancel)
+
+    def _cancel(self, session: Session, sweep: Sweep, job: Job, reason: str) -> None:
+        job_data.request_cancel(session, sweep.project_id, job.id, reason=reason)
+
+    @staticmethod
+    def _record(trial: SweepTrial, state: TrialState, value: float | None, curve: dict[int, float] | None) -> None:
+        trial.state = state.value
+        if value is not None and state == TrialState.COMPLETE:
+            trial.value = value
+        if curve:
+            trial.curve = sorted([int(e), float(v)] for e, v in curve.items())
+        trial.finished_at = trial.finished_at or _now()
+
+    def _finish(self, session: Session, sweep: Sweep, status: SweepStatus, note: str | None) -> None:
+        log.info("sweep %s: %s%s", sweep.id, status.value, f" ({note})" if note else "")
+        data.finish_sweep(session, sweep, status, note, _now())
+        self._specs.pop(sweep.id, None)
+
+
+def _account(trial: SweepTrial, job: Job) -> None:
+    """What the trial's job has held so far: accelerators x seconds, and its cost at list price."""
+    if job.provisioning_at is None:
+        return
+    end = job.finished_at or _now()
+    seconds = max(0.0, (end - job.provisioning_at).total_seconds())
+    spec = parse_stored(job.spec)
+    trial.accelerator_s = round(max(1, job_accelerators(spec)) * seconds, 3)
+    trial.cost_usd = round(hourly_price_usd(spec) * seconds / 3600, 6)
+
+
+def _pruner(spec: SweepSpec) -> Any:
+    import optuna
+
+    stopping = spec.early_stopping
+    if stopping is None:
+        return optuna.pruners.NopPruner()
+    if stopping.type == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=startup_trials(spec.trials), n_warmup_steps=stopping.min_epochs)
+    epochs = int((spec.job.get("training") or {}).get("epochs") or 10)
+    return optuna.pruners.HyperbandPruner(min_resource=max(1, stopping.min_epochs), max_resource=max(epochs, 2),
+                                          reduction_factor=3)
+
+
+def distributions(spec: SweepSpec) -> dict[str, Any]:
+    """Each parameter as Optuna's distribution."""
+    import optuna
+
+    out: dict[str, Any] = {}
+    for path, p in spec.parameters.items():
+        if p.type == "float":
+            out[path] = optuna.distributions.FloatDistribution(p.low, p.high, log=p.log, step=p.step)
+        elif p.type == "int":
+            out[path] = optuna.distributions.IntDistribution(p.low, p.high, log=p.log, step=p.step)
+        else:
+            out[path] = optuna.distributions.CategoricalDistribution(p.choices)
+    return out
+
+
+def grid(spec: SweepSpec) -> list[dict[str, Any]]:
+    """Every combination of the parameters' values, the first parameter's slowest."""
+    import itertools
+
+    values = [p.values() or [] for p in spec.parameters.values()]
+    return [dict(zip(spec.parameters, combo, strict=True)) for combo in itertools.product(*values)]
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
