@@ -11,8 +11,9 @@ loses it to the next):
    value of the objective, or FAIL;
 3. while fewer than parallel_trials run, more are asked for, up to the sweep's trials and within
    limits.max_cost_usd (each trial may spend at most what is left, as its own max_cost_usd);
-4. the sweep ends when nothing runs and nothing more may be asked: SUCCEEDED with a best trial, FAILED
-   without one, or CANCELLED after a cancel (every running trial's job cancelled with it).
+4. the sweep ends when nothing runs, nothing more may be asked and every trial's job has ended (a
+   pruned one's machine torn down): SUCCEEDED with a best trial, FAILED without one, or CANCELLED
+   after a cancel (every running trial's job cancelled with it).
 
 Optuna's own state is the truth about a trial: when it says a trial ended and our row does not yet
 (the worker stopped between the two), the row follows it. Optuna's heartbeats do not work with
@@ -130,12 +131,18 @@ class SweepEngine:
             for trial, job in rows.values():
                 if trial.state == TrialState.RUNNING:
                     self._follow(session, study, sweep, spec, trial, job)
+                elif not JobStatus(job.status).terminal:  # a pruned trial's job tearing down: still spending
+                    session.refresh(job)
+                    _account(trial, job)
             running = sum(1 for t, _ in rows.values() if t.state == TrialState.RUNNING)
+            # Every trial's job has ended: nothing of the sweep holds a machine any more.
+            settled = all(JobStatus(j.status).terminal for _, j in rows.values())
             if sweep.status == SweepStatus.CANCELLING:
                 for trial, job in rows.values():
                     if trial.state == TrialState.RUNNING:
                         self._end(session, study, trial, job, TrialState.FAIL, cancel=CANCELLED_REASON)
-                self._finish(session, sweep, SweepStatus.CANCELLED, sweep.note or "cancel requested by user")
+                if settled:
+                    self._finish(session, sweep, SweepStatus.CANCELLED, sweep.note or "cancel requested by user")
                 return
             note = None
             while running < spec.parallel_trials and len(rows) < spec.trials:
@@ -146,7 +153,7 @@ class SweepEngine:
                 number, trial_id, params = self._ask(study, spec, len(rows))
                 rows[number] = self._submit(session, sweep, spec, number, trial_id, params, rows, cap)
                 running += 1
-            if running == 0 and (len(rows) >= spec.trials or note is not None):
+            if running == 0 and settled and (len(rows) >= spec.trials or note is not None):
                 completed = [t for t, _ in rows.values() if t.state == TrialState.COMPLETE]
                 if completed:
                     self._finish(session, sweep, SweepStatus.SUCCEEDED, note)
@@ -266,7 +273,10 @@ class SweepEngine:
             return
         self._report(study, trial, job, metric)
         live = optuna.trial.Trial(study, trial.optuna_trial_id)
-        if spec.early_stopping is not None and trial.curve and live.should_prune():
+        # A trial that has reported its last epoch is only exporting: stopping it now saves nothing.
+        last_epoch = int((job.spec.get("training") or {}).get("epochs") or 0)
+        if (spec.early_stopping is not None and trial.curve and trial.curve[-1][0] < last_epoch
+                and live.should_prune()):
             log.info("sweep %s: trial %d pruned at epoch %d (%s %.4g)", sweep.id, trial.number,
                      int(trial.curve[-1][0]), metric, trial.curve[-1][1])
             self._end(session, study, trial, job, TrialState.PRUNED, cancel=PRUNED_REASON)

@@ -145,6 +145,11 @@ def test_trials_are_jobs_of_the_project_and_a_trial_far_behind_is_pruned_and_its
     play(db, level["job_id"], [0.75, 0.88, 0.95], done=True)
     play(db, now[4]["job_id"], [0.5], done=True)
     e.tick()
+    assert api.get(f"/v1/sweeps/{sweep['id']}").json()["status"] == "RUNNING"  # the pruned job still tears down
+    with transaction(db) as session:
+        session.execute(text("UPDATE jobs SET status = 'CANCELLED', finished_at = now() WHERE id = :id"),
+                        {"id": behind["job_id"]})
+    e.tick()
     done = api.get(f"/v1/sweeps/{sweep['id']}").json()
     assert done["status"] == "SUCCEEDED", done
     assert done["best"]["number"] == 3 and done["best"]["value"] == 0.95
@@ -222,11 +227,16 @@ def test_cancel_stops_every_running_trial_and_ends_the_sweep(api: Any, db: Any, 
     play(db, running[0]["job_id"], [0.5], done=False)  # one trains, two are queued
     assert api.post(f"/v1/sweeps/{sweep['id']}/cancel").json()["status"] == "CANCELLING"
     e.tick()
-    ended = api.get(f"/v1/sweeps/{sweep['id']}").json()
-    assert ended["status"] == "CANCELLED" and ended["note"] == "cancel requested by user"
     statuses = [job_row(db, t["job_id"]).status for t in trials(api, sweep["id"])]
     assert statuses == ["CANCELLING", "CANCELLED", "CANCELLED"]
     assert all(t["state"] == "FAIL" for t in trials(api, sweep["id"]))
+    assert api.get(f"/v1/sweeps/{sweep['id']}").json()["status"] == "CANCELLING"  # a machine is still held
+    with transaction(db) as session:  # its worker tore the machine down
+        session.execute(text("UPDATE jobs SET status = 'CANCELLED', finished_at = now() WHERE id = :id"),
+                        {"id": running[0]["job_id"]})
+    e.tick()
+    ended = api.get(f"/v1/sweeps/{sweep['id']}").json()
+    assert ended["status"] == "CANCELLED" and ended["note"] == "cancel requested by user"
     e.tick()
     assert len(trials(api, sweep["id"])) == 3  # nothing more is asked
 

@@ -14,6 +14,7 @@ from worker.gcs_channel import GcsJobChannel
 from worker.local.provisioner import LocalProvisioner
 from worker.loop import Worker, WorkerConfig
 from worker.staging_adapter import GcsStager
+from worker.sweeps import SweepConfig
 
 # How long a job on local machines may take to reach what a test waits for (scaled): an agent starts
 # TensorFlow, stages, trains and exports.
@@ -21,13 +22,14 @@ AGENT_JOB_S = 300
 
 
 @contextmanager
-def local_stack_running(database_url: str, tmp_path: Path) -> Iterator[LocalProvisioner]:
-    """A worker with a local provisioner of two devices and two slots, for the whole block; on the way
-    out the worker stops and every machine left is deleted."""
-    provisioner = LocalProvisioner(tmp_path / "machines", devices=2, slots=2)
+def local_stack_running(database_url: str, tmp_path: Path, slots: int = 2) -> Iterator[LocalProvisioner]:
+    """A worker with a local provisioner of two devices and `slots` machines at once (as many jobs
+    driven), for the whole block; on the way out the worker stops and every machine left is deleted."""
+    provisioner = LocalProvisioner(tmp_path / "machines", devices=2, slots=slots)
     worker = Worker(get_engine(database_url), provisioner, GcsJobChannel(), GcsStager(tmp_path / "staging"),
-                    WorkerConfig(concurrency=2, lease_s=30, heartbeat_s=1, poll_s=0.5, name="e2e",
-                                 driver=DriverConfig(poll_s=0.5, agent_stale_s=scaled(120))))
+                    WorkerConfig(concurrency=slots, lease_s=30, heartbeat_s=1, poll_s=0.5, name="e2e",
+                                 driver=DriverConfig(poll_s=0.5, agent_stale_s=scaled(120)),
+                                 sweeps=SweepConfig(poll_s=0.5)))
     worker.start()
     try:
         yield provisioner

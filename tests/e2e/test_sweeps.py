@@ -1,0 +1,100 @@
+"""A sweep of real jobs (issue 22): twelve trials of the managed trainer on scikit-learn's iris, three
+at a time on local machines, TPE with median pruning, through the API and the worker as a user runs
+one. The engine's decisions on known curves (pruning, a worker stopping mid-ask, grids, cancel, the
+cost limit) are tests/integration/test_sweeps.py's."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.support import eventually
+from tests.support.jobs import module_jobs
+from tests.support.local import AGENT_JOB_S, local_stack_running
+
+pytestmark = pytest.mark.tf
+
+SWEEP = {
+    "name": "iris-lr",
+    "job": {"dataset": {"source": "sklearn:iris"}, "model": {"name": "mlp", "params": {"hidden_units": [16]}},
+            "accelerator": {"type": "cpu"}, "strategy": "default",
+            "training": {"epochs": 6, "global_batch_size": 16}},
+    "parameters": {"training.learning_rate": {"type": "float", "low": 1e-5, "high": 0.1, "log": True},
+                   "model.params.dropout": {"type": "float", "low": 0.0, "high": 0.3}},
+    "objective": {"metric": "val_accuracy"},
+    "algorithm": "tpe", "max_trials": 12, "parallel_trials": 3,
+    "early_stopping": {"type": "median", "min_epochs": 1},
+}
+
+
+@pytest.fixture(scope="module")
+def sweep(database_url: str, api_url: str, gcs_emulator: Any,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, dict[str, Any], list[dict[str, Any]]]]:
+    """The sweep run to its end: (API client, the sweep, its trials)."""
+    with module_jobs(database_url, api_url, "sweeps") as (client, _, _):
+        r = client.post("/v1/sweeps", json=SWEEP)
+        assert r.status_code == 201, r.text
+        sweep_id = r.json()["id"]
+        with local_stack_running(database_url, tmp_path_factory.mktemp("stack"), slots=3):
+            def ended() -> dict[str, Any] | None:
+                s: dict[str, Any] = client.get(f"/v1/sweeps/{sweep_id}").json()
+                return s if s["status"] in ("SUCCEEDED", "FAILED", "CANCELLED") else None
+
+            done = eventually(ended, 4 * AGENT_JOB_S, lambda: str(client.get(f"/v1/sweeps/{sweep_id}/trials").json()),
+                              every=1.0)
+            trials = client.get(f"/v1/sweeps/{sweep_id}/trials").json()["trials"]
+            yield client, done, trials
+
+
+def test_twelve_trials_three_at_a_time_end_with_a_best_trial(sweep: tuple[Any, dict[str, Any], list[dict[str, Any]]]) -> None:
+    client, done, trials = sweep
+    assert done["status"] == "SUCCEEDED", done
+    assert [t["number"] for t in trials] == list(range(12))
+    assert {t["state"] for t in trials} <= {"COMPLETE", "PRUNED"}, [(t["state"], t["job_error"]) for t in trials]
+    assert all(t["curve"] for t in trials)  # every trial reported its epochs
+    values = [t["value"] for t in trials if t["state"] == "COMPLETE"]
+    assert done["best"]["value"] == max(values) and done["best"]["value"] >= 0.8
+    # Three at a time, never more: the trials' jobs' spans on their machines, overlapped.
+    spans = []
+    for t in trials:
+        job = client.get(f"/v1/jobs/{t['job_id']}").json()
+        assert job["labels"]["sweep"] == done["id"] and job["labels"]["trial"] == str(t["number"])
+        spans.append((datetime.fromisoformat(job["staging_at"]), datetime.fromisoformat(job["finished_at"])))
+    most = max(sum(1 for s, e in spans if s <= at < e) for at, _ in spans)
+    assert 2 <= most <= 3, most
+    print(f"iris sweep: best val_accuracy {done['best']['value']:.3f}; "
+          f"{sum(t['state'] == 'PRUNED' for t in trials)} of 12 pruned; "
+          f"{done['accelerator_seconds']:.0f} accelerator-seconds")
+
+
+def test_pruned_trials_are_cancelled_jobs_that_say_why(sweep: tuple[Any, dict[str, Any], list[dict[str, Any]]]) -> None:
+    client, _, trials = sweep
+    pruned = [t for t in trials if t["state"] == "PRUNED"]
+    assert pruned, [(t["number"], t["params"], t["curve"]) for t in trials]  # a learning rate of 1e-5 trails
+    for t in pruned:
+        job = client.get(f"/v1/jobs/{t['job_id']}").json()
+        assert job["status"] == "CANCELLED" and job["error"] == "pruned by the sweep", job
+        events = client.get(f"/v1/jobs/{t['job_id']}/events").json()["events"]
+        assert "pruned by the sweep" in [e["reason"] for e in events]
+        assert len(t["curve"]) < SWEEP["job"]["training"]["epochs"]  # stopped before its last epoch
+
+
+def test_the_best_trials_model_downloads_and_classifies_iris(sweep: tuple[Any, dict[str, Any], list[dict[str, Any]]],
+                                                              tmp_path: Path) -> None:
+    import tensorflow as tf
+    from sklearn.datasets import load_iris
+
+    from trainjobs.client.api import Client
+
+    client, done, _ = sweep
+    key = client.headers["authorization"].split()[1]
+    Client(api_url=str(client.base_url), api_key=key).download_artifacts(done["best"]["job_id"], tmp_path)
+    served = tf.saved_model.load(str(tmp_path / "saved_model"))
+    x, y = load_iris(return_X_y=True)
+    predicted = np.argmax(served.serve(tf.constant(x.astype(np.float32))).numpy(), axis=1)
+    assert np.mean(predicted == y) >= 0.8
