@@ -6,6 +6,10 @@ const KEY = "trainjobs.apiKey";
 // The job-state groups, as trainjobs/states.py names them: /ui/states.js serves them from there.
 const TERMINAL = new Set(JOB_STATES.TERMINAL);
 const CANCELLABLE = new Set(JOB_STATES.CANCELLABLE);
+// A sweep's and its trials', as /ui/sweep-states.js serves them from the same module.
+const SWEEP_TERMINAL = new Set(SWEEP_STATES.TERMINAL);
+const SWEEP_CANCELLABLE = new Set(SWEEP_STATES.CANCELLABLE);
+const TRIAL = SWEEP_STATES.TRIAL;
 const $ = (sel) => document.querySelector(sel);
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 let page = null; // {stop()} of the page on screen
@@ -75,9 +79,12 @@ function el(tag, attrs = {}, ...children) {
   return node;
 }
 
+const NAV = { jobs: "jobs", job: "jobs", sweeps: "sweeps", sweep: "sweeps" }; // section -> its entry in #nav
+
 function show(id) {
   for (const section of document.querySelectorAll("main > section")) section.hidden = section.id !== id;
-  $("#signout").hidden = id === "signin";
+  $("#signout").hidden = $("#nav").hidden = id === "signin";
+  for (const link of document.querySelectorAll("#nav a")) link.classList.toggle("here", link.dataset.nav === NAV[id]);
 }
 
 function signOut(message) {
@@ -104,6 +111,8 @@ const fmt = {
     for (const k of ["val_accuracy", "val_r2", "val_loss", "accuracy", "r2", "loss"]) if (k in metrics) return `${k} ${fmt.num(metrics[k])}`;
     return "";
   },
+  usd: (v) => (v > 0 && v < 0.005 ? "< $0.01" : `$${(v ?? 0).toFixed(2)}`),
+  params: (params) => Object.entries(params || {}).map(([k, v]) => `${k}=${fmt.num(v)}`).join(", "),
 };
 
 // --- jobs list ----------------------------------------------------------------------------------
@@ -140,15 +149,21 @@ function jobsPage() {
 
 // --- one job ------------------------------------------------------------------------------------
 
-function chart(canvas, series, points) {
-  // series: [{key, label, color}]; points: epoch entries. Lines by hand on a canvas.
-  const ctx = canvas.getContext("2d"), W = canvas.width, H = canvas.height, L = 48, R = 12, T = 10, B = 28;
+function chart(canvas, series, points, { x = "epoch", xLabel = "epoch" } = {}) {
+  // series: [{key, label, color, line, dots, ring, dash}]; points: entries with an `x` (epoch unless
+  // told) and a value per series key. Lines by hand on a canvas: each series a line through dots unless
+  // `line: false` or `dots: false`; `ring`: hollow dots, `dash`: a dashed line.
+  const ctx = canvas.getContext("2d"), W = canvas.width, H = canvas.height, L = 48, R = 12, T = 22, B = 28;
   ctx.clearRect(0, 0, W, H);
   ctx.font = "11px system-ui, sans-serif";
-  const xs = points.map((p, i) => p.epoch ?? i + 1);
+  const xs = points.map((p, i) => p[x] ?? i + 1);
   const values = series.flatMap((s) => points.map((p) => p[s.key]).filter((v) => typeof v === "number"));
+  const drawn = series.filter((s) => points.some((p) => typeof p[s.key] === "number"));
+  // What was drawn, as attributes a test can wait on (the page's CSP refuses evaluated strings).
   canvas.dataset.points = String(points.length);
-  if (!values.length) { ctx.fillStyle = "#6b7385"; ctx.fillText("no epochs yet", L, H / 2); return; }
+  canvas.dataset.lines = String(drawn.filter((s) => s.line !== false).length);
+  canvas.dataset.rings = String(drawn.filter((s) => s.ring).reduce((n, s) => n + points.filter((p) => typeof p[s.key] === "number").length, 0));
+  if (!values.length) { ctx.fillStyle = "#6b7385"; ctx.fillText(`no ${xLabel}s yet`, L, H / 2); return; }
   let lo = Math.min(...values), hi = Math.max(...values);
   if (hi === lo) { hi += Math.abs(hi) * 0.05 || 1; lo -= Math.abs(lo) * 0.05 || 0; }
   const x0 = Math.min(...xs), x1 = Math.max(...xs, x0 + 1);
@@ -159,16 +174,29 @@ function chart(canvas, series, points) {
     ctx.beginPath(); ctx.moveTo(L, y); ctx.lineTo(W - R, y); ctx.stroke();
     ctx.fillText(fmt.num(v), 2, y + 4);
   }
-  ctx.fillText(`epoch ${x0}`, L, H - 8); ctx.fillText(`${x1}`, W - R - 16, H - 8);
-  series.filter((s) => points.some((p) => typeof p[s.key] === "number")).forEach((s, n) => {
+  ctx.fillText(`${xLabel} ${x0}`, L, H - 8); ctx.fillText(`${x1}`, W - R - 16, H - 8);
+  let legend = L + 8;
+  for (const s of drawn) {
     const pts = points.filter((p) => typeof p[s.key] === "number");
     ctx.strokeStyle = ctx.fillStyle = s.color; ctx.lineWidth = 2;
-    ctx.beginPath();
-    pts.forEach((p, i) => (i ? ctx.lineTo(X(p.epoch), Y(p[s.key])) : ctx.moveTo(X(p.epoch), Y(p[s.key]))));
-    ctx.stroke();
-    for (const p of pts) { ctx.beginPath(); ctx.arc(X(p.epoch), Y(p[s.key]), 2.5, 0, 7); ctx.fill(); }
-    ctx.fillText(s.label, L + 8 + n * 90, T + 10);
-  });
+    if (s.line !== false) {
+      ctx.setLineDash(s.dash ? [5, 4] : []);
+      ctx.beginPath();
+      pts.forEach((p, i) => (i ? ctx.lineTo(X(p[x]), Y(p[s.key])) : ctx.moveTo(X(p[x]), Y(p[s.key]))));
+      ctx.stroke();
+      ctx.setLineDash([]);
+    }
+    if (s.dots !== false) {
+      for (const p of pts) {
+        ctx.beginPath(); ctx.arc(X(p[x]), Y(p[s.key]), s.ring ? 4 : 2.5, 0, 7);
+        if (s.ring) { ctx.lineWidth = 1.5; ctx.stroke(); } else ctx.fill();
+      }
+    }
+    // The legend in one row, as far as it fits (a sweep may draw a line for each of many trials).
+    const width = ctx.measureText(s.label).width;
+    if (legend + width <= W - R) ctx.fillText(s.label, legend, 12); // above the plot, clear of its lines
+    legend += Math.max(width + 16, 60);
+  }
 }
 
 const CHARTS = {
@@ -188,7 +216,7 @@ function jobPage(id) {
   const epochs = [];
   let job = null;
   for (const sel of ["#job-name", "#job-status", "#job-id", "#job-error", "#log-state"]) $(sel).textContent = "";
-  for (const sel of ["#timeline", "#runtime", "#artifacts", "#log"]) $(sel).replaceChildren();
+  for (const sel of ["#timeline", "#runtime", "#artifacts", "#log", "#job-sweep"]) $(sel).replaceChildren();
   const draw = () => { for (const [sel, series] of Object.entries(CHARTS)) chart($(sel), series, epochs); };
   draw();
 
@@ -202,6 +230,9 @@ function jobPage(id) {
       $("#job-id").textContent = `${job.id} · ${fmt.accelerator(job.spec)} · attempt ${job.attempt}` +
         (job.wait_reason ? ` · waiting: ${job.wait_reason}` : "");
       $("#job-error").textContent = job.error || "";
+      const sweep = (job.labels || {}).sweep; // a sweep's trials are jobs labelled with it (worker/sweeps.py)
+      $("#job-sweep").replaceChildren(...(sweep ? [`trial ${job.labels.trial ?? ""} of `,
+        el("a", { href: `#/sweeps/${encodeURIComponent(sweep)}` }, `sweep ${sweep.slice(0, 8)}`)] : []));
       $("#cancel").disabled = !CANCELLABLE.has(job.status);
       $("#timeline").replaceChildren(...events.map((e) => el("li", {}, el("b", {}, e.to_status), ` ${fmt.time(e.at)} `,
         el("span", { class: "muted" }, e.reason))));
@@ -278,14 +309,144 @@ async function followLog(id, log, signal) {
   }, signal, cursor);
 }
 
+// --- sweeps -------------------------------------------------------------------------------------
+
+const doneTrials = (counts) => [TRIAL.COMPLETE, TRIAL.PRUNED, TRIAL.FAIL].reduce((n, s) => n + (counts[s] || 0), 0);
+const lastValue = (t) => (t.curve.length ? t.curve[t.curve.length - 1] : null); // [epoch, value]
+
+function sweepsPage() {
+  show("sweeps");
+  let stopped = false;
+  async function refresh() {
+    try {
+      const { sweeps } = await (await api("/v1/sweeps?limit=100")).json();
+      $("#sweeps-error").textContent = "";
+      $("#sweeps-table tbody").replaceChildren(...sweeps.map((s) => el("tr", { "data-sweep": s.id, onclick: () => (location.hash = `#/sweeps/${s.id}`) },
+        el("td", {}, s.name), el("td", { class: "muted" }, s.id.slice(0, 8)),
+        el("td", {}, el("span", { class: `status ${s.status}` }, s.status)),
+        el("td", {}, s.best ? `${s.objective.metric} ${fmt.num(s.best.value)}` : ""),
+        el("td", {}, `${doneTrials(s.trials)} / ${s.trials.planned}`),
+        el("td", {}, fmt.usd(s.cost_usd)),
+        el("td", { title: fmt.time(s.created_at) }, `${fmt.age(s.created_at)} ago`))));
+      $("#sweeps-table").hidden = sweeps.length === 0;
+      $("#sweeps-empty").hidden = sweeps.length !== 0;
+    } catch (e) {
+      $("#sweeps-error").textContent = e.message;
+    }
+  }
+  (async () => { while (!stopped) { await refresh(); await sleep(3000); } })();
+  return { stop() { stopped = true; } };
+}
+
+const TRIAL_COLORS = ["#2f6fde", "#e08a1e", "#2a9d57", "#7a4fd0", "#c23b32", "#1b9aaa", "#b5487f", "#8a6d1f"];
+
+function drawTrials(trials, goal) {
+  // Objective by trial number: a dot per completed trial, a ring per pruned one at its last reported
+  // value, and the best so far as a line.
+  const points = [];
+  let best = null;
+  for (const t of [...trials].sort((a, b) => a.number - b.number)) {
+    const last = lastValue(t);
+    if (t.state === TRIAL.COMPLETE && typeof t.value === "number") {
+      best = best === null ? t.value : (goal === "minimize" ? Math.min : Math.max)(best, t.value);
+      points.push({ number: t.number, complete: t.value, best });
+    } else if (t.state === TRIAL.PRUNED && last) points.push({ number: t.number, pruned: last[1] });
+  }
+  chart($("#chart-trials"), [
+    { key: "best", label: "best so far", color: "#2a9d57", dots: false },
+    { key: "complete", label: "complete", color: "#2f6fde", line: false },
+    { key: "pruned", label: "pruned", color: "#e08a1e", line: false, ring: true }], points, { x: "number", xLabel: "trial" });
+  // Objective by epoch: every trial's curve, one line each, a pruned trial's dashed.
+  const epochs = new Map();
+  for (const t of trials) {
+    for (const [epoch, value] of t.curve) {
+      if (!epochs.has(epoch)) epochs.set(epoch, { epoch });
+      epochs.get(epoch)[`t${t.number}`] = value;
+    }
+  }
+  chart($("#chart-curves"), trials.map((t) => ({ key: `t${t.number}`, label: `#${t.number}`,
+    color: TRIAL_COLORS[t.number % TRIAL_COLORS.length], dash: t.state === TRIAL.PRUNED })),
+  [...epochs.values()].sort((a, b) => a.epoch - b.epoch));
+}
+
+function sweepPage(id) {
+  show("sweep");
+  let stopped = false, sweep = null;
+  for (const sel of ["#sweep-name", "#sweep-status", "#sweep-id", "#sweep-note", "#sweep-error"]) $(sel).textContent = "";
+  for (const sel of ["#sweep-best", "#sweep-counts", "#trials-table tbody"]) $(sel).replaceChildren();
+  $("#sweep-cancel").disabled = true;
+  drawTrials([], "maximize");
+
+  async function load() {
+    try {
+      const found = await (await api(`/v1/sweeps/${id}`)).json();
+      const { trials } = await (await api(`/v1/sweeps/${id}/trials`)).json();
+      if (stopped) return;
+      sweep = found;
+      const { metric, goal } = sweep.objective;
+      $("#sweep-name").textContent = sweep.name;
+      $("#sweep-status").textContent = sweep.status;
+      $("#sweep-status").className = `status ${sweep.status}`;
+      $("#sweep-id").textContent = `${sweep.id} · ${goal} ${metric} · ${sweep.spec.algorithm} · created ${fmt.time(sweep.created_at)}` +
+        (sweep.finished_at ? ` · ended ${fmt.time(sweep.finished_at)}` : "");
+      $("#sweep-note").textContent = [sweep.note, sweep.wait_reason ? `waiting: ${sweep.wait_reason}` : ""].filter(Boolean).join(" · ");
+      $("#sweep-error").textContent = "";
+      $("#sweep-cancel").disabled = !SWEEP_CANCELLABLE.has(sweep.status);
+      const b = sweep.best;
+      $("#sweep-best").replaceChildren(...(b ? [
+        el("p", {}, el("b", { id: "best-value" }, `${metric} ${fmt.num(b.value)}`), ` · trial #${b.number} · `,
+          el("a", { id: "best-job", href: `#/jobs/${b.job_id}` }, `job ${b.job_id.slice(0, 8)}`)),
+        el("table", { id: "best-params" }, ...Object.entries(b.params).map(([k, v]) => el("tr", {}, el("td", {}, k), el("td", {}, fmt.num(v)))))]
+        : [el("p", { class: "muted" }, "none yet: the first trial to complete is the best so far")]));
+      $("#sweep-counts").replaceChildren(
+        ...Object.values(TRIAL).map((s) => el("tr", {}, el("td", {}, s), el("td", {}, sweep.trials[s] || 0))),
+        el("tr", {}, el("td", {}, "planned (at most)"), el("td", {}, sweep.trials.planned)),
+        el("tr", {}, el("td", {}, "cost"), el("td", {}, fmt.usd(sweep.cost_usd))),
+        el("tr", {}, el("td", {}, "accelerator seconds"), el("td", {}, fmt.num(sweep.accelerator_seconds))));
+      drawTrials(trials, goal);
+      $("#trials-table tbody").replaceChildren(...trials.map((t) => {
+        const last = lastValue(t);
+        return el("tr", { "data-trial": t.number, onclick: () => (location.hash = `#/jobs/${t.job_id}`) },
+          el("td", {}, t.number), el("td", {}, el("span", { class: `status ${t.state}` }, t.state)),
+          el("td", {}, typeof t.value === "number" ? fmt.num(t.value) : last ? el("span", { class: "muted" }, `${fmt.num(last[1])} at epoch ${last[0]}`) : ""),
+          el("td", {}, fmt.params(t.params)),
+          el("td", {}, el("a", { href: `#/jobs/${t.job_id}` }, t.job_status), " ",
+            el("span", { class: "muted" }, [t.job_error, t.wait_reason ? `waiting: ${t.wait_reason}` : ""].filter(Boolean).join(" · "))),
+          el("td", {}, fmt.usd(t.cost_usd)));
+      }));
+    } catch (e) {
+      if (!stopped) $("#sweep-error").textContent = e.message;
+    }
+  }
+
+  $("#sweep-cancel").onclick = async () => {
+    if (!confirm(`Cancel sweep ${sweep ? sweep.name : id}? Its running trials' jobs are cancelled.`)) return;
+    $("#sweep-cancel").disabled = true;
+    try { await api(`/v1/sweeps/${id}/cancel`, { method: "POST" }); } catch (e) { $("#sweep-error").textContent = e.message; }
+    load();
+  };
+
+  // A sweep has no stream of its own: it is read again every few seconds until it ends (a trial's
+  // epochs stream on its job's page).
+  (async () => {
+    while (!stopped) {
+      await load();
+      if (sweep && SWEEP_TERMINAL.has(sweep.status)) break;
+      await sleep(3000);
+    }
+  })();
+  return { stop() { stopped = true; } };
+}
+
 // --- routing ------------------------------------------------------------------------------------
 
 function route() {
   if (page) page.stop();
   page = null;
   if (!key()) { show("signin"); return; }
-  const match = location.hash.match(/^#\/jobs\/([0-9a-f-]{36})$/);
-  page = match ? jobPage(match[1]) : jobsPage();
+  const match = location.hash.match(/^#\/(jobs|sweeps)\/([0-9a-f-]{36})$/);
+  if (match) page = match[1] === "jobs" ? jobPage(match[2]) : sweepPage(match[2]);
+  else page = location.hash.startsWith("#/sweeps") ? sweepsPage() : jobsPage();
 }
 
 $("#signin-form").onsubmit = async (event) => {
