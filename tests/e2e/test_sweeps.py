@@ -1,6 +1,6 @@
-"""A sweep of real jobs (issue 22): twelve trials of the managed trainer on scikit-learn's iris, three
-at a time on local machines, TPE with median pruning, through the API and the worker as a user runs
-one. The engine's decisions on known curves (pruning, a worker stopping mid-ask, grids, cancel, the
+"""A sweep of real jobs (issue 22): the README's example, twelve trials of the managed trainer on
+scikit-learn's iris, three at a time on local machines, TPE with median pruning, through the API and
+the worker as a user runs one. The engine's decisions on known curves (pruning, a worker stopping mid-ask, grids, cancel, the
 cost limit) are tests/integration/test_sweeps.py's."""
 
 from __future__ import annotations
@@ -19,17 +19,17 @@ from tests.support.local import AGENT_JOB_S, local_stack_running
 
 pytestmark = pytest.mark.tf
 
-SWEEP = {
-    "name": "iris-lr",
-    "job": {"dataset": {"source": "sklearn:iris"}, "model": {"name": "mlp", "params": {"hidden_units": [16]}},
-            "accelerator": {"type": "cpu"}, "strategy": "default",
-            "training": {"epochs": 6, "global_batch_size": 16}},
-    "parameters": {"training.learning_rate": {"type": "float", "low": 1e-5, "high": 0.1, "log": True},
-                   "model.params.dropout": {"type": "float", "low": 0.0, "high": 0.3}},
-    "objective": {"metric": "val_accuracy"},
-    "algorithm": "tpe", "max_trials": 12, "parallel_trials": 3,
-    "early_stopping": {"type": "median", "min_epochs": 1},
-}
+
+def _readme_sweep() -> dict[str, Any]:
+    """README, Sweeps: the example as written is what runs here."""
+    import yaml
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    doc: dict[str, Any] = yaml.safe_load(readme.split("## Sweeps", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0])
+    return doc
+
+
+SWEEP = _readme_sweep()
 
 
 @pytest.fixture(scope="module")

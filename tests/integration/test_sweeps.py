@@ -263,3 +263,18 @@ def test_a_sweep_is_driven_by_one_worker_at_a_time(api: Any, db: Any, database_u
     with transaction(db) as session:
         owner = session.execute(text("SELECT lease_owner FROM sweeps WHERE id = :id"), {"id": uuid.UUID(sweep["id"])}).scalar()
     assert owner == "a"
+
+
+def test_a_sweep_whose_trials_wait_on_the_projects_quota_says_so(api: Any, db: Any, database_url: str, bucket: str) -> None:
+    from service.db.quotas import set_quota
+
+    with transaction(db) as session:
+        set_quota(session, "alpha", max_running_jobs=1)
+    sweep = submit(api, parallel_trials=2)
+    e = engine(database_url, db)
+    e.tick()
+    first, second = trials(api, sweep["id"])
+    play(db, first["job_id"], [0.5], done=False)  # one trains; the project may run one job at a time
+    shown = api.get(f"/v1/sweeps/{sweep['id']}").json()
+    assert shown["wait_reason"] and "1 of 1 running jobs" in shown["wait_reason"], shown
+    assert trials(api, sweep["id"])[1]["wait_reason"] == shown["wait_reason"]

@@ -230,3 +230,18 @@ def test_a_runtime_version_with_a_trailing_newline_is_refused() -> None:
     accelerator = {"type": "tpu", "tpu_type": "v4-8", "runtime_version": "tpu-vm-tf-2.18.0-pjrt\n"}
     fields = refusals(digits_spec(accelerator=accelerator, strategy="auto"))
     assert "not a TensorFlow TPU VM image" in fields["accelerator.runtime_version"]
+
+
+def test_the_readmes_sweep_example_is_a_valid_sweep() -> None:
+    """README, Sweeps: the YAML as written is a sweep the API accepts (every trial's spec checked)."""
+    from pathlib import Path
+
+    import yaml
+
+    from trainjobs.spec.sweep import SweepSpec
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("## Sweeps", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    spec = SweepSpec.model_validate(yaml.safe_load(block))
+    assert spec.trials == 12 and spec.objective.direction == "maximize"
+    assert set(spec.parameters) == {"training.learning_rate", "model.params.dropout"}
