@@ -278,3 +278,33 @@ def test_a_sweep_whose_trials_wait_on_the_projects_quota_says_so(api: Any, db: A
     shown = api.get(f"/v1/sweeps/{sweep['id']}").json()
     assert shown["wait_reason"] and "1 of 1 running jobs" in shown["wait_reason"], shown
     assert trials(api, sweep["id"])[1]["wait_reason"] == shown["wait_reason"]
+
+
+def test_hyperband_stops_trials_behind_in_their_bracket(api: Any, db: Any, database_url: str, bucket: str) -> None:
+    """Hyperband's brackets with ask-and-tell: trials that report good epochs run on; one far behind the
+    rest of its bracket at an epoch where the bracket compares is stopped."""
+    sweep = submit(api, max_trials=8, parallel_trials=1, early_stopping={"type": "hyperband", "min_epochs": 1})
+    e = engine(database_url, db)
+    states = []
+    for n in range(8):
+        e.tick()
+        t = [t for t in trials(api, sweep["id"]) if t["state"] == "RUNNING"][0]
+        bad = n % 2 == 1
+        curve = [0.1, 0.1, 0.1, 0.1] if bad else [0.8, 0.85, 0.9, 0.92]
+        for epoch in range(1, 5):
+            play(db, t["job_id"], curve[:epoch], done=False)
+            e.tick()
+            now = {x["number"]: x for x in trials(api, sweep["id"])}[t["number"]]
+            if now["state"] != "RUNNING":
+                break
+        else:
+            play(db, t["job_id"], curve, done=True)
+            e.tick()
+        with transaction(db) as session:  # a pruned job's machine torn down
+            session.execute(text("UPDATE jobs SET status = 'CANCELLED', finished_at = now() WHERE id = :id AND "
+                                 "status = 'CANCELLING'"), {"id": t["job_id"]})
+        states.append(({x["number"]: x for x in trials(api, sweep["id"])}[t["number"]]["state"], bad))
+    e.tick()
+    assert api.get(f"/v1/sweeps/{sweep['id']}").json()["status"] == "SUCCEEDED"
+    assert all(state == "COMPLETE" for state, bad in states if not bad), states
+    assert any(state == "PRUNED" for state, bad in states if bad), states
