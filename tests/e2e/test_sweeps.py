@@ -40,15 +40,37 @@ def sweep(database_url: str, api_url: str, gcs_emulator: Any,
         r = client.post("/v1/sweeps", json=SWEEP)
         assert r.status_code == 201, r.text
         sweep_id = r.json()["id"]
+        source = client.post("/v1/modules", files={"file": ("regression_loop.py", PROGRAMS.joinpath(
+            "regression_loop.py").read_bytes())}).json()["module"]
+        r = client.post("/v1/sweeps", json=program_sweep(source))
+        assert r.status_code == 201, r.text
+        SWEEPS["program"] = r.json()["id"]
         with local_stack_running(database_url, tmp_path_factory.mktemp("stack"), slots=3):
-            def ended() -> dict[str, Any] | None:
-                s: dict[str, Any] = client.get(f"/v1/sweeps/{sweep_id}").json()
-                return s if s["status"] in ("SUCCEEDED", "FAILED", "CANCELLED") else None
-
-            done = eventually(ended, 4 * AGENT_JOB_S, lambda: str(client.get(f"/v1/sweeps/{sweep_id}/trials").json()),
-                              every=1.0)
+            done = _ended(client, sweep_id)
             trials = client.get(f"/v1/sweeps/{sweep_id}/trials").json()["trials"]
+            _ended(client, SWEEPS["program"])
             yield client, done, trials
+
+
+SWEEPS: dict[str, str] = {}
+PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
+
+
+def program_sweep(source: str) -> dict[str, Any]:
+    """A grid over the learning rate the runtime hands the user's own training loop (tests/programs/
+    regression_loop.py, which reports test_mae each epoch)."""
+    return {"name": "loop-lr", "job": {"program": {"source": source, "args": ["--units", "16"]},
+                                       "accelerator": {"type": "cpu"}, "training": {"epochs": 3, "global_batch_size": 32}},
+            "parameters": {"training.learning_rate": {"type": "categorical", "choices": [1e-5, 3e-3]}},
+            "objective": {"metric": "test_mae", "goal": "minimize"}, "algorithm": "grid", "parallel_trials": 2}
+
+
+def _ended(client: Any, sweep_id: str) -> dict[str, Any]:
+    def ended() -> dict[str, Any] | None:
+        s: dict[str, Any] = client.get(f"/v1/sweeps/{sweep_id}").json()
+        return s if s["status"] in ("SUCCEEDED", "FAILED", "CANCELLED") else None
+
+    return eventually(ended, 4 * AGENT_JOB_S, lambda: str(client.get(f"/v1/sweeps/{sweep_id}/trials").json()), every=1.0)
 
 
 def test_twelve_trials_three_at_a_time_end_with_a_best_trial(sweep: tuple[Any, dict[str, Any], list[dict[str, Any]]]) -> None:
@@ -98,3 +120,16 @@ def test_the_best_trials_model_downloads_and_classifies_iris(sweep: tuple[Any, d
     x, y = load_iris(return_X_y=True)
     predicted = np.argmax(served.serve(tf.constant(x.astype(np.float32))).numpy(), axis=1)
     assert np.mean(predicted == y) >= 0.8
+
+
+def test_a_grid_over_a_programs_learning_rate_finds_the_one_that_learns(
+        sweep: tuple[Any, dict[str, Any], list[dict[str, Any]]]) -> None:
+    """A sweep of the user's own program: the objective is what the program reports with tj.report."""
+    client, _, _ = sweep
+    done = client.get(f"/v1/sweeps/{SWEEPS['program']}").json()
+    assert done["status"] == "SUCCEEDED", done
+    trials = client.get(f"/v1/sweeps/{SWEEPS['program']}/trials").json()["trials"]
+    assert sorted(t["params"]["training.learning_rate"] for t in trials) == [1e-5, 3e-3]
+    assert all(len(t["curve"]) == 3 and t["state"] == "COMPLETE" for t in trials), trials
+    assert done["best"]["params"]["training.learning_rate"] == 3e-3  # 1e-5 barely moves in three epochs
+    assert done["best"]["value"] == min(t["value"] for t in trials)

@@ -7,7 +7,7 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,10 +15,11 @@ from typing import Any
 import httpx
 
 from trainjobs.config import load_client_config
-from trainjobs.states import TERMINAL
+from trainjobs.states import TERMINAL, SweepStatus
 
 
 _RETRIED_STATUSES = (502, 503, 504)  # a proxy or the API itself could not answer this time
+_SWEEP_TERMINAL = frozenset(s for s in SweepStatus if s.terminal)
 
 
 class ApiError(Exception):
@@ -281,6 +282,47 @@ class Client:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"job {job_id} still {job['status']} after {timeout:.0f}s")
             time.sleep(poll)
+
+    # --- sweeps (issue 22) ---------------------------------------------------------------------------
+
+    def submit_sweep(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """Submit a sweep spec (trainjobs/spec/sweep.py). Not retried: /v1/sweeps takes no Idempotency-Key,
+        so a retry after a lost answer could start a second sweep."""
+        return self._call("POST", "/v1/sweeps", json=spec)
+
+    def get_sweep(self, sweep_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/sweeps/{sweep_id}")
+
+    def list_sweeps(self, limit: int = 50) -> builtins.list[dict[str, Any]]:
+        """The project's sweeps, newest first."""
+        sweeps: builtins.list[dict[str, Any]] = self._call("GET", "/v1/sweeps", params={"limit": limit})["sweeps"]
+        return sweeps
+
+    def sweep_trials(self, sweep_id: str) -> builtins.list[dict[str, Any]]:
+        """Every trial so far, by number: its parameters, state, objective value and curve, and its job."""
+        trials: builtins.list[dict[str, Any]] = self._call("GET", f"/v1/sweeps/{sweep_id}/trials")["trials"]
+        return trials
+
+    def cancel_sweep(self, sweep_id: str) -> dict[str, Any]:
+        """Ask the sweep to stop (idempotent): it is CANCELLING until its trials' jobs have ended."""
+        return self._call("POST", f"/v1/sweeps/{sweep_id}/cancel")
+
+    def wait_sweep(self, sweep_id: str, timeout: float | None = None, poll_s: float = 2.0,
+                   on_update: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """The sweep once it is SUCCEEDED, FAILED or CANCELLED; on_update sees each read whose status or
+        trial counts changed. Raises TimeoutError after `timeout` seconds (None: waits as long as it runs)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last = None
+        while True:
+            sweep = self.get_sweep(sweep_id)
+            if on_update and (sweep["status"], sweep["trials"]) != last:
+                on_update(sweep)
+                last = (sweep["status"], sweep["trials"])
+            if sweep["status"] in _SWEEP_TERMINAL:
+                return sweep
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"sweep {sweep_id} still {sweep['status']} after {timeout:.0f}s")
+            time.sleep(poll_s)
 
 
 def parse_sse(lines: Iterator[str]) -> Iterator[StreamEvent]:

@@ -1,4 +1,5 @@
-"""The client verbs of `trainjobs`: submit, status, list, logs, metrics, cancel, artifacts.
+"""The client verbs of `trainjobs`: submit, status, list, logs, metrics, cancel, artifacts, and the
+`sweep` group (submit, status, list, cancel).
 
 They need only the base install. The console script is stack/cli.py: its group holds these verbs and
 the server verbs (up, down, api, worker, db, keys, projects).
@@ -380,3 +381,94 @@ def artifacts(job_id: str, download: Path | None, as_json: bool) -> None:
     if download:
         paths = c.download_artifacts(job_id, download)
         click.echo(f"downloaded {len(paths)} file(s) to {download}", err=as_json)
+
+
+# --- sweeps (issue 22) ---------------------------------------------------------------------------
+
+@verbs.group()
+def sweep() -> None:
+    """Hyperparameter sweeps: trials of one job spec, each an ordinary job, searched by Optuna."""
+
+
+@sweep.command("submit")
+@click.argument("spec_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--wait", is_flag=True,
+              help="poll until the sweep ends, then print its trials; exit 0 SUCCEEDED, 1 FAILED, 3 CANCELLED")
+@output_option
+@_api_call
+def sweep_submit(spec_file: Path, wait: bool, as_json: bool) -> None:
+    """Submit a sweep spec (YAML or JSON). Local files its job names are uploaded first, relative to SPEC_FILE."""
+    import yaml
+
+    spec = yaml.safe_load(spec_file.read_text())
+    c = _client()
+    if isinstance(spec, dict) and isinstance(spec.get("job"), dict):  # anything else: the API's 422 says what
+        _upload_local_files(c, spec["job"], spec_file.parent)
+    found = c.submit_sweep(spec)
+    terminal.emit_json(found) if as_json else click.echo(terminal.sweep_line(found))
+    if wait:
+        sys.exit(_wait_sweep(c, found["id"], as_json))
+
+
+def _wait_sweep(c: Any, sweep_id: str, as_json: bool) -> int:
+    """Poll the sweep to its end, a line per change of its status or trial counts, then show it.
+    Ctrl-C stops waiting, not the sweep."""
+    def changed(found: dict[str, Any]) -> None:
+        if as_json:
+            terminal.emit_json({"event": "status", "status": found["status"], "trials": found["trials"]})
+        else:
+            click.echo(f"{time.strftime('%H:%M:%S')}  {found['status']:<10}  {terminal.trial_counts(found['trials'])}")
+
+    try:
+        found = c.wait_sweep(sweep_id, on_update=changed)
+    except KeyboardInterrupt:
+        click.echo(f"\nstopped waiting; sweep {sweep_id} keeps running (`trainjobs sweep status {sweep_id}`, "
+                   f"`trainjobs sweep cancel {sweep_id}`)", err=True)
+        return EXIT_INTERRUPTED
+    if as_json:
+        terminal.emit_json({"event": "end", "sweep": found})
+    else:
+        terminal.show(terminal.sweep_report(found, c.sweep_trials(sweep_id)))
+    return EXIT_FOR_STATUS.get(found["status"], EXIT_FAILED)
+
+
+@sweep.command("status")
+@click.argument("sweep_id")
+@output_option
+@_api_call
+def sweep_status(sweep_id: str, as_json: bool) -> None:
+    """Show a sweep and its trials, best first.
+
+    The head gives its status, objective, trial counts, best trial and cost; the table every trial's
+    value, parameters, epochs reported, job status and cost."""
+    c = _client()
+    found = c.get_sweep(sweep_id)
+    if as_json:
+        terminal.emit_json(found)
+    else:
+        terminal.show(terminal.sweep_report(found, c.sweep_trials(sweep_id)))
+
+
+@sweep.command("list")
+@click.option("--limit", default=50, type=click.IntRange(1, 200))
+@output_option
+@_api_call
+def sweep_list(limit: int, as_json: bool) -> None:
+    """List sweeps, newest first."""
+    found = _client().list_sweeps(limit=limit)
+    if as_json:
+        terminal.emit_json({"sweeps": found})
+    else:
+        terminal.show(terminal.sweeps_table(found))
+
+
+@sweep.command("cancel")
+@click.argument("sweep_id")
+@output_option
+@_api_call
+def sweep_cancel(sweep_id: str, as_json: bool) -> None:
+    """Cancel a sweep (idempotent).
+
+    No trial starts after it; the worker cancels the running trials' jobs, then the sweep is CANCELLED."""
+    found = _client().cancel_sweep(sweep_id)
+    terminal.emit_json(found) if as_json else click.echo(terminal.sweep_line(found))

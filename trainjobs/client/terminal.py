@@ -1,5 +1,6 @@
-"""What the CLI's client verbs print: the jobs table, a job's detail, per-epoch metrics, and the live
-view of a job being followed (a rich progress bar on a terminal, one line per change elsewhere).
+"""What the CLI's client verbs print: the jobs table, a job's detail, per-epoch metrics, the live
+view of a job being followed (a rich progress bar on a terminal, one line per change elsewhere), and a
+sweep's summary with its trials ranked by the objective.
 
 Only formatting lives here; talking to the API is trainjobs/client/api.py, the verbs are trainjobs/client/cli.py.
 """
@@ -9,10 +10,10 @@ from __future__ import annotations
 import json
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -200,6 +201,103 @@ def epoch_line(rec: dict[str, Any], epochs: int | None) -> str:
     cells = [f"{title} {fmt.format(rec[key])}" for title, key, fmt in epoch_columns([rec])[1:]
              if rec.get(key) is not None]
     return f"epoch {rec.get('epoch')}{of}  " + "  ".join(cells)
+
+
+# --- sweeps (issue 22) -----------------------------------------------------------------------------
+
+def usd(v: float) -> str:
+    """Dollars to the cent, or to a hundredth of a cent under a dollar (a CPU trial costs less than a cent)."""
+    return f"${v:,.2f}" if v >= 1 else f"${v:.4f}"
+
+
+def trial_counts(counts: dict[str, int]) -> str:
+    """A sweep's `trials`: how many are in each state, of how many it runs at most."""
+    shown = (("complete", "COMPLETE"), ("pruned", "PRUNED"), ("failed", "FAIL"), ("running", "RUNNING"))
+    by_state = ", ".join(f"{counts.get(key, 0)} {word}" for word, key in shown)
+    return f"{by_state} of {counts.get('planned', '?')} planned"
+
+
+def sweep_line(sweep: dict[str, Any]) -> str:
+    """The sweep in one line: what `sweep submit`, `sweep cancel` and a waited sweep's changes print."""
+    note = f"  ({sweep['note']})" if sweep.get("note") else ""
+    return f"{sweep['id']}  {sweep['status']:<10}  {trial_counts(sweep['trials'])}  {sweep['name']}{note}"
+
+
+def by_objective(trials: list[dict[str, Any]], goal: str) -> list[dict[str, Any]]:
+    """Best first for the goal; trials with no value yet (running, pruned, failed) after, by number."""
+    def rank(t: dict[str, Any]) -> tuple[bool, float, int]:
+        v = t.get("value")
+        return v is None, 0.0 if v is None else (-v if goal == "maximize" else v), t["number"]
+
+    return sorted(trials, key=rank)
+
+
+def _param(v: Any) -> str:
+    """A parameter's value to 4 significant digits: a learning rate of 0.00178 is not 0.0018."""
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def _params(params: dict[str, Any]) -> str:
+    return "  ".join(f"{path}={_param(v)}" for path, v in params.items())
+
+
+def sweep_detail(sweep: dict[str, Any]) -> Table:
+    """The head of `sweep status`: where the sweep is, what it optimises, its best trial, what it cost."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column()
+    grid.add_row("sweep", f"{sweep['id']}  {sweep['name']}")
+    grid.add_row("status", sweep["status"] + (f": {sweep['wait_reason']}" if sweep.get("wait_reason") else ""))
+    if sweep.get("note"):
+        grid.add_row("note", sweep["note"])
+    objective = sweep["objective"]
+    grid.add_row("objective", f"{objective['metric']}, {objective['goal']}")
+    grid.add_row("trials", trial_counts(sweep["trials"]))
+    if best := sweep.get("best"):
+        grid.add_row("best", f"trial {best['number']}  {objective['metric']} {_fmt(best['value'])}  "
+                             f"{_params(best['params'])}  job {best['job_id']}")
+    else:
+        grid.add_row("best", "no trial has completed yet")
+    used = duration(timedelta(seconds=sweep["accelerator_seconds"]))
+    grid.add_row("cost", f"{usd(sweep['cost_usd'])}, accelerators {used}")
+    return grid
+
+
+def trials_table(sweep: dict[str, Any], trials: list[dict[str, Any]]) -> Table | str:
+    """Every trial, best first for the sweep's goal: its parameters, how far it trained, its job, its cost."""
+    if not trials:
+        return "no trials yet"
+    paths = list(sweep["spec"].get("parameters") or {})
+    paths += [p for t in trials for p in t["params"] if p not in paths]
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for name in ("TRIAL", "STATE", sweep["objective"]["metric"].upper(), *paths, "EPOCHS", "JOB STATUS", "COST"):
+        table.add_column(name, no_wrap=True)
+    for t in by_objective(trials, sweep["objective"]["goal"]):
+        table.add_row(str(t["number"]), t["state"], "-" if t.get("value") is None else _fmt(t["value"]),
+                      *("-" if (v := t["params"].get(p)) is None else _param(v) for p in paths),
+                      str(len(t.get("curve") or [])), t["job_status"], usd(t["cost_usd"]))
+    return table
+
+
+def sweep_report(sweep: dict[str, Any], trials: list[dict[str, Any]]) -> Group:
+    """`sweep status`: the head, then the trials table."""
+    return Group(sweep_detail(sweep), "", trials_table(sweep, trials))
+
+
+def sweeps_table(sweeps: list[dict[str, Any]]) -> Table | str:
+    if not sweeps:
+        return "no sweeps"
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for name in ("ID", "NAME", "STATUS", "TRIALS", "BEST", "COST", "AGE"):
+        table.add_column(name, no_wrap=True)
+    now = datetime.now(UTC)
+    for s in sweeps:
+        counts = s["trials"]
+        ended = sum(counts.get(k, 0) for k in ("COMPLETE", "PRUNED", "FAIL"))
+        best = f"{s['objective']['metric']} {_fmt(s['best']['value'])}" if s.get("best") else "-"
+        table.add_row(s["id"], s["name"], s["status"], f"{ended}/{counts.get('planned', '?')}", best,
+                      usd(s["cost_usd"]), age(s.get("created_at"), now))
+    return table
 
 
 class LiveView:
