@@ -28,12 +28,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -46,8 +44,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from bench.small_job_bench import empty_database  # noqa: E402
 from neighbour_load import NeighbourLoad  # noqa: E402
 from stack.embedded import start_gcs_emulator, use_emulator  # noqa: E402
-from trainjobs.client.api import Client  # noqa: E402
-from trainjobs.loopback import free_port  # noqa: E402
+from bench.up import TrainjobsUp  # noqa: E402
 
 BUCKET = "trainjobs-programbench"
 SCRIPT = REPO / "bench" / "program_script.py"
@@ -79,28 +76,11 @@ def _throughput(rows: list[dict[str, Any]]) -> tuple[float, int]:
 
 
 class Product:
-    """`trainjobs up` for the whole run: the job is what is timed, not the stack's start."""
+    """`trainjobs up` for the whole run (bench/up.py), one machine at a time; the program uploaded."""
 
     def __init__(self, url: str, scratch: Path) -> None:
-        self.data_dir = Path(tempfile.mkdtemp(dir=scratch))
-        env = {**os.environ, "TRAINJOBS_DATABASE_URL": url, "TRAINJOBS_HOME": str(self.data_dir),
-               "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
-        self.port = free_port()
-        self.up = subprocess.Popen([sys.executable, "-m", "stack.cli", "up", "--port", str(self.port), "--data-dir",
-                                    str(self.data_dir), "--provisioner", "local", "--concurrency", "1"], cwd=REPO,
-                                   env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-                                   start_new_session=True)
-        assert self.up.stderr is not None
-        said = []
-        for line in self.up.stderr:
-            said.append(line)
-            if line.strip() == "ready":
-                break
-        else:
-            raise RuntimeError(f"trainjobs up exited {self.up.wait()}: {''.join(said[-20:])}")
-        threading.Thread(target=lambda: [None for _ in self.up.stderr or []], daemon=True).start()
-        key = json.loads((self.data_dir / "config.json").read_text())["api_key"]
-        self.client = Client(f"http://127.0.0.1:{self.port}", key)
+        self.stack = TrainjobsUp(url, scratch, concurrency=1)
+        self.client = self.stack.client
         self.source = self.client.upload_module(SCRIPT)
 
     def run(self, epochs: int, examples: int, scratch: Path) -> dict[str, Any]:
@@ -121,9 +101,7 @@ class Product:
                 "install_s": (job.get("runtime") or {}).get("install_s")}
 
     def stop(self) -> None:
-        if self.up.poll() is None:
-            os.killpg(self.up.pid, signal.SIGTERM)
-            self.up.wait(60)
+        self.stack.stop()
 
 
 def by_hand(epochs: int, examples: int, scratch: Path, plain: bool) -> dict[str, Any]:

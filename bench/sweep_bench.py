@@ -22,11 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -36,8 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.small_job_bench import empty_database  # noqa: E402
 from stack.embedded import start_gcs_emulator, use_emulator  # noqa: E402
-from trainjobs.client.api import Client  # noqa: E402
-from trainjobs.loopback import free_port  # noqa: E402
+from bench.up import TrainjobsUp  # noqa: E402
 
 BUCKET = "trainjobs-sweepbench"
 
@@ -57,28 +53,11 @@ def sweep_spec(trials: int, epochs: int, pruned: bool, seed: int) -> dict[str, A
 
 
 class Product:
-    """`trainjobs up` for the whole run: two local machines at once."""
+    """`trainjobs up` for the whole run (bench/up.py): two local machines at once."""
 
     def __init__(self, url: str, scratch: Path) -> None:
-        self.data_dir = Path(tempfile.mkdtemp(dir=scratch))
-        env = {**os.environ, "TRAINJOBS_DATABASE_URL": url, "TRAINJOBS_HOME": str(self.data_dir),
-               "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
-        self.port = free_port()
-        self.up = subprocess.Popen([sys.executable, "-m", "stack.cli", "up", "--port", str(self.port), "--data-dir",
-                                    str(self.data_dir), "--provisioner", "local", "--concurrency", "2"], cwd=REPO,
-                                   env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-                                   start_new_session=True)
-        assert self.up.stderr is not None
-        said = []
-        for line in self.up.stderr:
-            said.append(line)
-            if line.strip() == "ready":
-                break
-        else:
-            raise RuntimeError(f"trainjobs up exited {self.up.wait()}: {''.join(said[-20:])}")
-        threading.Thread(target=lambda: [None for _ in self.up.stderr or []], daemon=True).start()
-        key = json.loads((self.data_dir / "config.json").read_text())["api_key"]
-        self.client = Client(f"http://127.0.0.1:{self.port}", key)
+        self.stack = TrainjobsUp(url, scratch, concurrency=2)
+        self.client = self.stack.client
 
     def sweep(self, spec: dict[str, Any]) -> dict[str, Any]:
         http = self.client._http  # the client's authenticated session
@@ -100,9 +79,7 @@ class Product:
                 "params": sorted(round(t["params"]["training.learning_rate"], 12) for t in trials)}
 
     def stop(self) -> None:
-        if self.up.poll() is None:
-            os.killpg(self.up.pid, signal.SIGTERM)
-            self.up.wait(60)
+        self.stack.stop()
 
 
 def main() -> None:

@@ -1,8 +1,8 @@
 """The client: what a plain `pip install trainjobs` gives a user.
 
     api.py          the Python client of the REST API (`from trainjobs.client import Client`)
-    cli.py          the CLI's client verbs: submit, status, list, logs, cancel, artifacts, ...
-    terminal.py     how the CLI draws jobs, tables and live progress
+    cli.py          the CLI's client verbs: submit, status, list, logs, cancel, artifacts, sweep ...
+    terminal.py     how the CLI draws jobs, sweeps, tables and live progress
     log_format.py   the log line formats of every verb (text or JSON lines)
     local_paths.py  `submit` with a local file or folder: uploads it first
 
