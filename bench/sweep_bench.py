@@ -6,7 +6,8 @@ Both sweeps run in one `trainjobs up` (API, worker, local provisioner, two machi
 database of the PostgreSQL named by TRAINJOBS_TEST_DATABASE_URL and a GCS emulator this bench starts.
 Both use the random sampler with the same seed, so they draw the same 16 parameter sets (the engine
 seeds each ask with the seed plus the trials asked before it); only early_stopping differs. The job:
-the managed trainer's mlp on scikit-learn's digits, `--epochs` epochs; the learning rate is drawn
+the managed trainer's mlp (two layers of 1024) on scikit-learn's digits, batches of 16, `--epochs`
+epochs; the learning rate is drawn
 log-uniformly over 1e-6..0.3, so many trials learn slowly: the case a pruner is for.
 
 Accelerator-seconds: each trial's job's accelerators (1 for a CPU job) times the seconds from its
@@ -14,7 +15,7 @@ machine's provisioning to its end (a pruned trial's teardown included), summed b
 (GET /v1/sweeps/{id}: accelerator_seconds). The pruned sweep runs first, then the full one; `--runs 2`
 runs them in the order A B B A and pools.
 
-Usage: python bench/sweep_bench.py [--runs 1] [--epochs 12] [--trials 16]
+Usage: python bench/sweep_bench.py [--runs 1] [--epochs 10] [--trials 16]
 """
 
 from __future__ import annotations
@@ -41,9 +42,13 @@ BUCKET = "trainjobs-sweepbench"
 def sweep_spec(trials: int, epochs: int, pruned: bool, seed: int) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "name": f"bench-{'pruned' if pruned else 'full'}",
-        "job": {"dataset": {"source": "sklearn:digits"}, "model": {"name": "mlp", "params": {"hidden_units": [64]}},
-                "accelerator": {"type": "cpu"}, "strategy": "default",
-                "training": {"epochs": epochs, "global_batch_size": 32, "seed": 1}},
+        # Wide layers and small batches: an epoch of seconds, as a real trial's epochs are minutes long
+        # next to the engine's reaction (a tick every 2 s); with epochs of milliseconds a trial ends
+        # before any pruner could look at it.
+        "job": {"dataset": {"source": "sklearn:digits"},
+                "model": {"name": "mlp", "params": {"hidden_units": [1024, 1024]}},
+                "accelerator": {"type": "cpu"}, "strategy": "default", "steps_per_execution": 1,
+                "training": {"epochs": epochs, "global_batch_size": 16, "seed": 1}},
         "parameters": {"training.learning_rate": {"type": "float", "low": 1e-6, "high": 0.3, "log": True}},
         "objective": {"metric": "val_accuracy"}, "algorithm": "random", "max_trials": trials,
         "parallel_trials": 2, "seed": seed}
@@ -60,17 +65,10 @@ class Product:
         self.client = self.stack.client
 
     def sweep(self, spec: dict[str, Any]) -> dict[str, Any]:
-        http = self.client._http  # the client's authenticated session
         started = time.time()
-        r = http.post("/v1/sweeps", json=spec)
-        r.raise_for_status()
-        sweep_id = r.json()["id"]
-        while True:
-            sweep = http.get(f"/v1/sweeps/{sweep_id}").json()
-            if sweep["status"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
-                break
-            time.sleep(1.0)
-        trials = http.get(f"/v1/sweeps/{sweep_id}/trials").json()["trials"]
+        sweep_id = self.client.submit_sweep(spec)["id"]
+        sweep = self.client.wait_sweep(sweep_id, poll_s=1.0)
+        trials = self.client.sweep_trials(sweep_id)
         return {"status": sweep["status"], "wall_s": round(time.time() - started, 1),
                 "accelerator_seconds": sweep["accelerator_seconds"],
                 "best": sweep["best"]["value"] if sweep["best"] else None,
@@ -85,7 +83,7 @@ class Product:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=1)
-    ap.add_argument("--epochs", type=int, default=12)
+    ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--trials", type=int, default=16)
     args = ap.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="sweepbench-"))

@@ -265,9 +265,9 @@ class Worker:
         if channel == NOTIFY_QUEUED:
             self._wake.set()
             return
+        if self.sweeps is not None and channel in (NOTIFY_SWEEP, NOTIFY_CHANGED):
+            self.sweeps.wake.set()  # a sweep changed, or a job ended or is being cancelled: maybe a trial
         if channel == NOTIFY_SWEEP:
-            if self.sweeps is not None:
-                self.sweeps.wake.set()
             return
         try:
             job_id = uuid.UUID(payload)

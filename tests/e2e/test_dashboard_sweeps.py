@@ -1,5 +1,5 @@
 """The dashboard's sweep pages (issue 22) in a real browser: a sweep submitted through the API, its
-trials made by the real sweep engine and their jobs played (tests/integration/test_sweeps.py's play():
+trials made by the real sweep engine and their jobs played (tests/support/sweeps.py's play():
 metrics.json and the jobs row as a worker and an agent would write them), so the page is judged on
 known values; the list, the best trial and its job, both charts, the trials table, and cancel."""
 
@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import text
 
 from service.db.session import get_engine, transaction
-from tests.integration.test_sweeps import play, sweep_spec, trials
+from tests.support.sweeps import play, sweep_spec, trials
 from tests.support.browser import CHROMIUM, RECORD_CSP_VIOLATIONS, ms, needs_browser
 from worker.sweeps import SweepConfig, SweepEngine
 

@@ -18,7 +18,7 @@ import yaml
 from click.testing import CliRunner, Result
 
 from stack.cli import main
-from tests.integration.test_sweeps import engine, play, sweep_spec, trials
+from tests.support.sweeps import engine, play, sweep_spec, trials
 from tests.support import scaled
 
 

@@ -6,63 +6,15 @@ judged on known curves; tests/e2e/test_sweeps.py runs sweeps of real jobs."""
 from __future__ import annotations
 
 import itertools
-import threading
-import time
 import uuid
 from typing import Any
 
 import pytest
 from sqlalchemy import text
 
-from service.db.session import get_engine, transaction
-from trainjobs import storage
-from trainjobs.job_paths import JobPaths
-from worker.sweeps import PRUNED_REASON, SweepConfig, SweepEngine
-
-IRIS_JOB = {"dataset": {"source": "sklearn:iris"}, "model": {"name": "mlp"}, "accelerator": {"type": "cpu"},
-            "strategy": "default", "training": {"epochs": 4}}
-
-
-def sweep_spec(**overrides: Any) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "name": "lr", "job": IRIS_JOB,
-        "parameters": {"training.learning_rate": {"type": "float", "low": 1e-4, "high": 1e-1, "log": True}},
-        "objective": {"metric": "val_accuracy"}, "algorithm": "random", "max_trials": 6, "parallel_trials": 2}
-    spec.update(overrides)
-    return spec
-
-
-def submit(api: Any, **overrides: Any) -> dict[str, Any]:
-    r = api.post("/v1/sweeps", json=sweep_spec(**overrides))
-    assert r.status_code == 201, r.text
-    return dict(r.json())
-
-
-def engine(database_url: str, db: Any, name: str = "w1", lease_s: float = 30.0) -> SweepEngine:
-    return SweepEngine(get_engine(database_url), db, name, threading.Event(), SweepConfig(lease_s=lease_s))
-
-
-def trials(api: Any, sweep_id: str) -> list[dict[str, Any]]:
-    return list(api.get(f"/v1/sweeps/{sweep_id}/trials").json()["trials"])
-
-
-def play(db: Any, job_id: str, curve: list[float], *, done: bool) -> None:
-    """The job trained len(curve) epochs with these val_accuracy values (metrics.json, as the agent
-    writes it), and is RUNNING, or SUCCEEDED with the last as its final metric."""
-    history = [{"epoch": i + 1, "val_accuracy": v, "loss": 1 - v} for i, v in enumerate(curve)]
-    storage.write_json(JobPaths.for_job(job_id).metrics, {"history": history})
-    status = "SUCCEEDED" if done else "RUNNING"
-    with transaction(db) as session:
-        session.execute(text(
-            "UPDATE jobs SET status = CAST(:s AS job_status), provisioning_at = COALESCE(provisioning_at, now()),"
-            " finished_at = CASE WHEN :done THEN now() END, metrics = CAST(:m AS jsonb) WHERE id = :id"),
-            {"s": status, "done": done, "id": job_id, "m": f'{{"val_accuracy": {curve[-1]}}}' if done else None})
-
-
-def job_row(db: Any, job_id: str) -> Any:
-    with transaction(db) as session:
-        return session.execute(text("SELECT status, error, spec, labels FROM jobs WHERE id = :id"), {"id": job_id}).one()
-
+from service.db.session import transaction
+from tests.support.sweeps import IRIS_JOB, engine, job_row, play, submit, sweep_spec, trials
+from worker.sweeps import PRUNED_REASON
 
 # --- the API's checks -------------------------------------------------------------------------------
 
@@ -161,7 +113,7 @@ def test_a_worker_that_stops_between_asking_and_submitting_loses_no_trial_and_ru
     """Worker w1 asks Optuna for three trials and dies before its transaction commits (so no job of
     them exists); w2 takes the sweep over once w1's lease lapses and submits exactly those three."""
     sweep = submit(api, max_trials=4, parallel_trials=3)
-    dying = engine(database_url, db, "w1", lease_s=0.3)
+    dying = engine(database_url, db, "w1")
     original = dying._submit
     calls = []
 
@@ -183,7 +135,9 @@ def test_a_worker_that_stops_between_asking_and_submitting_loses_no_trial_and_ru
     taker = engine(database_url, db, "w2")
     taker.tick()
     assert trials(api, sweep["id"]) == [], "w1's lease has not lapsed yet"
-    time.sleep(0.5)
+    with transaction(db) as session:  # w1 never renews it: its lease runs out
+        session.execute(text("UPDATE sweeps SET lease_expires_at = now() - interval '1 second' WHERE id = :id"),
+                        {"id": uuid.UUID(sweep["id"])})
     taker.tick()
     adopted = trials(api, sweep["id"])
     assert [t["number"] for t in adopted] == [0, 1, 2]
