@@ -1,6 +1,7 @@
 """A sweep of real jobs (issue 22): the README's example, twelve trials of the managed trainer on
-scikit-learn's iris, three at a time on local machines, TPE with median pruning, through the API and
-the worker as a user runs one. The engine's decisions on known curves (pruning, a worker stopping mid-ask, grids, cancel, the
+scikit-learn's digits, three at a time on local machines, TPE with median pruning, through the API and
+the worker as a user runs one. Its epochs take a good part of a second (batches of 8 through two
+layers of 256): a trial's epochs are seen, and a trial behind stopped, before it ends by itself. The engine's decisions on known curves (pruning, a worker stopping mid-ask, grids, cancel, the
 cost limit) are tests/integration/test_sweeps.py's."""
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def test_twelve_trials_three_at_a_time_end_with_a_best_trial(sweep: tuple[Any, d
     assert {t["state"] for t in trials} <= {"COMPLETE", "PRUNED"}, [(t["state"], t["job_error"]) for t in trials]
     assert all(t["curve"] for t in trials)  # every trial reported its epochs
     values = [t["value"] for t in trials if t["state"] == "COMPLETE"]
-    assert done["best"]["value"] == max(values) and done["best"]["value"] >= 0.8
+    assert done["best"]["value"] == max(values) and done["best"]["value"] >= 0.9
     # Three at a time, never more: the trials' jobs' spans on their machines, overlapped.
     spans = []
     for t in trials:
@@ -89,7 +90,7 @@ def test_twelve_trials_three_at_a_time_end_with_a_best_trial(sweep: tuple[Any, d
         spans.append((datetime.fromisoformat(job["staging_at"]), datetime.fromisoformat(job["finished_at"])))
     most = max(sum(1 for s, e in spans if s <= at < e) for at, _ in spans)
     assert 2 <= most <= 3, most
-    print(f"iris sweep: best val_accuracy {done['best']['value']:.3f}; "
+    print(f"digits sweep: best val_accuracy {done['best']['value']:.3f}; "
           f"{sum(t['state'] == 'PRUNED' for t in trials)} of 12 pruned; "
           f"{done['accelerator_seconds']:.0f} accelerator-seconds")
 
@@ -97,7 +98,7 @@ def test_twelve_trials_three_at_a_time_end_with_a_best_trial(sweep: tuple[Any, d
 def test_pruned_trials_are_cancelled_jobs_that_say_why(sweep: tuple[Any, dict[str, Any], list[dict[str, Any]]]) -> None:
     client, _, trials = sweep
     pruned = [t for t in trials if t["state"] == "PRUNED"]
-    assert pruned, [(t["number"], t["params"], t["curve"]) for t in trials]  # a learning rate of 1e-5 trails
+    assert pruned, [(t["number"], t["params"], t["curve"]) for t in trials]  # a learning rate of 1e-6 trails
     for t in pruned:
         job = client.get(f"/v1/jobs/{t['job_id']}").json()
         assert job["status"] == "CANCELLED" and job["error"] == "pruned by the sweep", job
@@ -106,10 +107,10 @@ def test_pruned_trials_are_cancelled_jobs_that_say_why(sweep: tuple[Any, dict[st
         assert len(t["curve"]) < SWEEP["job"]["training"]["epochs"]  # stopped before its last epoch
 
 
-def test_the_best_trials_model_downloads_and_classifies_iris(sweep: tuple[Any, dict[str, Any], list[dict[str, Any]]],
-                                                              tmp_path: Path) -> None:
+def test_the_best_trials_model_downloads_and_classifies_digits(sweep: tuple[Any, dict[str, Any], list[dict[str, Any]]],
+                                                                tmp_path: Path) -> None:
     import tensorflow as tf
-    from sklearn.datasets import load_iris
+    from sklearn.datasets import load_digits
 
     from trainjobs.client.api import Client
 
@@ -117,9 +118,9 @@ def test_the_best_trials_model_downloads_and_classifies_iris(sweep: tuple[Any, d
     key = client.headers["authorization"].split()[1]
     Client(api_url=str(client.base_url), api_key=key).download_artifacts(done["best"]["job_id"], tmp_path)
     served = tf.saved_model.load(str(tmp_path / "saved_model"))
-    x, y = load_iris(return_X_y=True)
-    predicted = np.argmax(served.serve(tf.constant(x.astype(np.float32))).numpy(), axis=1)
-    assert np.mean(predicted == y) >= 0.8
+    x, y = load_digits(return_X_y=True)  # as staging makes them: 8x8 grey images in [0, 1]
+    predicted = np.argmax(served.serve(tf.constant((x / 16.0).reshape(-1, 8, 8, 1).astype(np.float32))).numpy(), axis=1)
+    assert np.mean(predicted == y) >= 0.9
 
 
 def test_a_grid_over_a_programs_learning_rate_finds_the_one_that_learns(
