@@ -211,6 +211,22 @@ def _interpreter(model: bytes) -> Any:
     return Interpreter(model_content=model)
 
 
+def gzip_size(path: Path) -> int:
+    """Bytes of `path` gzip-compressed (a directory as a tar of its files, in name order): what a
+    pruned model's zeros save in storage and on the wire."""
+    import gzip
+    import io
+    import tarfile
+
+    if path.is_file():
+        return len(gzip.compress(path.read_bytes(), mtime=0))
+    buf = io.BytesIO()
+    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as zipped, tarfile.open(fileobj=zipped, mode="w") as tar:
+        for file in sorted(p for p in path.rglob("*") if p.is_file()):
+            tar.add(file, arcname=str(file.relative_to(path)))
+    return len(buf.getvalue())
+
+
 def artifact_manifest(directory: Path, remote: str, files: list[Path]) -> list[dict[str, Any]]:
     """The manifest of `files` (storage.local_files(directory), the list upload_dir is given too)."""
     entries = []

@@ -15,7 +15,7 @@ from typing import Any
 from trainjobs import storage
 from trainjobs.job_paths import ARTIFACT_HISTORY, ARTIFACT_METRICS
 from trainjobs.spec import TrainingSpec
-from agent import columns, devices, export, keras_compat, tasks
+from agent import columns, devices, export, keras_compat, pruning, tasks
 from agent.checkpoints import CheckpointSchedule, CheckpointStore
 from agent.data import LocalDataset, download_dataset, eval_dataset, read_arrays, read_columns, train_dataset
 from agent.input_wait import InputWaitMeter
@@ -61,7 +61,7 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
     store = CheckpointStore(work.checkpoints, job.paths.checkpoints, upload=job.is_chief, attempt=job.attempt,
                             publisher=publisher, may_skip=spec.workers == 1)
     repairs = keras_compat.repair_before_build()  # what the images' older Keras lacks
-    model, checkpoint, saved_at = _compile_and_restore(builder, inputs, plan, spec.training, strategy, store)
+    model, checkpoint, saved_at, pruner = _compile_and_restore(builder, inputs, plan, spec.training, strategy, store)
     if strategy_name == "multi_worker_mirrored":
         repairs += keras_compat.repair_multi_worker_fit(model, strategy)
     train_function = install_step_functions(model, plan.steps_per_execution)
@@ -107,7 +107,7 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
     weights = tasks.class_weights(spec.training.class_weight, data.labels, data.train_class_counts)
     if weights is not None:
         log.info("class weights: %s", json.dumps({data.labels[i]: round(w, 6) for i, w in weights.items()}))
-    fit(model, plan, train, val, recorder, stop_early, weights)
+    fit(model, plan, train, val, recorder, stop_early, weights, before=[pruner.callback()] if pruner else [])
     # The final checkpoint and metrics.json are in storage before the job can report success.
     publisher.drain()
     if tb is not None:
@@ -131,9 +131,10 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
 
 
 def _compile_and_restore(builder: Any, inputs: ModelInputs, plan: RuntimePlan, training: TrainingSpec, strategy: Any,
-                         store: CheckpointStore) -> tuple[Any, Any, TrainingPosition]:
+                         store: CheckpointStore) -> tuple[Any, Any, TrainingPosition, pruning.Pruner | None]:
     """The compiled model under the strategy, with the newest checkpoint (if any) loaded into it,
-    and where training stood when that checkpoint was taken."""
+    where training stood when that checkpoint was taken, and its pruning masks (training.pruning),
+    which the checkpoint holds too."""
     import tensorflow as tf
 
     with strategy.scope():
@@ -145,9 +146,13 @@ def _compile_and_restore(builder: Any, inputs: ModelInputs, plan: RuntimePlan, t
             model.build((None, *inputs.input_shape))
         # Built now, not lazily on the first step, so a checkpoint has variables to restore into.
         model.optimizer.build(model.trainable_variables)
-        checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+        pruner = pruning.for_spec(model, training, plan.steps_per_epoch)
+        masks = {"pruning": pruner.masks} if pruner is not None else {}
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, **masks)
         saved_at = store.restore(checkpoint, plan.steps_per_epoch)
-    return model, checkpoint, saved_at
+    if pruner is not None:
+        pruner.restore_progress()
+    return model, checkpoint, saved_at, pruner
 
 
 def _export(job: AgentJob, work: WorkDir, plan: RuntimePlan, data: LocalDataset, builder: Any, inputs: ModelInputs,
@@ -180,6 +185,12 @@ def _export(job: AgentJob, work: WorkDir, plan: RuntimePlan, data: LocalDataset,
         final.update(tflite_quantization=tflite_options.quantization, tflite_io_type=tflite_options.io_type,
                      tflite_bytes=len(tflite))
         final.update(export.tflite_scores(tflite, data.task, val_x, val_y))
+    if (asked := job.spec.training.pruning) is not None:  # what the exported model's kernels hold
+        final["pruning"] = {"target_sparsity": asked.target_sparsity, "schedule": asked.schedule,
+                            "layers": pruning.sparsity(serving, asked.layers)}
+    final["saved_model_gzip_bytes"] = export.gzip_size(out / "saved_model")
+    if tflite_options is not None:
+        final["tflite_gzip_bytes"] = export.gzip_size(out / "model.tflite")
     final.update(_throughput(history, job.attempt))
     final.update(extra)
     final.update(eval_examples=int(len(val_y)), epochs=plan.epochs, initial_epoch=plan.initial_epoch,

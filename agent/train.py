@@ -123,9 +123,11 @@ class StopEarly(keras.callbacks.EarlyStopping):
 
 
 def fit(model: Any, plan: RuntimePlan, train_data: Any, val_data: Any | None, recorder: EpochRecorder,
-        stop_early: StopEarly | None = None, class_weight: dict[int, float] | None = None) -> None:
+        stop_early: StopEarly | None = None, class_weight: dict[int, float] | None = None,
+        before: list[Any] | None = None) -> None:
     """Train from the plan's start to `plan.epochs`. A start inside an epoch (a mid-epoch
-    checkpoint) takes two fit calls: the rest of that epoch, then the epochs after it.
+    checkpoint) takes two fit calls: the rest of that epoch, then the epochs after it. `before`: callbacks
+    that run before the recorder after each call (pruning's masks, which a checkpoint then holds).
 
     Every fit call starts the input pipeline again from the spec's seed: the tf.data position is
     not checkpointed, so a resumed job does not see the batches an uninterrupted one would have.
@@ -137,7 +139,7 @@ def fit(model: Any, plan: RuntimePlan, train_data: Any, val_data: Any | None, re
              plan.initial_epoch + 1, plan.epochs, plan.steps_per_epoch, plan.global_batch_size, plan.steps_per_execution)
     common: dict[str, Any] = {
         "validation_data": val_data,
-        "callbacks": [recorder, *([stop_early] if stop_early is not None else [])],  # the epoch recorded first
+        "callbacks": [*(before or []), recorder, *([stop_early] if stop_early is not None else [])],
         "shuffle": False,  # the pipeline shuffles with the spec's seed
         "class_weight": class_weight,
         "verbose": 0,

@@ -23,14 +23,16 @@ IMAGE_TEST_PACKAGES := pytest gcp-storage-emulator
 # The agent's e2e tests that run it alone, as a VM does: the other e2e modules drive it through the
 # control plane (API, worker, PostgreSQL, staging), whose packages a VM, and so these venvs, lack.
 IMAGE_TESTS := tests/e2e/test_agent.py tests/e2e/test_agent_runs.py tests/e2e/test_epoch_steps.py \
-	tests/e2e/test_agent_watchdog.py tests/e2e/test_keras_compat.py tests/e2e/test_program_runs.py
+	tests/e2e/test_agent_watchdog.py tests/e2e/test_keras_compat.py tests/e2e/test_program_runs.py \
+	tests/e2e/test_pruning.py
 # ... less the one that stages its dataset with the worker's stager.
 IMAGE_TESTS_SKIP := tests/e2e/test_agent_watchdog.py::test_a_sigterm_as_a_finished_agent_reports_still_leaves_a_final_status
 # CI's subset (`IMAGES_SUBSET=ci`): a job trained, exported and served (one agent run answers the
 # digits tests), a two-worker job (MultiWorkerMirroredStrategy), a mixed-float16 job, a resume from a
 # mid-epoch checkpoint, the step counts of each strategy, the metrics over replicas, a watchdog stop, a
 # program (issue 20) stopped by SIGTERM mid-epoch that resumes through the runtime's callbacks, a
-# regression and a binary task on two workers in bfloat16 (issue 21; `two_workers` selects them).
+# regression and a binary task on two workers in bfloat16 (issue 21; `two_workers` selects them), and
+# pruning on two workers (issue 23: Keras 3.4 takes only Constraint instances as a variable's constraint).
 IMAGE_TESTS_ci := digits_cnn or downloaded_saved_model or stand_in_plan or two_workers or mixed_float16 \
 	or (killed and mid) or every_epoch or every_replicas or control_plane_asks or (stopped_program and sigterm)
 IMAGES_SUBSET ?= all

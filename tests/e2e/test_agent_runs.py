@@ -8,7 +8,6 @@ agent run (a TensorFlow start-up saved), each by its own test."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -21,7 +20,9 @@ import pytest
 
 from agent.checkpoints import LATEST
 from tests.support import scaled
-from tests.support.agent import AGENT_TIMEOUT_S, digits, make_job, read, run_agent, spec, start_agent, wait_for, write_dataset
+from tests.support.agent import (
+    digits, make_job, read, run_agent, spec, start_agent, train_on_two_workers, wait_for, write_dataset,
+)
 from trainjobs import storage
 from trainjobs.job_paths import ARTIFACT_HISTORY, JobPaths
 
@@ -93,20 +94,6 @@ def test_resumes_from_the_last_checkpoint_after_being_killed(bucket: str, slow_d
     assert read(JobPaths(job_dir).artifact_manifest)
 
 
-def _train_on_two_workers(job_dir: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Two agents of one job, one CPU device each, under TF_CONFIG as a multi-worker machine starts them;
-    their last statuses (chief, the other) once both have exited 0."""
-    from trainjobs.loopback import free_port
-
-    cluster = {"worker": [f"localhost:{free_port()}", f"localhost:{free_port()}"]}
-    procs = [start_agent(job_dir, TRAINJOBS_LOCAL_DEVICES="1",
-                         TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}))
-             for i in range(2)]
-    outs = [p.communicate(timeout=AGENT_TIMEOUT_S)[0].decode(errors="replace") for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
-    return read(JobPaths(job_dir).status), read(JobPaths(job_dir).status_of(1))
-
-
 def test_two_workers_train_together_and_only_the_chief_writes_artifacts(bucket: str, tmp_path: Path) -> None:
     x, y = digits()
     dataset = write_dataset(bucket, tmp_path, x, y, 10, val=359, shards=1)
@@ -114,7 +101,7 @@ def test_two_workers_train_together_and_only_the_chief_writes_artifacts(bucket: 
     job_dir = make_job(bucket, spec(accelerator={"type": "cpu"}, workers=2, model={"name": "cnn"}, training={
         "epochs": 2, "per_replica_batch_size": 32, "learning_rate": 0.003, "checkpoint_every_steps": 8,
     }), dataset)
-    chief, other = _train_on_two_workers(job_dir)
+    chief, other = train_on_two_workers(job_dir)
     assert (chief["state"], chief["task_index"], other["state"], other["task_index"]) == ("succeeded", 0, "succeeded", 1)
     assert chief["runtime"]["strategy"] == "multi_worker_mirrored" and chief["runtime"]["replicas"] == 2
     assert chief["metrics"]["val_accuracy"] == other["metrics"]["val_accuracy"]  # one model, trained together
@@ -155,7 +142,7 @@ def test_two_workers_train_a_regression_or_a_binary_task_in_bfloat16(bucket: str
     job_dir = make_job(bucket, spec(accelerator={"type": "cpu"}, workers=2, task=task, precision="mixed_bfloat16",
                                     model={"name": "mlp"}, training={"epochs": 4, "per_replica_batch_size": 16,
                                                                      "learning_rate": 0.01}), dataset)
-    chief, other = _train_on_two_workers(job_dir)
+    chief, other = train_on_two_workers(job_dir)
     quality = "val_r2" if task == "regression" else "val_auc"
     assert chief["metrics"][quality] == other["metrics"][quality]  # one model, trained together
     local = tmp_path / "saved_model"

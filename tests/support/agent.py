@@ -4,6 +4,7 @@ provisioner starts it."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -130,3 +131,15 @@ def spec(**overrides: Any) -> dict[str, Any]:
     return {**base, **overrides}
 
 
+def train_on_two_workers(job_dir: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Two agents of one job, one CPU device each, under TF_CONFIG as a multi-worker machine starts them;
+    their last statuses (chief, the other) once both have exited 0."""
+    from trainjobs.loopback import free_port
+
+    cluster = {"worker": [f"localhost:{free_port()}", f"localhost:{free_port()}"]}
+    procs = [start_agent(job_dir, TRAINJOBS_LOCAL_DEVICES="1",
+                         TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}))
+             for i in range(2)]
+    outs = [p.communicate(timeout=AGENT_TIMEOUT_S)[0].decode(errors="replace") for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    return read(JobPaths(job_dir).status), read(JobPaths(job_dir).status_of(1))

@@ -130,6 +130,18 @@ REJECTED = [
         "y": "categorical"}}}}, "dataset.options.columns.y", "that is a label column"),
     ("column types for npz data", {"dataset": {"source": "d.npz", "options": {"columns": {"a": "text"}}}},
      "dataset.options.columns", "columns applies to csv data, not npz"),
+    # training.pruning (issue 23)
+    ("pruning a program", {"model": None, "program": {"source": "t.py"}, "training": {"pruning": {
+        "target_sparsity": 0.5}}}, "training.pruning", "a program prunes its own model"),
+    ("pruning convolutions of an mlp", {"model": {"name": "mlp"}, "training": {"pruning": {
+        "target_sparsity": 0.5, "layers": "conv"}}}, "training.pruning.layers", "model mlp has no conv layers"),
+    ("a pruning window past the end", {"training": {"epochs": 4, "pruning": {"target_sparsity": 0.5, "end_epoch": 6}}},
+     "training.pruning.end_epoch", "after the last epoch (4)"),
+    ("a pruning window that ends first", {"training": {"pruning": {"target_sparsity": 0.5, "begin_epoch": 2,
+                                                                    "end_epoch": 2}}},
+     "training.pruning.end_epoch", "must come after begin_epoch"),
+    ("a sparsity of 1", {"training": {"pruning": {"target_sparsity": 1.0}}}, "training.pruning.target_sparsity",
+     "less than 1"),
     ("a label column named twice", {"task": "multilabel", "dataset": {"source": "d.csv", "options": {
         "label_column": ["a", "a"]}}}, "dataset.options.label_column", "a list of distinct ones"),
     ("a regression's integer TFLite output", {"task": "regression", "export": {"tflite": {"quantization": "int8",

@@ -21,6 +21,29 @@ class EarlyStopping(StrictModel):
     restore_best: bool = Field(default=True, description="end with the weights of the best epoch, not the last")
 
 
+class Pruning(StrictModel):
+    """Gradual magnitude pruning (issue 23): each prunable kernel's smallest weights held at zero by a
+    mask, the masked share rising from 0 at begin_epoch to target_sparsity at end_epoch (agent/pruning.py)."""
+
+    target_sparsity: Number = Field(gt=0.0, lt=1.0, description="the share of each pruned kernel that is zero at the end")
+    begin_epoch: Int = Field(default=0, ge=0, le=10_000, description="epochs trained dense first (0: prune from the start)")
+    end_epoch: Int | None = Field(default=None, ge=1, le=10_000, description=(
+        "the epoch whose end reaches target_sparsity (default: two thirds of the way through training), "
+        "after which the masks are fixed and the rest of training recovers"))
+    schedule: Literal["polynomial", "constant"] = Field(default="polynomial", description=(
+        "polynomial: the sparsity rises as 1 - (1 - t)^3 over [begin, end] (fast at first); constant: the "
+        "target from begin_epoch on"))
+    layers: Literal["dense", "conv", "all"] = Field(default="all", description=(
+        "which kernels are pruned: Dense, convolutions, or both; the output layer never"))
+    frequency_steps: Int = Field(default=100, ge=1, le=1_000_000, description="steps between updates of the masks")
+
+    @model_validator(mode="after")
+    def _window(self) -> Pruning:
+        if self.end_epoch is not None and self.end_epoch <= self.begin_epoch:
+            raise fail("end_epoch", f"end_epoch ({self.end_epoch}) must come after begin_epoch ({self.begin_epoch})")
+        return self
+
+
 class TrainingSpec(StrictModel):
     epochs: Int = Field(default=10, ge=1, le=10_000)
     per_replica_batch_size: Int | None = Field(default=None, ge=1, le=65_536)
@@ -49,6 +72,8 @@ class TrainingSpec(StrictModel):
         default=None, description=("Weigh each class's examples in the loss: 'balanced' (n / (classes x the "
                                    "class's count) over the training split) or {label: weight} by the labels' "
                                    "names in labels.json (unnamed labels weigh 1)."))
+    pruning: Pruning | None = Field(default=None, description=(
+        "Gradual magnitude pruning: the exported models are the pruned ones (README, Smaller models)"))
     early_stopping: EarlyStopping | None = Field(default=None, description=(
         "Stop when the monitored metric has not improved for `patience` epochs; the job records the epoch and why."))
 
@@ -80,4 +105,37 @@ class TrainingSpec(StrictModel):
             raise fail("global_batch_size", "give per_replica_batch_size or global_batch_size, not both")
         if self.warmup_epochs > self.epochs:
             raise fail("warmup_epochs", f"warmup of {self.warmup_epochs} epochs is longer than training ({self.epochs})")
+        if self.pruning is not None:
+            end = self.pruning.end_epoch
+            if end is not None and end > self.epochs:
+                raise fail("pruning.end_epoch", f"end_epoch {end} is after the last epoch ({self.epochs})")
+            if self.pruning.begin_epoch >= self.epochs:
+                raise fail("pruning.begin_epoch", f"begin_epoch {self.pruning.begin_epoch} leaves no epoch to prune "
+                           f"in (training has {self.epochs})")
         return self
+
+    def pruning_window(self) -> tuple[int, int]:
+        """(begin, end) epochs of the pruning schedule: end defaults to two thirds of training."""
+        assert self.pruning is not None
+        begin = self.pruning.begin_epoch
+        end = self.pruning.end_epoch or max(begin + 1, round(self.epochs * 2 / 3))
+        return begin, min(end, self.epochs)
+
+
+# The built-in models' kernels by kind (agent/builtin_models.py): what training.pruning.layers can find.
+_BUILTIN_KERNELS = {"mlp": ("dense",), "cnn": ("conv", "dense"), "resnet": ("conv", "dense")}
+
+
+def pruning_problem(training: TrainingSpec, model_name: str | None, program: bool) -> tuple[str, str] | None:
+    """(field, reason) for pruning the job cannot do, as far as the spec shows; a user's own model is
+    checked when the agent builds it, before training."""
+    if training.pruning is None:
+        return None
+    if program:
+        return "training.pruning", "a program prunes its own model: training.pruning is the managed trainer's"
+    layers = training.pruning.layers
+    kinds = _BUILTIN_KERNELS.get(model_name or "", ("conv", "dense"))  # keras.applications: convolutions
+    if layers != "all" and layers not in kinds:
+        return ("training.pruning.layers", f"model {model_name} has no {layers} layers to prune (it has "
+                f"{' and '.join(kinds)}; the output layer is never pruned)")
+    return None
