@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -47,7 +48,7 @@ from trainjobs.job_paths import JobPaths
 from trainjobs.spec import parse_stored
 from trainjobs.spec.derived import hourly_price_usd, job_accelerators
 from trainjobs.spec.job import JobSpec
-from trainjobs.spec.sweep import SweepSpec, trial_spec
+from trainjobs.spec.sweep import SweepSpec, first_reason, trial_spec
 from trainjobs.states import JobStatus, SweepStatus, TrialState
 from trainjobs.storage_limits import WORKER_LIMITS, limited_calls
 
@@ -55,6 +56,7 @@ log = logging.getLogger("trainjobs.worker.sweeps")
 
 PRUNED_REASON = "pruned by the sweep"
 CANCELLED_REASON = "cancelled with its sweep"
+SPENT = "stopped asking for trials: limits.max_cost_usd is spent"
 OPTUNA_SCHEMA = "optuna"
 
 
@@ -145,16 +147,29 @@ class SweepEngine:
                     self._finish(session, sweep, SweepStatus.CANCELLED, sweep.note or "cancel requested by user")
                 return
             note = None
-            while running < spec.parallel_trials and len(rows) < spec.trials:
+            # Asked so far: every trial Optuna handed out (a grid's queued cells not yet), one refused as a
+            # job included, so a refusal counts against max_trials instead of being asked again forever.
+            asked = sum(1 for t in study.get_trials(deepcopy=False) if t.state != optuna.trial.TrialState.WAITING)
+            while running < spec.parallel_trials and asked < spec.trials:
                 cap = self._budget_left(spec, rows)
                 if cap is not None and cap < 0.01:
-                    note = "stopped asking for trials: limits.max_cost_usd is spent"
+                    note = SPENT
                     break
-                number, trial_id, params = self._ask(study, spec, len(rows))
-                rows[number] = self._submit(session, sweep, spec, number, trial_id, params, rows, cap)
+                number, trial_id, params = self._ask(study, spec, asked)
+                asked += 1
+                try:
+                    rows[number] = self._submit(session, sweep, spec, number, trial_id, params, rows, cap)
+                except ValidationError as exc:  # a value between those checked at submit: no job, told FAIL
+                    study.tell(number, state=optuna.trial.TrialState.FAIL)
+                    sweep.note = f"trial {number} {params} is not a valid job: {first_reason(exc)}"
+                    log.warning("sweep %s: %s", sweep.id, sweep.note)
+                    continue
                 running += 1
-            if running == 0 and settled and (len(rows) >= spec.trials or note is not None):
+                if sweep.note == SPENT:  # it had waited for running trials to leave some of the budget
+                    sweep.note = None
+            if running == 0 and settled and (asked >= spec.trials or note is not None):
                 completed = [t for t, _ in rows.values() if t.state == TrialState.COMPLETE]
+                note = note or sweep.note  # what an earlier tick had to say stays said
                 if completed:
                     self._finish(session, sweep, SweepStatus.SUCCEEDED, note)
                 else:

@@ -206,6 +206,7 @@ def test_the_sweeps_cost_limit_bounds_what_its_trials_may_spend(api: Any, db: An
     play(db, first[0]["job_id"], [0.9], done=True)  # it ended having spent (almost) nothing
     e.tick()
     assert len(trials(api, sweep["id"])) == 2
+    assert "limits.max_cost_usd is spent" in api.get(f"/v1/sweeps/{sweep['id']}").json()["note"]  # again, beside it
 
 
 def test_a_sweep_is_driven_by_one_worker_at_a_time(api: Any, db: Any, database_url: str, bucket: str) -> None:
@@ -262,3 +263,35 @@ def test_hyperband_stops_trials_behind_in_their_bracket(api: Any, db: Any, datab
     assert api.get(f"/v1/sweeps/{sweep['id']}").json()["status"] == "SUCCEEDED"
     assert all(state == "COMPLETE" for state, bad in states if not bad), states
     assert any(state == "PRUNED" for state, bad in states if bad), states
+
+
+def test_a_trial_whose_values_make_no_valid_job_fails_and_counts_against_max_trials(
+        api: Any, db: Any, database_url: str, bucket: str) -> None:
+    """Submit checks a continuous range at its ends and middle; a value in between that a rule refuses
+    (here: made to) is told FAIL without a job, said in the sweep's note, and not asked again forever."""
+    from trainjobs.spec import JobSpec
+
+    sweep = submit(api, max_trials=3, parallel_trials=1)
+    e = engine(database_url, db)
+    original = e._submit
+
+    def refuse_trial_one(*args: Any, **kwargs: Any) -> Any:
+        if args[3] == 1:
+            JobSpec.model_validate({"training": {"epochs": 0}})  # raises, as the trial's spec would
+        return original(*args, **kwargs)
+
+    e._submit = refuse_trial_one  # type: ignore[method-assign]
+    for _ in range(6):
+        e.tick()
+        for t in trials(api, sweep["id"]):
+            if t["state"] == "RUNNING":
+                play(db, t["job_id"], [0.7], done=True)
+    e.tick()
+    done = api.get(f"/v1/sweeps/{sweep['id']}").json()
+    assert done["status"] == "SUCCEEDED", done
+    assert [t["number"] for t in trials(api, sweep["id"])] == [0, 2]  # three asked, one refused
+    assert "trial 1" in done["note"] and "is not a valid job" in done["note"]
+    import optuna
+
+    study = optuna.load_study(study_name=f"sweep-{sweep['id']}", storage=e._optuna_storage())
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "FAIL", "COMPLETE"]

@@ -188,7 +188,7 @@ class SweepSpec(StrictModel):
                 try:
                     JobSpec.model_validate(trial_spec(self.job, params))
                 except ValidationError as exc:
-                    raise fail("parameters", f"the trial {params} is not a valid job: {_first_reason(exc)}") from None
+                    raise fail("parameters", f"the trial {params} is not a valid job: {first_reason(exc)}") from None
         if base.model is not None and base.program is None:
             names = epoch_names(base.task, base.training.metrics)
             if self.objective.metric not in names:
@@ -232,7 +232,7 @@ def _copy(value: Any) -> Any:
     return value
 
 
-def _first_reason(exc: ValidationError) -> str:
+def first_reason(exc: ValidationError) -> str:
     from trainjobs.spec.errors import describe_errors
 
     first = describe_errors([dict(e) for e in exc.errors(include_url=False)])[0]
@@ -245,6 +245,6 @@ def _validated(spec: dict[str, Any], field: str, value: Any = None) -> JobSpec:
         return JobSpec.model_validate(spec)
     except ValidationError as exc:
         raise fail(field, f"{'the job' if value is None else 'a trial'} is not a valid job spec{at}: "
-                   f"{_first_reason(exc)}") from None
+                   f"{first_reason(exc)}") from None
     except ValueError as exc:
         raise fail(field, f"{exc}{at}") from None
