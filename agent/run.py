@@ -160,8 +160,8 @@ def _export(job: AgentJob, work: WorkDir, plan: RuntimePlan, data: LocalDataset,
     paths, tflite_options = job.paths, job.spec.export.tflite
     out = work.artifacts
     out.mkdir(parents=True, exist_ok=True)
-    serving = tasks.serving_model(export.float32_copy(builder, inputs, model), inputs.task, inputs.target_mean,
-                                  inputs.target_std)
+    exported = export.float32_copy(builder, inputs, model)
+    serving = tasks.serving_model(exported, inputs.task, inputs.target_mean, inputs.target_std)
     labels = export.labels_doc(data)
     encoder = columns.encoder(data.columns) if data.columns is not None else None
     export.save_model(serving, inputs.input_shape, out / "saved_model", labels, data.columns, encoder)
@@ -187,7 +187,7 @@ def _export(job: AgentJob, work: WorkDir, plan: RuntimePlan, data: LocalDataset,
         final.update(export.tflite_scores(tflite, data.task, val_x, val_y))
     if (asked := job.spec.training.pruning) is not None:  # what the exported model's kernels hold
         final["pruning"] = {"target_sparsity": asked.target_sparsity, "schedule": asked.schedule,
-                            "layers": pruning.sparsity(serving, asked.layers)}
+                            "layers": pruning.sparsity(exported, asked.layers)}
     final["saved_model_gzip_bytes"] = export.gzip_size(out / "saved_model")
     if tflite_options is not None:
         final["tflite_gzip_bytes"] = export.gzip_size(out / "model.tflite")
