@@ -257,3 +257,17 @@ def test_the_readmes_sweep_example_is_a_valid_sweep() -> None:
     spec = SweepSpec.model_validate(yaml.safe_load(block))
     assert spec.trials == 12 and spec.objective.direction == "maximize"
     assert set(spec.parameters) == {"training.learning_rate", "model.params.dropout"}
+
+
+def test_a_fine_stepped_range_is_checked_at_its_ends_and_refused_as_a_grid_without_listing_it() -> None:
+    """A float range of ten million steps: checked at three values, counted (not listed) for a grid."""
+    from pydantic import ValidationError
+
+    from trainjobs.spec.sweep import SweepSpec
+
+    sweep = {"job": {"dataset": {"source": "sklearn:iris"}, "model": {"name": "mlp"}},
+             "parameters": {"model.params.dropout": {"type": "float", "low": 0.0, "high": 0.5, "step": 5e-8}},
+             "objective": {"metric": "val_accuracy"}}
+    assert SweepSpec.model_validate(sweep).trials == 24
+    with pytest.raises(ValidationError, match="the grid has 10000001 combinations, over the limit of 10000"):
+        SweepSpec.model_validate({**sweep, "algorithm": "grid"})

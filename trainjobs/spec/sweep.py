@@ -59,16 +59,19 @@ class FloatParameter(StrictModel):
             raise fail("step", "a log range has no step (Optuna samples it continuously)")
         return self
 
+    def count(self) -> int | None:
+        """How many values a stepped range has; None for a continuous one."""
+        return None if self.step is None else int(math.floor((self.high - self.low) / self.step + 1e-9)) + 1
+
     def values(self) -> list[float] | None:
         """Every value, for a stepped range; None for a continuous one."""
-        if self.step is None:
+        if (n := self.count()) is None or self.step is None:
             return None
-        n = int(math.floor((self.high - self.low) / self.step + 1e-9)) + 1
         return [round(self.low + i * self.step, 12) for i in range(n)]
 
     def probes(self) -> list[float]:
-        if (every := self.values()) is not None and len(every) <= MAX_CHECKED_VALUES:
-            return every
+        if (n := self.count()) is not None and n <= MAX_CHECKED_VALUES:
+            return self.values() or []
         middle = math.sqrt(self.low * self.high) if self.log else (self.low + self.high) / 2
         return sorted({self.low, middle, self.high})
 
@@ -87,6 +90,9 @@ class IntParameter(StrictModel):
         if self.log and (self.low <= 0 or self.step != 1):
             raise fail("log", "a log range of integers starts above 0 and has step 1")
         return self
+
+    def count(self) -> int:
+        return (self.high - self.low) // self.step + 1
 
     def values(self) -> list[int]:
         return list(range(self.low, self.high + 1, self.step))
@@ -108,6 +114,9 @@ class CategoricalParameter(StrictModel):
         if len({repr(c) for c in v}) != len(v):
             raise fail("choices", "a choice is listed twice")
         return v
+
+    def count(self) -> int:
+        return len(self.choices)
 
     def values(self) -> list[Scalar]:
         return list(self.choices)
@@ -197,7 +206,7 @@ class SweepSpec(StrictModel):
         return self
 
     def grid_size(self) -> int:
-        return math.prod(len(p.values() or ()) for p in self.parameters.values())
+        return math.prod(p.count() or 0 for p in self.parameters.values())
 
     @property
     def trials(self) -> int:
