@@ -67,6 +67,11 @@ class SweepStatus(StrEnum):
         return self in (SweepStatus.SUCCEEDED, SweepStatus.FAILED, SweepStatus.CANCELLED)
 
 
+# A cancel acts on it (service/db/sweeps.py request_cancel; the dashboard's cancel button): a sweep already
+# CANCELLING or ended is left as it is.
+SWEEP_CANCELLABLE = frozenset({SweepStatus.RUNNING})
+
+
 class TrialState(StrEnum):
     """A sweep trial's state, as Optuna's study records it too."""
 

@@ -12,7 +12,7 @@ from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
 from service.db.models import Job, Sweep, SweepTrial
-from trainjobs.states import SweepStatus
+from trainjobs.states import SWEEP_CANCELLABLE, SweepStatus
 
 ACTIVE_SWEEP = (SweepStatus.RUNNING.value, SweepStatus.CANCELLING.value)
 NOTIFY_SWEEP = "trainjobs_sweep"  # a sweep was submitted or cancelled: the workers' sweep loops look now
@@ -48,7 +48,7 @@ def request_cancel(session: Session, project_id: uuid.UUID, sweep_id: uuid.UUID)
     """A running sweep goes CANCELLING; the worker cancels its trials' jobs and ends it. Idempotent."""
     sweep = session.scalars(select(Sweep).where(Sweep.id == sweep_id, Sweep.project_id == project_id)
                             .with_for_update()).first()
-    if sweep is not None and sweep.status == SweepStatus.RUNNING.value:
+    if sweep is not None and SweepStatus(sweep.status) in SWEEP_CANCELLABLE:
         sweep.status = SweepStatus.CANCELLING.value
         sweep.note = "cancel requested by user"
         session.execute(text("SELECT pg_notify(:channel, :id)"), {"channel": NOTIFY_SWEEP, "id": str(sweep.id)})

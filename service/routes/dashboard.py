@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from trainjobs.states import GROUPS, JobStatus, SweepStatus, TrialState, in_order
+from trainjobs.states import GROUPS, SWEEP_CANCELLABLE, JobStatus, SweepStatus, TrialState, in_order
 
 UI_DIR = Path(__file__).resolve().parent.parent / "ui"
 
@@ -31,8 +31,7 @@ def sweep_states_script() -> str:
     """The sweep statuses, which end a sweep and which may be cancelled, and the trial states, as a script
     that defines SWEEP_STATES (read by ui/app.js)."""
     groups = {"STATUSES": [s.value for s in SweepStatus], "TERMINAL": [s.value for s in SweepStatus if s.terminal],
-              # service/db/sweeps.py request_cancel moves a RUNNING sweep only; any other is left as it is.
-              "CANCELLABLE": [SweepStatus.RUNNING.value], "TRIAL": {s.name: s.value for s in TrialState}}
+              "CANCELLABLE": sorted(s.value for s in SWEEP_CANCELLABLE), "TRIAL": {s.name: s.value for s in TrialState}}
     return ("// The sweep and trial states of trainjobs/states.py (served by service/routes/dashboard.py).\n"
             f"const SWEEP_STATES = Object.freeze({json.dumps(groups)});\n")
 
