@@ -164,12 +164,14 @@ def test_two_workers_train_a_regression_or_a_binary_task_in_bfloat16(bucket: str
 
 @pytest.fixture(scope="module")
 def interrupted_run(slow_dataset: str) -> dict[str, Any]:
-    """One agent on a 20-epoch job: its status once training, then once its heartbeat has refreshed
-    that status (None if it never did), then SIGTERM: its exit code and last status. A failure to
-    see the heartbeat still ends in the SIGTERM, so each test below is judged on its own."""
+    """One agent on a job too long to end by itself here: its status once training, then once its
+    heartbeat has refreshed that status (None if it never did), then SIGTERM: its exit code and last
+    status. A failure to see the heartbeat still ends in the SIGTERM, so each test below is judged on
+    its own. (20 epochs were not enough: on a loaded clean clone the refresh took 38 s and the job had
+    finished when the signal came.)"""
     bucket = f"t-{uuid.uuid4().hex[:12]}"
     storage.ensure_bucket(bucket)
-    job_id, _ = _slow_job(bucket, slow_dataset, epochs=20)
+    job_id, _ = _slow_job(bucket, slow_dataset, epochs=1000)
     job_dir = JobPaths.for_job(job_id, bucket).root
     seen: dict[str, Any] = {"first": None, "refreshed": None, "rc": None, "last": None}
     # The cleanup after SIGTERM is what is judged here, not its time bound (test_agent_watchdog.py
