@@ -111,7 +111,9 @@ class Pruner:
         if step < self.begin_step:
             return -1
         last = math.ceil((self.end_step - self.begin_step) / self.frequency)
-        return min(last, (step - self.begin_step) // self.frequency)
+        if step >= self.end_step:  # the target, once, even where the window ends with training
+            return last
+        return min(last - 1, (step - self.begin_step) // self.frequency)
 
     def after_call(self) -> None:
         step = int(self.model.optimizer.iterations.numpy())
