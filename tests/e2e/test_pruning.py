@@ -156,3 +156,20 @@ def test_two_workers_prune_together(bucket: str, tmp_path: Path) -> None:
     storage.download_prefix(JobPaths(job_dir).artifacts, local)
     zeros = {n: float(np.mean(k == 0)) for n, k in _kernels(local / "saved_model").items() if "probabilities" not in n}
     assert zeros and all(0.49 <= z <= 0.51 for z in zeros.values()), zeros
+
+
+def test_the_schedule_updates_every_frequency_steps_and_once_more_at_the_window_end() -> None:
+    from agent.pruning import Pruner
+
+    p = Pruner.__new__(Pruner)  # the schedule alone: no model
+    p.begin_step, p.end_step, p.frequency, p.target, p.schedule = 10, 100, 45, 0.8, "polynomial"
+    assert [p._update_index(s) for s in (9, 10, 54, 55, 99, 100, 130)] == [-1, 0, 0, 1, 1, 2, 2]
+    # Updates every 30 steps over [0, 100]: one at step 90, and a last call ending at step 100 still
+    # brings the target (the window's end is an update of its own, not the one of step 90).
+    p.begin_step, p.end_step, p.frequency = 0, 100, 30
+    assert p._update_index(96) == 3 and p._update_index(100) == 4
+    p.begin_step, p.end_step, p.frequency = 10, 100, 45
+    assert p.sparsity_at(9) == 0.0 and p.sparsity_at(100) == pytest.approx(0.8) and p.sparsity_at(500) == pytest.approx(0.8)
+    assert p.sparsity_at(55) == pytest.approx(0.8 * (1 - 0.5 ** 3))  # halfway: 7/8 of the target
+    p.schedule = "constant"
+    assert p.sparsity_at(10) == 0.8
