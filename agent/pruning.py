@@ -118,9 +118,7 @@ class Pruner:
     def after_call(self) -> None:
         step = int(self.model.optimizer.iterations.numpy())
         index = self._update_index(step)
-        if index <= self._applied and self._applied >= 0:
-            return
-        if index < 0:
+        if index < 0 or index <= self._applied:  # before the window, or this update is applied
             return
         self._applied = index
         self.update(self.sparsity_at(step))

@@ -134,7 +134,6 @@ class SweepEngine:
                 if trial.state == TrialState.RUNNING:
                     self._follow(session, study, sweep, spec, trial, job)
                 elif not JobStatus(job.status).terminal:  # a pruned trial's job tearing down: still spending
-                    session.refresh(job)
                     _account(trial, job)
             running = sum(1 for t, _ in rows.values() if t.state == TrialState.RUNNING)
             # Every trial's job has ended: nothing of the sweep holds a machine any more.
@@ -262,14 +261,13 @@ class SweepEngine:
                 job: Job) -> None:
         import optuna
 
-        session.refresh(job)
-        _account(trial, job)
+        _account(trial, job)  # the job as this step's transaction read it
         frozen = self._optuna_storage().get_trial(trial.optuna_trial_id)
         if frozen.state != optuna.trial.TrialState.RUNNING:  # told before the worker stopped: follow it
             state = TrialState(frozen.state.name)
             self._record(trial, state, frozen.value, frozen.intermediate_values)
             if not JobStatus(job.status).terminal and state == TrialState.PRUNED:
-                self._cancel(session, sweep, job, PRUNED_REASON)
+                job_data.request_cancel(session, sweep.project_id, job.id, reason=PRUNED_REASON)
             return
         metric = spec.objective.metric
         if JobStatus(job.status).terminal:
@@ -318,19 +316,14 @@ class SweepEngine:
              value: float | None = None, cancel: str | None = None) -> None:
         import optuna
 
-        optuna_state = getattr(optuna.trial.TrialState, state.value)
-        if state == TrialState.PRUNED:
-            study.tell(trial.number, state=optuna_state)
-        elif state == TrialState.COMPLETE:
+        if state == TrialState.COMPLETE:
             study.tell(trial.number, value)
-        else:
-            study.tell(trial.number, state=optuna_state)
+        else:  # PRUNED (Optuna keeps its last intermediate value) or FAIL
+            study.tell(trial.number, state=getattr(optuna.trial.TrialState, state.value))
         self._record(trial, state, value, None)
         if cancel is not None and not JobStatus(job.status).terminal:
             job_data.request_cancel(session, job.project_id, job.id, reason=cancel)
 
-    def _cancel(self, session: Session, sweep: Sweep, job: Job, reason: str) -> None:
-        job_data.request_cancel(session, sweep.project_id, job.id, reason=reason)
 
     @staticmethod
     def _record(trial: SweepTrial, state: TrialState, value: float | None, curve: dict[int, float] | None) -> None:

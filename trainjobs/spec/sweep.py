@@ -23,6 +23,7 @@ is caught too.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 from typing import Annotated, Any, Literal
@@ -218,7 +219,7 @@ class SweepSpec(StrictModel):
 
 def trial_spec(job: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
     """The job spec with each parameter's value at its dotted path (missing sections made)."""
-    spec: dict[str, Any] = _copy(job)
+    spec: dict[str, Any] = copy.deepcopy(job)
     for path, value in params.items():
         node = spec
         *parents, last = path.split(".")
@@ -231,14 +232,6 @@ def trial_spec(job: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
             node = child
         node[last] = value
     return spec
-
-
-def _copy(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _copy(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_copy(v) for v in value]
-    return value
 
 
 def first_reason(exc: ValidationError) -> str:
