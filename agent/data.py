@@ -51,6 +51,9 @@ class LocalDataset:
     # counts the numeric ones, and `strings_key` holds the others' cells.
     columns: tuple[dict[str, Any], ...] | None = None
     strings_key: str = "xs"
+    # training.distillation (agent/distillation.py): the training split's records also hold the teacher's
+    # outputs for each example, `teacher_width` floats under TEACHER_KEY; 0 when there is no teacher.
+    teacher_width: int = 0
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -179,11 +182,15 @@ def _download_all(jobs: list[tuple[str, Path]]) -> None:
         list(pool.map(fetch, jobs))
 
 
-def _parser(ds: LocalDataset, standardized: bool = False, encoded: bool = True) -> Any:
+TEACHER_KEY = "teacher"
+
+
+def _parser(ds: LocalDataset, standardized: bool = False, encoded: bool = True, teacher: bool = False) -> Any:
     """Parses a batch of serialized examples at once: one vectorized op instead of one per example.
     `standardized`: a regression's targets as the managed trainer's model learns them (agent/tasks.py);
     otherwise as the data has them. A CSV's named columns are encoded with Keras' preprocessing layers
-    (agent/columns.py), or, not `encoded`, given as {input name: [n] tensor}, as the served model takes them."""
+    (agent/columns.py), or, not `encoded`, given as {input name: [n] tensor}, as the served model takes them.
+    `teacher`: the labels come with the teacher's outputs, as (labels, teacher outputs) (agent/distillation.py)."""
     import tensorflow as tf
 
     from agent import columns
@@ -213,8 +220,15 @@ def _parser(ds: LocalDataset, standardized: bool = False, encoded: bool = True) 
             del spec[ds.feature_key]
         encode = columns.encoder(ds.columns) if encoded else None
 
+    if teacher:
+        spec[TEACHER_KEY] = tf.io.FixedLenFeature([ds.teacher_width], tf.float32)
+
     def parse(serialized: Any) -> tuple[Any, Any]:
         parsed = tf.io.parse_example(serialized, spec)
+        x, y = features_and_labels(parsed, serialized)
+        return (x, (y, parsed[TEACHER_KEY])) if teacher else (x, y)
+
+    def features_and_labels(parsed: Any, serialized: Any) -> tuple[Any, Any]:
         if ds.feature_key in parsed:
             x = tf.reshape(tf.cast(parsed[ds.feature_key], tf.float32), (-1, *ds.feature_shape))
         else:
@@ -234,6 +248,13 @@ def _parser(ds: LocalDataset, standardized: bool = False, encoded: bool = True) 
     return parse
 
 
+def served_inputs(ds: LocalDataset) -> Any:
+    """A batch of serialized records -> what the exported model serves: the features, or a CSV's raw
+    columns by input name (a distillation's teacher is fed this way: agent/distillation.py)."""
+    parse = _parser(ds, encoded=False)
+    return lambda serialized: parse(serialized)[0]
+
+
 def _options() -> Any:
     import tensorflow as tf
 
@@ -246,13 +267,14 @@ def _options() -> Any:
 
 
 def train_dataset(ds: LocalDataset, global_batch: int, seed: int, cache: bool) -> Any:
-    """Endless: the plan's steps_per_epoch decides where an epoch ends."""
+    """Endless: the plan's steps_per_epoch decides where an epoch ends. With a teacher, each batch's labels
+    come with its outputs (the parser's `teacher`)."""
     records = _records(ds.train)
     if cache:
         records = records.cache()
     records = records.shuffle(min(ds.train.examples, SHUFFLE_BUFFER), seed=seed, reshuffle_each_iteration=True)
     # drop_remainder keeps every batch the same shape, which a TPU needs and no one else minds.
-    return _parsed(ds, records.repeat().batch(global_batch, drop_remainder=True))
+    return _parsed(ds, records.repeat().batch(global_batch, drop_remainder=True), teacher=ds.teacher_width > 0)
 
 
 def _records(split: Split) -> Any:
@@ -264,12 +286,12 @@ def _records(split: Split) -> Any:
                             num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
-def _parsed(ds: LocalDataset, batches: Any, standardized: bool = True) -> Any:
+def _parsed(ds: LocalDataset, batches: Any, standardized: bool = True, teacher: bool = False) -> Any:
     """Batches of serialized examples as (features, labels), parsed in parallel and prefetched; a
     regression's targets standardised for the managed trainer (a program gets them as the data has them)."""
     import tensorflow as tf
 
-    return batches.map(_parser(ds, standardized), num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE).with_options(
+    return batches.map(_parser(ds, standardized, teacher=teacher), num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE).with_options(
         _options())
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from trainjobs import storage
 from trainjobs.job_paths import ARTIFACT_HISTORY, ARTIFACT_METRICS
 from trainjobs.spec import TrainingSpec
-from agent import columns, devices, export, keras_compat, pruning, tasks
+from agent import columns, devices, distillation, export, keras_compat, pruning, tasks
 from agent.checkpoints import CheckpointSchedule, CheckpointStore
 from agent.data import LocalDataset, download_dataset, eval_dataset, read_arrays, read_columns, train_dataset
 from agent.input_wait import InputWaitMeter
@@ -48,6 +48,9 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
 
     reporter.set_phase("downloading")
     data = download_dataset(job.dataset_uri, work.data)
+    teacher = None
+    if (distilled := spec.training.distillation) is not None:  # its outputs join the training records
+        data, teacher = distillation.teach(job.paths, distilled.teacher_job, data, work.root / "teacher")
     plan = resolve_plan(spec, hardware, strategy_name, strategy.num_replicas_in_sync, data.train.examples)
     keras.mixed_precision.set_global_policy(plan.precision)
     keras.utils.set_random_seed(spec.training.seed)
@@ -125,6 +128,10 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
     reporter.set_phase("exporting")
     # What the training options did, for the final metrics.
     extra: dict[str, Any] = stop_early.outcome() if stop_early is not None else {}
+    if teacher is not None and distilled is not None:
+        extra["distillation"] = {"teacher_job": teacher.job_id, "temperature": distilled.temperature,
+                                 "alpha": distilled.alpha, "teacher_seconds": round(teacher.seconds, 3),
+                                 **distillation.teacher_scores(teacher, data, EVAL_EXAMPLES)}
     if weights is not None:
         extra["class_weight"] = {data.labels[i]: w for i, w in weights.items()}
     _export(job, work, plan, data, builder, inputs, model, history, extra)
@@ -142,6 +149,8 @@ def _compile_and_restore(builder: Any, inputs: ModelInputs, plan: RuntimePlan, t
         model.compile(optimizer=make_optimizer(training, plan), loss=tasks.loss(inputs.task, training.loss),
                       metrics=tasks.metrics(inputs.task, inputs.target_mean, inputs.target_std, training.metrics),
                       steps_per_execution=plan.steps_per_execution)
+        if (distilled := training.distillation) is not None:
+            distillation.install(model, inputs.task, distilled.temperature, distilled.alpha)
         if not model.built:
             model.build((None, *inputs.input_shape))
         # Built now, not lazily on the first step, so a checkpoint has variables to restore into.

@@ -1,7 +1,8 @@
 """Submit-time checks of what a job names as its data and code (the rules: trainjobs/source_rules.py).
 Another project's uploads or jobs, other folders of our bucket, buckets the operator does not list,
 host paths the operator does not allow and URLs the worker would not fetch are refused before
-anything is stored: a 422 naming the field. The worker applies the same rules again at staging."""
+anything is stored: a 422 naming the field. The worker applies the same rules again at staging. A
+distillation's teacher job is named too (service/db/teachers.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import uuid
 from sqlalchemy.orm import Session
 
 from service.db.jobs import get_job
+from service.db.teachers import teacher_problem
 from service.errors import ApiError
 from trainjobs import storage
 from trainjobs.source_rules import DataAccessRules, SourceRefused, check_source
@@ -31,3 +33,6 @@ def check_job_sources(session: Session, project_id: uuid.UUID, spec: JobSpec) ->
         except SourceRefused as exc:
             raise ApiError(422, f"invalid request: {field}: {exc}", "invalid_spec",
                            [{"field": field, "reason": str(exc)}]) from None
+    if problem := teacher_problem(session, project_id, spec):
+        field, reason = problem
+        raise ApiError(422, f"invalid request: {field}: {reason}", "invalid_spec", [{"field": field, "reason": reason}])

@@ -81,6 +81,11 @@ class JobPaths:
         """The paths of a job directory handed over as text (`--job-dir`, a MachineRequest's)."""
         return cls(job_dir.rstrip("/"))
 
+    def beside(self, job_id: str) -> JobPaths:
+        """Another job's directory in the same bucket (a distillation's teacher: the student's boundary
+        and its agent both find the teacher's artifacts here)."""
+        return JobPaths(f"{self.root.rsplit('/', 1)[0]}/{job_id}")
+
     def key(self, rel: str) -> str:
         return f"{self.root}/{rel}"
 

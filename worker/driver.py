@@ -34,6 +34,7 @@ from trainjobs.messages import AgentError, AgentReport, AgentState
 from trainjobs.spec import JobSpec, parse_stored
 from worker import prometheus
 from worker.boundary.access import JobBoundary, job_boundary
+from worker.teacher_check import teacher_refusal
 from trainjobs.spec.derived import hourly_price_usd
 from trainjobs.states import TERMINAL
 from trainjobs.vm_metadata import LABEL_ATTEMPT, LABEL_JOB
@@ -125,6 +126,8 @@ class JobDriver:
             return self._move(job, S.FAILED, "program rejected", error=str(exc))
         except DatasetError as exc:
             return self._move(job, S.FAILED, "dataset rejected", error=f"dataset: {exc}")
+        if (refusal := teacher_refusal(self.factory, job, spec, uri)) is not None:
+            return self._move(job, S.FAILED, "teacher rejected", error=refusal)
         note = f"dataset staged at {uri}" if uri else "no dataset to stage: the program names none"
         return self._move(job, S.PROVISIONING, note, record={"dataset_uri": uri})
 

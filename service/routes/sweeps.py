@@ -23,8 +23,9 @@ from trainjobs.states import SweepStatus, TrialState
 
 router = APIRouter(prefix="/v1/sweeps", tags=["sweeps"], route_class=KeyCheckedFirst)
 
-# What every trial shares with the job it starts from: its data and its code, checked once at submit.
-_SHARED = ("dataset.source", "model.module", "program.source")
+# What every trial shares with the job it starts from: its data, its code and its teacher, checked once
+# at submit (and by the worker again at each trial's staging).
+_SHARED = ("dataset.source", "model.module", "program.source", "training.distillation.teacher_job")
 
 
 def _not_found(sweep_id: uuid.UUID) -> ApiError:
@@ -36,7 +37,7 @@ async def submit_sweep(request: Request, spec: SweepSpec, secret: ApiSecret, fac
     for path in spec.parameters:
         if any(path == s or path.startswith(f"{s}.") for s in _SHARED):
             raise ApiError(422, f"parameters.{path}: every trial uses the job's own {path}", "invalid_spec",
-                           [{"field": f"parameters.{path}", "reason": "the trials share the job's data and code"}])
+                           [{"field": f"parameters.{path}", "reason": "the trials share the job's data, code and teacher"}])
     job = JobSpec.model_validate(spec.job)
     if refusals := JobSizeLimits.from_env().refusals(job):
         refusals = [{"field": f"job.{d['field']}", "reason": d["reason"]} for d in refusals]

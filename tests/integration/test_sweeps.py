@@ -30,7 +30,7 @@ from worker.sweeps import PRUNED_REASON
     ({"algorithm": "grid"}, "parameters.training.learning_rate", "a grid needs every value"),
     ({"objective": {"metric": "val_auc"}}, "objective.metric", "not a metric the trials report"),
     ({"parameters": {"dataset.source": {"type": "categorical", "choices": ["sklearn:iris", "sklearn:wine"]}}},
-     "parameters.dataset.source", "the trials share the job's data and code"),
+     "parameters.dataset.source", "the trials share the job's data, code and teacher"),
     ({"job": {**IRIS_JOB, "model": {"name": "nope"}}}, "job", "model.name"),
     ({"parameters": {"training.epochs": {"type": "int", "low": 5, "high": 2}}}, "parameters.training.epochs.low",
      "low (5) is above high (2)"),

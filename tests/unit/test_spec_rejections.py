@@ -15,6 +15,7 @@ from trainjobs.spec import JobSpec, describe_errors
 
 TPU = {"type": "tpu", "tpu_type": "v4-8"}
 GPU2 = {"type": "gpu", "gpu_type": "nvidia-l4", "count": 2}
+TEACHER = "0f6d1e52-7c1a-4a53-9a49-2d3b1c7e8f90"
 
 REJECTED = [
     # (case id, spec overrides, field named in the error, words in the reason)
@@ -142,6 +143,19 @@ REJECTED = [
      "training.pruning.end_epoch", "must come after begin_epoch"),
     ("a sparsity of 1", {"training": {"pruning": {"target_sparsity": 1.0}}}, "training.pruning.target_sparsity",
      "less than 1"),
+    # training.distillation (issue 23); the teacher job itself: tests/integration/test_distillation.py
+    ("distilling a program", {"model": None, "program": {"source": "t.py"}, "training": {"distillation": {
+        "teacher_job": TEACHER}}}, "training.distillation", "the managed trainer's"),
+    ("distilling a regression", {"task": "regression", "dataset": {"source": "d.csv"}, "training": {"distillation": {
+        "teacher_job": TEACHER}}}, "training.distillation", "task regression has none"),
+    ("distillation with class weights", {"training": {"class_weight": "balanced", "distillation": {
+        "teacher_job": TEACHER}}}, "training.class_weight", "weigh the labels with alpha"),
+    ("a teacher that is no job id", {"training": {"distillation": {"teacher_job": "../other/artifacts"}}},
+     "training.distillation.teacher_job", "pattern"),
+    ("a temperature of 0", {"training": {"distillation": {"teacher_job": TEACHER, "temperature": 0}}},
+     "training.distillation.temperature", "greater than 0"),
+    ("an alpha above 1", {"training": {"distillation": {"teacher_job": TEACHER, "alpha": 1.5}}},
+     "training.distillation.alpha", "less than or equal to 1"),
     ("a label column named twice", {"task": "multilabel", "dataset": {"source": "d.csv", "options": {
         "label_column": ["a", "a"]}}}, "dataset.options.label_column", "a list of distinct ones"),
     ("a regression's integer TFLite output", {"task": "regression", "export": {"tflite": {"quantization": "int8",
@@ -222,6 +236,9 @@ ACCEPTED = [
     ("one hidden layer as a number", {"model": {"name": "mlp", "params": {"hidden_units": 64}}}),
     ("application params", {"model": {"name": "MobileNetV3Small", "params": {"alpha": 0.75, "minimalistic": True,
                                                                            "dropout": 0.2}}}),
+    ("a pruned multilabel student", {"task": "multilabel", "dataset": {"source": "d.csv", "options": {
+        "label_column": ["a", "b"]}}, "training": {"distillation": {"teacher_job": TEACHER.upper()},
+                                                 "pruning": {"target_sparsity": 0.5}}}),
 ]
 
 

@@ -44,6 +44,27 @@ class Pruning(StrictModel):
         return self
 
 
+class Distillation(StrictModel):
+    """Knowledge distillation (issue 23): the student (this job's model) learns from an earlier job's
+    exported model as well as from the labels (agent/distillation.py). The loss is
+    alpha x the task's loss on the labels + (1 - alpha) x T^2 x KL(teacher || student), both
+    distributions softened by the temperature T, as in Hinton et al. (2015) and keras.io's
+    "Knowledge Distillation" example, whose alpha weighs the labels too."""
+
+    teacher_job: str = Field(pattern=r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$",
+                             description="the id of an earlier SUCCEEDED job of this project, trained by the managed "
+                                         "trainer on the same task and classes: its SavedModel is the teacher")
+    temperature: Number = Field(default=3.0, gt=0.0, le=100.0, description=(
+        "softens both models' outputs before they are compared (1: as they are)"))
+    alpha: Number = Field(default=0.5, ge=0.0, le=1.0, description=(
+        "the weight of the labels' loss; the teacher's gets 1 - alpha (0: learn from the teacher alone)"))
+
+    @field_validator("teacher_job")
+    @classmethod
+    def _canonical(cls, v: str) -> str:
+        return v.lower()  # one spelling of a job id: the storage path and the row lookup agree
+
+
 class TrainingSpec(StrictModel):
     epochs: Int = Field(default=10, ge=1, le=10_000)
     per_replica_batch_size: Int | None = Field(default=None, ge=1, le=65_536)
@@ -74,6 +95,8 @@ class TrainingSpec(StrictModel):
                                    "names in labels.json (unnamed labels weigh 1)."))
     pruning: Pruning | None = Field(default=None, description=(
         "Gradual magnitude pruning: the exported models are the pruned ones (README, Smaller models)"))
+    distillation: Distillation | None = Field(default=None, description=(
+        "Learn from an earlier job's model as well as the labels (README, Smaller models)"))
     early_stopping: EarlyStopping | None = Field(default=None, description=(
         "Stop when the monitored metric has not improved for `patience` epochs; the job records the epoch and why."))
 
@@ -138,4 +161,24 @@ def pruning_problem(training: TrainingSpec, model_name: str | None, program: boo
     if layers != "all" and layers not in kinds:
         return ("training.pruning.layers", f"model {model_name} has no {layers} layers to prune (it has "
                 f"{' and '.join(kinds)}; the output layer is never pruned)")
+    return None
+
+
+# Tasks whose outputs are probabilities a temperature can soften: a softmax, or a sigmoid per label.
+DISTILLED_TASKS = ("classification", "binary", "multilabel")
+
+
+def distillation_problem(training: TrainingSpec, task: str, program: bool) -> tuple[str, str] | None:
+    """(field, reason) for distillation the job cannot do, as far as the spec shows; the teacher job itself
+    is checked against the project's jobs at submit and again at staging (service/db/teachers.py)."""
+    if training.distillation is None:
+        return None
+    if program:
+        return "training.distillation", "a program trains its own way: training.distillation is the managed trainer's"
+    if task not in DISTILLED_TASKS:
+        return ("training.distillation", f"distillation softens class probabilities, which task {task} has none "
+                f"of (it is for {', '.join(DISTILLED_TASKS)})")
+    if training.class_weight is not None:
+        return ("training.class_weight", "class_weight weighs the labels' loss alone, not the teacher's: with "
+                "distillation, weigh the labels with alpha instead")
     return None

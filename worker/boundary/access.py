@@ -1,5 +1,5 @@
-"""What one job's code may reach in storage: its dataset and model code (read), its own job
-directory (read and write), nothing else.
+"""What one job's code may reach in storage: its dataset and model code (read), a distillation's
+teacher's artifacts (read), its own job directory (read and write), nothing else.
 
 One boundary, two enforcers: on Google Cloud it becomes a Credential Access Boundary on the
 downscoped token the worker mints for the job (`worker/boundary/tokens.py`); against the local emulator,
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainjobs import storage
-from trainjobs.job_paths import DATASETS, dataset_manifest
+from trainjobs.job_paths import DATASETS, JobPaths, dataset_manifest
 from trainjobs.messages import AgentAssignment
 from trainjobs.spec import JobSpec
 
@@ -88,6 +88,13 @@ def boundary_for(assignment: AgentAssignment, job_dir: str, dataset_manifest: di
     if module and module.startswith("gs://"):
         # A .py file or an archive is one object; anything else was uploaded as a package directory.
         read.append(Scope.from_uri(module, directory=not module.endswith(_MODULE_FILES)))
+    distillation = assignment.spec.training.distillation
+    if distillation is not None and job_dir.startswith("gs://"):
+        # The teacher's artifacts and nothing else of it (not its checkpoints, spec or logs), read-only. Its
+        # id comes from the stored spec, which submit and staging checked is a finished job of this project
+        # (service/db/teachers.py), and is a UUID (trainjobs/spec/training.py): no path can hide in it.
+        teacher = JobPaths.of(job_dir).beside(distillation.teacher_job)
+        read.append(Scope.from_uri(teacher.artifacts, directory=True))
     # A mem:// job directory (the in-memory cloud of tests) is no storage a token or guard governs.
     write = (Scope.from_uri(job_dir, directory=True),) if job_dir.startswith("gs://") else ()
     return JobBoundary(assignment.job_id, tuple(dict.fromkeys(read)), write)
