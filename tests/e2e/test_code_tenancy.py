@@ -158,3 +158,74 @@ def test_a_jobs_code_cannot_ask_the_agent_zygote_for_a_process(db, api, bucket, 
     assert outcome["worker"] == os.getpid()  # the worker runs in this test's process
     assert outcome["tried"] and set(outcome["tried"].values()) == {"No such device or address"}, outcome
     assert not evidence.exists()  # nothing was forked for the job
+
+
+STUDENT_ATTACKER = b'''
+import json
+
+import keras
+
+from trainjobs import storage
+
+
+def _attempt(report, what, action):
+    try:
+        action()
+        report[what] = "done"
+    except Exception as exc:
+        report[what] = f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
+def build_model(input_shape, num_classes, params):
+    bucket, teacher = params["bucket"], f"jobs/{params['teacher']}"
+    report = {}
+    _attempt(report, "read the teacher's labels", lambda: storage.blob(f"gs://{bucket}/{teacher}/artifacts/labels.json")
+             .download_as_bytes())
+    _attempt(report, "list the teacher's artifacts",
+             lambda: list(storage.client().list_blobs(bucket, prefix=f"{teacher}/artifacts/")))
+    _attempt(report, "read the teacher's spec", lambda: storage.blob(f"gs://{bucket}/{teacher}/spec.json")
+             .download_as_bytes())
+    _attempt(report, "list the teacher's directory",
+             lambda: list(storage.client().list_blobs(bucket, prefix=f"{teacher}/")))
+    _attempt(report, "overwrite the teacher's labels",
+             lambda: storage.blob(f"gs://{bucket}/{teacher}/artifacts/labels.json").upload_from_string(b"{}"))
+    _attempt(report, "read another job's artifact", lambda: storage.blob(params["other"]).download_as_bytes())
+    with open(params["report"], "w") as f:
+        json.dump(report, f)
+    return keras.Sequential([keras.Input(input_shape), keras.layers.Flatten(),
+                             keras.layers.Dense(16, activation="relu"),
+                             keras.layers.Dense(num_classes, activation="softmax")])
+'''
+
+
+@pytest.mark.tf
+def test_a_students_code_reads_its_teachers_artifacts_and_nothing_else_of_any_job(
+        db, api, bucket, local_stack, tmp_path):
+    """Distillation (issue 23) widens a student's boundary by its teacher's artifacts/, read-only: its own
+    model code can read them (the agent does, to learn from them), and no more of the teacher nor of any
+    other job; the teacher's artifacts stay what its manifest says. Through the product: a real teacher
+    trained by the local stack, the student staged (its classes checked against the teacher's) and trained."""
+    teacher = api.post("/v1/jobs", json={"dataset": {"source": "sklearn:digits"}, "model": {"name": "mlp"},
+                                         "accelerator": {"type": "cpu"}, "strategy": "default",
+                                         "training": {"epochs": 1}}).json()
+    wait_for_job(api, teacher["id"], {"SUCCEEDED"}, timeout=AGENT_JOB_S)
+    labels = api.get(f"/v1/jobs/{teacher['id']}/artifacts/labels.json").content
+    other = succeeded_job(db, api, bucket, {"metrics.json": b'{"val_accuracy": 0.97}'})
+    module = api.post("/v1/modules", files={"file": ("student.py", STUDENT_ATTACKER)}).json()["module"]
+    report = tmp_path / "report.json"
+    params = {"report": str(report), "bucket": bucket, "teacher": teacher["id"],
+              "other": f"gs://{bucket}/jobs/{other}/artifacts/metrics.json"}
+    r = api.post("/v1/jobs", json={"dataset": {"source": "sklearn:digits"}, "model": {"module": module, "params": params},
+                                   "accelerator": {"type": "cpu"}, "strategy": "default",
+                                   "training": {"epochs": 1, "distillation": {"teacher_job": teacher["id"]}}})
+    assert r.status_code == 201, r.text
+    student = wait_for_job(api, r.json()["id"], {"SUCCEEDED"}, timeout=AGENT_JOB_S)
+
+    attempts = json.loads(report.read_text())
+    assert {what: outcome == "done" for what, outcome in attempts.items()} == {
+        "read the teacher's labels": True, "list the teacher's artifacts": True, "read the teacher's spec": False,
+        "list the teacher's directory": False, "overwrite the teacher's labels": False,
+        "read another job's artifact": False}, attempts
+    assert all("403" in outcome for outcome in attempts.values() if outcome != "done"), attempts
+    assert api.get(f"/v1/jobs/{teacher['id']}/artifacts/labels.json").content == labels
+    assert student["metrics"]["distillation"]["teacher_job"] == teacher["id"]
