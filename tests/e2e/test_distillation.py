@@ -196,3 +196,63 @@ def test_two_workers_distil_together(school: dict[str, Any]) -> None:
     chief, other = train_on_two_workers(job_dir)
     assert chief["runtime"]["strategy"] == "multi_worker_mirrored"
     assert chief["metrics"]["val_accuracy"] == other["metrics"]["val_accuracy"]
+
+
+def test_a_binary_student_distils_from_a_binary_teacher(school: dict[str, Any], tmp_path: Path) -> None:
+    """The sigmoid path: one probability an example, softened as a two-way distribution."""
+    import tensorflow as tf
+    from sklearn.datasets import load_breast_cancer
+
+    data = load_breast_cancer()
+    order = np.random.default_rng(0).permutation(len(data.target))
+    x, y = data.data[order].astype(np.float32), data.target[order].astype(np.int64)
+    dataset = write_dataset(school["bucket"], tmp_path / "cancer", x, y, 2, val=120, task="binary")
+    teacher_id = str(uuid.uuid4())
+    setup = {"accelerator": {"type": "cpu"}, "strategy": "default", "task": "binary"}
+    jobs = [make_job(school["bucket"], spec(**setup, model={"name": "mlp"}, training={"epochs": 8, "learning_rate": 0.003,
+                                                                                       "global_batch_size": 32}),
+                     dataset, job_id=teacher_id),
+            make_job(school["bucket"], spec(**setup, model=STUDENT, training={
+                "epochs": 8, "learning_rate": 0.003, "global_batch_size": 32,
+                "distillation": {"teacher_job": teacher_id, **DISTILLATION}}), dataset)]
+    for job_dir in jobs:
+        rc, log = run_agent(job_dir)
+        assert rc == 0, log[-4000:]
+    local = _artifacts(jobs[1], tmp_path / "student")
+    served = tf.saved_model.load(str(local / "saved_model"))
+    p = served.serve(tf.constant(x[-120:])).numpy().reshape(-1)
+    assert float(np.mean((p > 0.5) == (y[-120:] == 1))) >= 0.9
+    recorded = json.loads((local / ARTIFACT_METRICS).read_text())["distillation"]
+    assert recorded["teacher_job"] == teacher_id and recorded["teacher_accuracy"] >= 0.9
+
+
+@pytest.mark.parametrize("task", ["classification", "binary"])
+def test_the_softened_divergence_is_kl_of_the_tempered_outputs(task: str) -> None:
+    """The distillation term against numpy: T^2 KL(softmax(log p / T) || softmax(log q / T)) for classes,
+    each label's two-way KL of sigmoid(logit / T) for sigmoids; zero where the student answers as the teacher."""
+    from agent.distillation import SoftenedDivergence
+
+    rng = np.random.default_rng(0)
+    temperature = 3.0
+    if task == "classification":
+        t, s = (rng.dirichlet(np.ones(5), size=4).astype(np.float32) for _ in range(2))
+
+        def tempered(p: np.ndarray) -> np.ndarray:
+            z = np.log(p) / temperature
+            e = np.exp(z - z.max(axis=1, keepdims=True))
+            return e / e.sum(axis=1, keepdims=True)
+
+        pt, ps = tempered(t), tempered(s)
+        expected = np.mean(np.sum(pt * np.log(pt / ps), axis=1)) * temperature ** 2
+    else:
+        t, s = (rng.uniform(0.01, 0.99, size=(4, 3)).astype(np.float32) for _ in range(2))
+
+        def tempered(p: np.ndarray) -> np.ndarray:
+            return 1 / (1 + np.exp(-np.log(p / (1 - p)) / temperature))
+
+        pt, ps = tempered(t), tempered(s)
+        kl = pt * np.log(pt / ps) + (1 - pt) * np.log((1 - pt) / (1 - ps))
+        expected = np.mean(np.mean(kl, axis=1)) * temperature ** 2
+    loss = SoftenedDivergence(task, temperature)
+    assert float(loss(t, s)) == pytest.approx(float(expected), rel=1e-4)
+    assert float(loss(t, t)) == pytest.approx(0.0, abs=1e-6)
