@@ -106,16 +106,31 @@ def test_a_distilled_student_beats_the_same_student_without_its_teacher(school: 
     assert metrics["saved_model_accuracy"] == pytest.approx(scores["taught"], abs=1e-6)
 
 
-def test_a_pruned_student_distils_under_mirrored_bfloat16_and_eight_steps_a_call(school: dict[str, Any],
-                                                                                  tmp_path: Path) -> None:
-    job_dir = _student(school, "full", accelerator={"type": "cpu", "replicas": 2}, strategy="mirrored",
-                       precision="mixed_bfloat16", steps_per_execution=8, training=_student_training(
-                           epochs=6, checkpoint_every_epochs=1, distillation={"teacher_job": school["teacher"],
-                                                                              **DISTILLATION},
-                           pruning={"target_sparsity": 0.5, "end_epoch": 4, "frequency_steps": 5}))
+def test_a_pruned_student_distils_under_mirrored_bfloat16_and_eight_steps_a_call_and_resumes_after_a_kill(
+        school: dict[str, Any], tmp_path: Path) -> None:
+    """Both techniques in one job, in the matrix's hardest cell: killed in the middle of the pruning window,
+    the second attempt restores the masks and the schedule, the teacher's outputs are made again, and the
+    export is pruned to the target and learned from the teacher."""
+    from agent.checkpoints import LATEST
+
+    job_id = str(uuid.uuid4())
+    s = spec(accelerator={"type": "cpu", "replicas": 2}, strategy="mirrored", precision="mixed_bfloat16",
+             steps_per_execution=8, model=STUDENT, training=_student_training(
+                 epochs=8, global_batch_size=8, checkpoint_every_epochs=1,
+                 distillation={"teacher_job": school["teacher"], **DISTILLATION},
+                 pruning={"target_sparsity": 0.5, "begin_epoch": 1, "end_epoch": 6, "frequency_steps": 20}))
+    job_dir = make_job(school["bucket"], s, school["full"], attempt=1, job_id=job_id)
+    first = start_agent(job_dir)
+    try:
+        wait_for(lambda: ((read(f"{JobPaths(job_dir).checkpoints}/{LATEST}") or {}).get("epoch") or 0) >= 2, first)
+    finally:
+        first.kill()
+        first.wait()
+    make_job(school["bucket"], s, school["full"], attempt=2, job_id=job_id)
     rc, log = run_agent(job_dir)
     assert rc == 0, log[-4000:]
     status = read(JobPaths(job_dir).status)
+    assert status["attempt"] == 2 and status["runtime"]["initial_epoch"] >= 2
     assert status["runtime"]["strategy"] == "mirrored" and status["runtime"]["steps_per_execution"] == 8
     local = _artifacts(job_dir, tmp_path / "artifacts")
     assert _accuracy(local / "saved_model", school["x_val"], school["y_val"]) >= 0.9
