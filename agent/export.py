@@ -128,12 +128,17 @@ def saved_model_scores(directory: Path, task: str, x: Any, y: Any) -> dict[str, 
     if len(y) == 0:
         return {f"saved_model_{name}": None for name in SCORES[task]}
     loaded = tf.saved_model.load(str(directory))
-    if isinstance(x, dict):  # a CSV's columns, by input name
+    return {f"saved_model_{k}": v for k, v in score(task, saved_model_predictions(loaded, x, len(y)), y).items()}
+
+
+def saved_model_predictions(loaded: Any, x: Any, n: int) -> Any:
+    """`serve` of a loaded SavedModel over the n examples of x (an array, or a CSV's columns by input name)."""
+    if isinstance(x, dict):
         preds = [loaded.serve({k: tf.constant(v[i:i + EVAL_BATCH]) for k, v in x.items()}).numpy()
-                 for i in range(0, len(y), EVAL_BATCH)]
+                 for i in range(0, n, EVAL_BATCH)]
     else:
-        preds = [loaded.serve(tf.constant(x[i:i + EVAL_BATCH])).numpy() for i in range(0, len(x), EVAL_BATCH)]
-    return {f"saved_model_{k}": v for k, v in score(task, np.concatenate(preds), y).items()}
+        preds = [loaded.serve(tf.constant(x[i:i + EVAL_BATCH])).numpy() for i in range(0, n, EVAL_BATCH)]
+    return np.concatenate(preds)
 
 
 _IO_TYPES = {"int8": tf.int8, "uint8": tf.uint8}
@@ -161,12 +166,12 @@ def tflite_scores(model: bytes, task: str, x: Any, y: Any) -> dict[str, float | 
     """The TFLite model scored the way saved_model_scores scores the SavedModel: tflite_<score>."""
     if len(y) == 0:
         return {f"tflite_{name}": None for name in SCORES[task]}
-    out = _tflite_predictions(model, x)
+    out = tflite_predictions(model, x)
     return {f"tflite_{k}": v for k, v in score(task, out, y).items()}
 
 
-def _tflite_predictions(model: bytes, x: Any) -> Any:
-    interpreter = _interpreter(model)
+def tflite_predictions(model: bytes, x: Any) -> Any:
+    interpreter = interpreter_of(model)
     inp, out = interpreter.get_input_details()[0], interpreter.get_output_details()[0]
     preds, size = [], None
     for i in range(0, len(x), EVAL_BATCH):
@@ -199,7 +204,7 @@ def quantize_input(x: Any, detail: dict[str, Any]) -> Any:
     return np.clip(np.round(x / scale + zero_point), info.min, info.max).astype(dtype)
 
 
-def _interpreter(model: bytes) -> Any:
+def interpreter_of(model: bytes, num_threads: int | None = None) -> Any:
     # tf.lite.Interpreter is deprecated in favour of LiteRT (ai-edge-litert) but still ships with
     # TF 2.21; use LiteRT where it is installed.
     try:
@@ -207,8 +212,8 @@ def _interpreter(model: bytes) -> Any:
     except ImportError:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return tf.lite.Interpreter(model_content=model)
-    return Interpreter(model_content=model)
+            return tf.lite.Interpreter(model_content=model, num_threads=num_threads)
+    return Interpreter(model_content=model, num_threads=num_threads)
 
 
 def gzip_size(path: Path) -> int:

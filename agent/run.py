@@ -15,7 +15,7 @@ from typing import Any
 from trainjobs import storage
 from trainjobs.job_paths import ARTIFACT_HISTORY, ARTIFACT_METRICS
 from trainjobs.spec import TrainingSpec
-from agent import columns, devices, distillation, export, keras_compat, pruning, tasks
+from agent import columns, devices, distillation, export, keras_compat, optimization, pruning, tasks, variants
 from agent.checkpoints import CheckpointSchedule, CheckpointStore
 from agent.data import LocalDataset, download_dataset, eval_dataset, read_arrays, read_columns, train_dataset
 from agent.input_wait import InputWaitMeter
@@ -65,6 +65,7 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
                             publisher=publisher, may_skip=spec.workers == 1)
     repairs = keras_compat.repair_before_build()  # what the images' older Keras lacks
     model, checkpoint, saved_at, pruner = _compile_and_restore(builder, inputs, plan, spec.training, strategy, store)
+    variants.check_quantizable(model, spec.export)  # before training: export.variants' saved_model_int8
     if strategy_name == "multi_worker_mirrored":
         repairs += keras_compat.repair_multi_worker_fit(model, strategy)
     train_function = install_step_functions(model, plan.steps_per_execution)
@@ -183,23 +184,28 @@ def _export(job: AgentJob, work: WorkDir, plan: RuntimePlan, data: LocalDataset,
     # A CSV's columns: the served model is fed the rows' cells as they are.
     raw_x = read_columns(data, held_out, limit)[0] if data.columns is not None else val_x
     final.update(export.saved_model_scores(out / "saved_model", data.task, raw_x, val_y))
+    source = variants.Source(out, work.root, builder, inputs, model, exported, serving, labels, data, encoder)
     if tflite_options is not None:
         calibration, _ = read_arrays(data, data.train, tflite_options.calibration_limit)
         converted = out / "saved_model"
         if data.columns is not None:  # TFLite holds no string lookups: it takes the encoded vector
-            converted = work.root / "encoded_model"
+            converted = work.root / variants.ENCODED_MODEL
             export.save_model(serving, inputs.input_shape, converted, labels)
         tflite = export.to_tflite(converted, tflite_options, calibration)
         (out / "model.tflite").write_bytes(tflite)
         final.update(tflite_quantization=tflite_options.quantization, tflite_io_type=tflite_options.io_type,
                      tflite_bytes=len(tflite))
         final.update(export.tflite_scores(tflite, data.task, val_x, val_y))
+    made = variants.export_variants(job.spec.export, source)
     if (asked := job.spec.training.pruning) is not None:  # what the exported model's kernels hold
         final["pruning"] = {"target_sparsity": asked.target_sparsity, "schedule": asked.schedule,
                             "layers": pruning.sparsity(exported, asked.layers)}
     final["saved_model_gzip_bytes"] = export.gzip_size(out / "saved_model")
     if tflite_options is not None:
         final["tflite_gzip_bytes"] = export.gzip_size(out / "model.tflite")
+    compared = optimization.report(made, out, data.task, raw_x, val_x, val_y)
+    (out / optimization.OPTIMIZATION_NAME).write_text(json.dumps(compared, indent=2))
+    final["optimization"] = optimization.summary(compared)
     final.update(_throughput(history, job.attempt))
     final.update(extra)
     final.update(eval_examples=int(len(val_y)), epochs=plan.epochs, initial_epoch=plan.initial_epoch,

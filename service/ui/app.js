@@ -210,6 +210,23 @@ const RUNTIME = [["strategy", "strategy"], ["replicas", "replicas"], ["precision
   ["global_batch_size", "global batch"], ["learning_rate", "learning rate"], ["steps_per_execution", "steps per execution"],
   ["entrypoint", "program"], ["install_s", "requirements installed (s)"], ["notes", "notes"]];
 
+// The final metrics' comparison of the exported models (agent/optimization.py: summary), one row each.
+const MODEL_FIELDS = new Set(["name", "format", "quantization", "bytes", "gzip_bytes", "params", "sparsity",
+  "latency_ms_1", "latency_ms_32"]);
+const bytes = (n) => (typeof n !== "number" ? "" : n < 1024 ? `${n} B` : n < 1048576 ? `${(n / 1024).toFixed(1)} KiB`
+  : `${(n / 1048576).toFixed(1)} MiB`);
+const ms = (v) => (typeof v === "number" ? `${v.toPrecision(3)} ms` : "");
+
+function modelsTable(rows) {
+  const scores = Object.keys(rows[0]).filter((k) => !MODEL_FIELDS.has(k));
+  const head = ["model", "quantization", ...scores, "size", "gzip", "params", "sparsity", "1 example", "32 examples"];
+  $("#models thead").replaceChildren(el("tr", {}, ...head.map((h) => el("th", {}, h))));
+  $("#models tbody").replaceChildren(...rows.map((r) => el("tr", { "data-model": r.name },
+    ...[r.name, r.quantization, ...scores.map((k) => fmt.num(r[k])), bytes(r.bytes), bytes(r.gzip_bytes),
+      fmt.num(r.params), typeof r.sparsity === "number" ? `${(r.sparsity * 100).toFixed(1)}%` : "",
+      ms(r.latency_ms_1), ms(r.latency_ms_32)].map((v) => el("td", {}, String(v))))));
+}
+
 function jobPage(id) {
   show("job");
   const abort = new AbortController();
@@ -240,6 +257,12 @@ function jobPage(id) {
       $("#runtime").replaceChildren(...RUNTIME.filter(([k]) => k in runtime).map(([k, label]) =>
         el("tr", {}, el("td", {}, label), el("td", {}, Array.isArray(runtime[k]) ? runtime[k].join("; ") || "none" : runtime[k]))));
       if (!Object.keys(runtime).length) $("#runtime").append(el("tr", {}, el("td", {}, "chosen when the job starts")));
+      const models = (job.metrics || {}).optimization;
+      if (Array.isArray(models) && models.length) modelsTable(models);
+      else {
+        $("#models thead").replaceChildren();
+        $("#models tbody").replaceChildren(el("tr", {}, el("td", { class: "muted" }, "compared here when the job succeeds")));
+      }
       if (TERMINAL.has(job.status)) await artifacts();
       else $("#artifacts").replaceChildren(el("li", { class: "muted" }, "listed here when the job succeeds"));
     } catch (e) {

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.jobs import digits_spec
+from tests.support.jobs import digits_spec, wait_for_job
+from tests.support.local import AGENT_JOB_S
 from tests.support.browser import CHROMIUM, RECORD_CSP_VIOLATIONS, ms, needs_browser
 
 
@@ -67,4 +68,41 @@ def test_dashboard_shows_a_running_job_live_and_cancels_it(api, api_url, local_s
             browser.close()
     assert api.get(f"/v1/jobs/{job['id']}").json()["status"] == "CANCELLED"
     assert shot.stat().st_size > 10_000
+    assert errors == []
+
+
+@pytest.mark.tf
+@needs_browser
+def test_a_finished_jobs_page_compares_its_exported_models(api, api_url, local_stack):
+    """export.variants: GET /v1/jobs/{id} carries the optimization report's rows, and the job's page
+    shows them, one row per model, with the score the API gives."""
+    from playwright.sync_api import expect, sync_playwright
+
+    spec = digits_spec(name="models", model={"name": "mlp"}, strategy="default", accelerator={"type": "cpu"},
+                       export={"tflite": {"quantization": "none"}, "variants": ["saved_model_int8", "tflite_dynamic"]})
+    job = wait_for_job(api, api.post("/v1/jobs", json=spec).json()["id"], {"SUCCEEDED"}, timeout=AGENT_JOB_S)
+    rows = job["metrics"]["optimization"]
+    assert [r["name"] for r in rows] == ["saved_model", "model.tflite", "saved_model_int8", "tflite_dynamic"]
+    key = api.headers["authorization"].split()[1]
+    errors: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1400})
+            page.add_init_script(RECORD_CSP_VIOLATIONS)
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(f"{api_url}/ui/#/jobs/{job['id']}")
+            page.fill("#key", key)
+            page.click("#signin-form button")
+            expect(page.locator("#job-status")).to_have_text("SUCCEEDED", timeout=ms(10))
+            expect(page.locator("#models tbody tr")).to_have_count(4, timeout=ms(10))
+            expect(page.locator("#models thead")).to_contain_text("accuracy")
+            int8 = page.locator("#models tr[data-model='saved_model_int8'] td")
+            expect(int8.nth(1)).to_have_text("int8")
+            shown = float(int8.nth(2).inner_text())
+            assert shown == pytest.approx(rows[2]["accuracy"], abs=0.006)  # fmt.num: three figures
+            expect(page.locator("#models tr[data-model='tflite_dynamic']")).to_contain_text(" ms")
+            errors += page.evaluate("window.cspViolations")
+        finally:
+            browser.close()
     assert errors == []

@@ -156,11 +156,11 @@ def test_saved_model_classify_signature_returns_class_names(exported: dict[str, 
 
 @pytest.mark.parametrize("io_type", ["float32", "int8", "uint8"])
 def test_int8_tflite_keeps_float_io_unless_asked_and_predicts_either_way(exported: dict[str, Any], io_type: str) -> None:
-    from agent.export import _interpreter, tflite_scores, to_tflite
+    from agent.export import interpreter_of, tflite_scores, to_tflite
 
     options = TfliteExport(quantization="int8", calibration_examples=100, io_type=io_type)  # type: ignore[arg-type]
     flatbuffer = to_tflite(exported["dir"] / "saved_model", options, exported["x"][:100])
-    interpreter = _interpreter(flatbuffer)
+    interpreter = interpreter_of(flatbuffer)
     expected = {"float32": np.float32, "int8": np.int8, "uint8": np.uint8}[io_type]
     assert interpreter.get_input_details()[0]["dtype"] == expected
     assert interpreter.get_output_details()[0]["dtype"] == expected

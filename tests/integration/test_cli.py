@@ -607,3 +607,26 @@ def test_submit_retries_a_lost_answer_with_the_same_idempotency_key_and_makes_on
     [job] = api.get("/v1/jobs").json()["jobs"]
     assert result.output.split()[0] == job["id"]
     assert len(proxy.keys) == 2 and proxy.keys[0] is not None and proxy.keys[0] == proxy.keys[1]
+
+
+def test_status_compares_the_exported_models_in_a_table_not_a_dump():
+    """metrics.optimization (agent/optimization.py: summary; a real job's: tests/e2e/test_dashboard.py)."""
+    from trainjobs.client.terminal import job_detail, show
+
+    rows = [{"name": "saved_model", "format": "saved_model", "quantization": "none", "accuracy": 0.9861,
+             "bytes": 367315, "gzip_bytes": 98498, "params": 35914, "sparsity": 0.782, "latency_ms_1": 0.6628,
+             "latency_ms_32": 1.1132},
+            {"name": "tflite_int8", "format": "tflite", "quantization": "int8", "accuracy": 0.9833, "bytes": 45000,
+             "gzip_bytes": 14000, "params": 35914, "sparsity": 0.782, "latency_ms_1": 0.0262, "latency_ms_32": 0.1267}]
+    job = {"id": "j3", "name": "m", "status": "SUCCEEDED", "attempt": 1, "spec": {}, "progress": 1.0,
+           "created_at": "2026-01-01T00:00:00+00:00", "metrics": {"val_accuracy": 0.98, "optimization": rows}}
+    with capture_stdout() as out:
+        show(job_detail(job))
+    text = out.getvalue()
+    assert "'name'" not in text and "val_accuracy 0.98" in text, text
+    header = next(line for line in text.splitlines() if "MODEL" in line)
+    assert header.split()[1:] == ["MODEL", "QUANT", "ACCURACY", "SIZE", "GZIP", "PARAMS", "SPARSITY", "1", "EX", "32", "EX"]
+    int8 = next(line for line in text.splitlines() if "tflite_int8" in line).split()
+    assert int8 == ["tflite_int8", "int8", "0.9833", "43.9", "KiB", "13.7", "KiB", "35914", "78.2%", "0.0262", "ms",
+                    "0.127", "ms"], text
+    assert "358.7 KiB" in text and "0.663 ms" in text, text

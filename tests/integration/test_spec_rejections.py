@@ -21,6 +21,8 @@ THROUGH_THE_API = [
     ("runtime version with a trailing newline",
      {"accelerator": {"type": "tpu", "tpu_type": "v4-8", "runtime_version": "tpu-vm-tf-2.18.0-pjrt\n"}, "strategy": "auto"},
      "accelerator.runtime_version", "not a TensorFlow TPU VM image"),
+    ("a variant that is model.tflite", {"export": {"tflite": {"quantization": "dynamic"}, "variants": [
+        "tflite_dynamic"]}}, "export.variants.0", "tflite_dynamic is model.tflite already"),
 ]
 
 

@@ -212,6 +212,8 @@ FITS = _manifest(120, [4], [40, 40, 40], [10, 10, 10])
      "int8 calibration asks for 500 examples, the training split has 120"),
     (_spec(export={"tflite": {"quantization": "int8"}}, training={"global_batch_size": 4}),
      _manifest(12, [4], [4, 4, 4], [1, 1, 1]), "int8 calibration needs at least 16 training examples"),
+    (_spec(export={"variants": ["tflite_int8"]}, training={"global_batch_size": 4}),  # the variant calibrates too
+     _manifest(12, [4], [4, 4, 4], [1, 1, 1]), "int8 calibration needs at least 16 training examples"),
     (_spec(), _manifest(120, [4], [40, 40, 40], [15, 15, 0]), "the validation split leaves out class ids 2 (of 3)"),
     (_spec(), _manifest(120, [4], [60, 60, 0], [10, 10, 10]), "class ids 2 have no example in the training split"),
 ])
@@ -223,6 +225,7 @@ def test_plan_problems_name_what_does_not_fit(spec: JobSpec, manifest: dict[str,
 @pytest.mark.parametrize("spec", [
     _spec(), _spec(training={"global_batch_size": 120}),
     _spec(export={"tflite": {"quantization": "int8"}}),  # the default 200 calibrates on the 120 there are
+    _spec(export={"tflite": {"quantization": "dynamic"}, "variants": ["tflite_int8", "saved_model_int8"]}),
 ])
 def test_a_plan_that_fits_has_no_problems(spec: JobSpec) -> None:
     assert plan_problems(spec, FITS) == []

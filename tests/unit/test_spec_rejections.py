@@ -194,6 +194,16 @@ REJECTED = [
      "program.env.MY-FLAG", "not an environment variable name"),
     ("a misspelt program field", {"model": None, "program": {"source": "t.py", "entry_point": "t.py"}},
      "program.entry_point", "did you mean 'entrypoint'?"),
+    ("an unknown variant", {"export": {"variants": ["tflite_int4"]}}, "export.variants.0", "Input should be"),
+    ("a variant named twice", {"export": {"variants": ["saved_model_int8", "tflite_dynamic", "saved_model_int8"]}},
+     "export.variants.2", "saved_model_int8 is named twice"),
+    ("a variant that is model.tflite", {"export": {"tflite": {"quantization": "float16"}, "variants": [
+        "saved_model_int8", "tflite_float16"]}}, "export.variants.1",
+     "tflite_float16 is model.tflite already (export.tflite.quantization float16)"),
+    ("a float32 variant beside a float32 model.tflite", {"export": {"tflite": {}, "variants": ["tflite_float32"]}},
+     "export.variants.0", "tflite_float32 is model.tflite already (export.tflite.quantization none)"),
+    ("variants of a program", {"model": None, "program": {"source": "t.py"}, "export": {"variants": ["tflite_int8"]}},
+     "export.variants", "a program exports its own model"),
 ]
 
 
@@ -239,6 +249,11 @@ ACCEPTED = [
     ("a pruned multilabel student", {"task": "multilabel", "dataset": {"source": "d.csv", "options": {
         "label_column": ["a", "b"]}}, "training": {"distillation": {"teacher_job": TEACHER.upper()},
                                                  "pruning": {"target_sparsity": 0.5}}}),
+    ("every variant beside an int8 model.tflite", {"export": {"tflite": {"quantization": "int8", "io_type": "uint8"},
+                                                             "variants": ["saved_model_int8", "tflite_float32",
+                                                                          "tflite_dynamic", "tflite_float16"]}}),
+    ("a regression's variants", {"task": "regression", "export": {"variants": ["saved_model_int8", "tflite_int8"]}}),
+    ("no variants", {"export": {"variants": []}}),
 ]
 
 

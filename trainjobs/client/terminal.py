@@ -150,10 +150,49 @@ def job_detail(job: dict[str, Any], events: list[dict[str, Any]] | None = None) 
         for note in rt.get("notes") or []:
             grid.add_row("", f"note: {note}")
     if m := job.get("metrics"):
-        grid.add_row("metrics", "  ".join(f"{k} {_fmt(v)}" for k, v in m.items() if v is not None))
+        grid.add_row("metrics", "  ".join(f"{k} {_fmt(v)}" for k, v in m.items() if v is not None and k != MODELS))
+        if isinstance(rows := m.get(MODELS), list) and rows:
+            grid.add_row("models", models_table(rows))
     for e in events or []:
         grid.add_row("event", f"{e['at']}  {e['from_status'] or '-':>12} -> {e['to_status']:<12} {e['reason']}")
     return grid
+
+
+# The final metrics' comparison of every model the job exported (agent/optimization.py: summary).
+MODELS = "optimization"
+_MODEL_FIELDS = {"name", "format", "quantization", "bytes", "gzip_bytes", "params", "sparsity", "latency_ms_1",
+                 "latency_ms_32"}
+
+
+def models_table(rows: list[dict[str, Any]]) -> Table:
+    """One row per exported model: its score on the validation examples, sizes, weights, CPU latency."""
+    scores = [k for k in rows[0] if k not in _MODEL_FIELDS]
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    table.add_column("MODEL", no_wrap=True)
+    table.add_column("QUANT", no_wrap=True)
+    for title in [*(s.upper() for s in scores), "SIZE", "GZIP", "PARAMS", "SPARSITY", "1 EX", "32 EX"]:
+        table.add_column(title, justify="right", no_wrap=True)
+    for r in rows:
+        table.add_row(str(r.get("name")), str(r.get("quantization")), *(_fmt(r.get(s)) for s in scores),
+                      _size(r.get("bytes")), _size(r.get("gzip_bytes")), _fmt(r.get("params")),
+                      _percent(r.get("sparsity")), _ms(r.get("latency_ms_1")), _ms(r.get("latency_ms_32")))
+    return table
+
+
+def _size(n: Any) -> str:
+    if not isinstance(n, int | float):
+        return "-"
+    if n < 1024:
+        return f"{n:.0f} B"
+    return f"{n / 1024:.1f} KiB" if n < 1024 ** 2 else f"{n / 1024 ** 2:.1f} MiB"
+
+
+def _percent(v: Any) -> str:
+    return f"{v * 100:.1f}%" if isinstance(v, int | float) else "-"
+
+
+def _ms(v: Any) -> str:
+    return f"{v:.3g} ms" if isinstance(v, int | float) else "-"
 
 
 def _phases(job: dict[str, Any]) -> str:

@@ -1,13 +1,16 @@
-"""spec.export: the SavedModel always, a TFLite model when asked (and its quantization)."""
+"""spec.export: the SavedModel always, a TFLite model when asked (and its quantization), and the smaller
+variants `variants` names (issue 23), each written beside them and compared in optimization.json."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, model_validator
 
 from trainjobs.spec.strict import Int, StrictModel, fail
 
+if TYPE_CHECKING:
+    from trainjobs.spec.job import JobSpec
 
 DEFAULT_CALIBRATION_EXAMPLES = 200
 
@@ -36,6 +39,50 @@ class TfliteExport(StrictModel):
         return DEFAULT_CALIBRATION_EXAMPLES if self.calibration_examples is None else self.calibration_examples
 
 
+Variant = Literal["saved_model_int8", "tflite_float32", "tflite_dynamic", "tflite_float16", "tflite_int8"]
+# Each TFLite variant is the model.tflite that export.tflite's quantization of that name makes (float32 input
+# and output, int8 calibrated on up to DEFAULT_CALIBRATION_EXAMPLES training examples).
+TFLITE_VARIANTS: dict[str, str] = {"tflite_float32": "none", "tflite_dynamic": "dynamic",
+                                   "tflite_float16": "float16", "tflite_int8": "int8"}
+# Where each variant is written in the job's artifacts/ (agent/variants.py).
+VARIANTS_DIR = "variants"
+
+
 class ExportSpec(StrictModel):
     saved_model: Literal[True] = Field(default=True, description="A SavedModel is always exported.")
     tflite: TfliteExport | None = None
+    variants: list[Variant] = Field(default_factory=list, max_length=5, description=(
+        "Smaller models besides saved_model/ (and model.tflite), each in artifacts/variants/ and compared with "
+        "them in optimization.json: saved_model_int8 (Keras int8 quantization of the Dense, EinsumDense and "
+        "Embedding layers, served like saved_model/), tflite_float32, tflite_dynamic, tflite_float16, tflite_int8"))
+
+    @model_validator(mode="after")
+    def _variants_once(self) -> ExportSpec:
+        for i, name in enumerate(self.variants):
+            if name in self.variants[:i]:
+                raise fail(f"variants.{i}", f"{name} is named twice")
+            if self.tflite is not None and TFLITE_VARIANTS.get(name) == self.tflite.quantization:
+                raise fail(f"variants.{i}", f"{name} is model.tflite already (export.tflite.quantization "
+                           f"{self.tflite.quantization}): ask for it once, or give export.tflite another quantization")
+        return self
+
+    def variant_tflite(self, name: str) -> TfliteExport:
+        """The conversion a tflite_ variant is."""
+        return TfliteExport(quantization=TFLITE_VARIANTS[name])  # type: ignore[arg-type]
+
+    @property
+    def int8_calibration(self) -> TfliteExport | None:
+        """The int8 TFLite conversion the job calibrates, if any (export.tflite's, else tflite_int8's): what
+        staging checks the training split against."""
+        if self.tflite is not None and self.tflite.quantization == "int8":
+            return self.tflite
+        return self.variant_tflite("tflite_int8") if "tflite_int8" in self.variants else None
+
+
+def variants_problem(spec: JobSpec) -> tuple[str, str] | None:
+    """(field, reason) for variants the rest of the spec rules out. Every built-in model and keras.applications
+    architecture ends in a Dense layer (the task's output), so saved_model_int8 always has something to
+    quantize there; a model of the user's own is checked when the agent builds it, before training."""
+    if spec.export.variants and spec.program is not None:
+        return "export.variants", "a program exports its own model: export.variants is the managed trainer's"
+    return None

@@ -16,7 +16,7 @@ from trainjobs.spec.accelerator import Accelerator, CpuAccelerator
 from trainjobs.spec.dataset import DatasetSpec
 from trainjobs.spec.derived import global_batch_size, num_replicas, replicas_per_worker, resolve_strategy
 from trainjobs.spec.distribution import Precision, Strategy, check_consistency
-from trainjobs.spec.export import ExportSpec
+from trainjobs.spec.export import ExportSpec, variants_problem
 from trainjobs.spec.labels import labels_problem
 from trainjobs.spec.limits import LimitsSpec
 from trainjobs.spec.model import ModelSpec
@@ -114,6 +114,8 @@ class JobSpec(StrictModel):
         if problem := pruning_problem(self.training, self.model.name if self.model else None, self.program is not None):
             raise fail(*problem)
         if problem := distillation_problem(self.training, self.task, self.program is not None):
+            raise fail(*problem)
+        if problem := variants_problem(self):
             raise fail(*problem)
         return self
 

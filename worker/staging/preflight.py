@@ -37,8 +37,9 @@ def plan_problems(spec: JobSpec, manifest: dict[str, Any]) -> list[str]:
     if spec.model is not None and spec.model.name is not None and (problem := features_problem(spec.model.name, shape)):
         problems.append(problem)
 
-    tflite = spec.export.tflite
-    if tflite is not None and tflite.quantization == "int8":
+    # export.tflite's int8 conversion, else the tflite_int8 variant's (export.variants): both calibrate.
+    tflite = spec.export.int8_calibration
+    if tflite is not None:
         asked = tflite.calibration_examples
         if asked is not None and asked > train:
             problems.append(f"int8 calibration asks for {asked} examples, the training split has {train}; "
