@@ -32,7 +32,7 @@ def _not_found(sweep_id: uuid.UUID) -> ApiError:
     return ApiError(404, f"sweep {sweep_id} not found")
 
 
-@router.post("", status_code=201, response_model=SweepPublic, responses=error_responses(*AUTHED))
+@router.post("", status_code=201, response_model=SweepPublic, responses=error_responses(*AUTHED, 400, 413))
 async def submit_sweep(request: Request, spec: SweepSpec, secret: ApiSecret, factory: Factory) -> SweepPublic:
     for path in spec.parameters:
         if any(path == s or path.startswith(f"{s}.") for s in _SHARED):
