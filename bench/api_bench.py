@@ -13,8 +13,12 @@ that load rather than at saturation.
 --explain: also seeds --explain-jobs jobs into one project and prints EXPLAIN (ANALYZE, BUFFERS) of
 the list query with no filter, a status filter, a label filter and both (bench/README.md).
 
+--before CHECKOUT (issue 25): also serve `trainjobs api` from another checkout (the code before a change),
+one process beside ours, and alternate bare / before / ours in every round, so that both ratios come
+from the same minutes. --get-only: only the GET rounds.
+
 Usage: python bench/api_bench.py [--duration 10] [--rounds 3] [--workers 1,2] [--jobs 2000] [--explain]
-       [--explain-only] [--profile] [--repo CHECKOUT]
+       [--explain-only] [--profile] [--repo CHECKOUT] [--before CHECKOUT] [--get-only]
 Uses TRAINJOBS_TEST_DATABASE_URL (or TRAINJOBS_DATABASE_URL), else an embedded PostgreSQL. Needs wrk.
 """
 
@@ -290,6 +294,8 @@ def main() -> None:
     ap.add_argument("--explain-only", action="store_true")
     ap.add_argument("--repo", type=Path, default=ROOT, help="serve `trainjobs api` from another checkout (before)")
     ap.add_argument("--revision", default="head", help="migrate only to this revision (the --repo checkout's head)")
+    ap.add_argument("--before", type=Path, help="another checkout's `trainjobs api` beside ours, GET rounds alternating")
+    ap.add_argument("--get-only", action="store_true", help="only GET /v1/jobs/{id} (and the bare app's)")
     args = ap.parse_args()
     if args.explain_only:
         explain_before_after(bench_db.fresh_database("trainjobs_apibench"), args.explain_jobs)
@@ -316,6 +322,14 @@ def main() -> None:
     bare_port = free_port()
     bare = start([sys.executable, "bench/bare_app.py", url, str(bare_port)],
                  f"http://127.0.0.1:{bare_port}/jobs/{running}", env)
+    before = None
+    if args.before:
+        before_port = free_port()
+        before = start([sys.executable, "-m", "stack.cli", "api", "--port", str(before_port)],
+                       f"http://127.0.0.1:{before_port}/healthz", {**env, "PYTHONPATH": str(args.before)},
+                       cwd=args.before)
+        before_get = f"http://127.0.0.1:{before_port}/v1/jobs/{running}"
+        wrk(before_get, key, args.warmup)
     try:
         for workers in [int(w) for w in args.workers.split(",")]:
             port = free_port()
@@ -340,7 +354,11 @@ def main() -> None:
                     if workers == 1:
                         record("bare GET /jobs/{id}", wrk(f"http://127.0.0.1:{bare_port}/jobs/{running}", key,
                                                          args.duration))
+                        if before is not None:
+                            record("before w1 GET /v1/jobs/{id}", wrk(before_get, key, args.duration))
                     record(f"w{workers} GET /v1/jobs/{{id}}", wrk(f"{base}/v1/jobs/{running}", key, args.duration))
+                    if args.get_only:
+                        continue
                     record(f"w{workers} GET /v1/jobs?limit=50", wrk(f"{base}/v1/jobs?limit=50", key, args.duration))
                     with get_engine(url).begin() as conn:
                         conn.execute(text("DELETE FROM jobs WHERE project_id = "
@@ -355,6 +373,8 @@ def main() -> None:
                 stop(ours)
     finally:
         stop(bare)
+        if before is not None:
+            stop(before)
 
     print("\nmedians over rounds (spread min-max):")
     med = {name: statistics.median(r["rps"] for r in rs) for name, rs in results.items()}
@@ -363,11 +383,12 @@ def main() -> None:
         p99 = statistics.median(r["p99_ms"] for r in rs)
         print(f"{name:<28} {med[name]:>8.1f} req/s ({min(vals):.0f}-{max(vals):.0f})  p99 {p99:.1f} ms")
     bare_runs = [r["rps"] for r in results.get("bare GET /jobs/{id}", [])]
-    ours_runs = [r["rps"] for r in results.get("w1 GET /v1/jobs/{id}", [])]
-    if bare_runs and ours_runs:
-        ratios = [o / b for o, b in zip(ours_runs, bare_runs)]
-        print(f"GET /v1/jobs/{{id}} vs bare, per round: {', '.join(f'{r:.2f}x' for r in ratios)}; "
-              f"median {statistics.median(ratios):.2f}x")
+    for name in ("before w1 GET /v1/jobs/{id}", "w1 GET /v1/jobs/{id}"):
+        ours_runs = [r["rps"] for r in results.get(name, [])]
+        if bare_runs and ours_runs:
+            ratios = [o / b for o, b in zip(ours_runs, bare_runs)]
+            print(f"{name} vs bare, per round: {', '.join(f'{r:.2f}x' for r in ratios)}; "
+                  f"median {statistics.median(ratios):.2f}x")
     for what in ("GET /v1/jobs/{id}", "GET /v1/jobs?limit=50", "POST /v1/jobs"):
         if f"w1 {what}" in med and f"w2 {what}" in med:
             print(f"{what}: 2 processes / 1 = {med[f'w2 {what}'] / med[f'w1 {what}']:.2f}x")

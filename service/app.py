@@ -12,6 +12,7 @@ from service import errors, outages, prometheus
 from service.auth_throttle import AuthThrottle, AuthThrottleConfig
 from service.db.session import POOL_TIMEOUT_S, check_migrated, get_engine, session_factory
 from service.deps import db_threads
+from service.key_cache import KeyCache, KeyListener, replace_dropped_connections, ttl_from_env
 from service.middleware import AnswerUnexpectedErrors, BodyLimit, BodyLimits, SecurityHeaders, ThrottleFailedAuth
 from service.routes import artifacts, dashboard, datasets, health, jobs, modules, sweeps
 from trainjobs.uploads import UploadKind, max_upload_bytes, too_large_message
@@ -38,7 +39,14 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     # what requests made. Those collections were a list's p99 (issue 12: 139 ms -> 78 ms).
     gc.collect()
     gc.freeze()
-    yield
+    listener: KeyListener | None = getattr(app.state, "key_listener", None)
+    if listener is not None:  # here, not in create_app: each server process (--workers) needs its own
+        listener.start()
+    try:
+        yield
+    finally:
+        if listener is not None:
+            listener.stop()
 
 
 def create_app(database_url: str, *, check_schema: bool = True) -> FastAPI:
@@ -53,6 +61,12 @@ def create_app(database_url: str, *, check_schema: bool = True) -> FastAPI:
     app.state.read_factory = session_factory(engine.execution_options(isolation_level="AUTOCOMMIT"))  # same pool
     app.state.db_threads = db_threads()  # a bad TRAINJOBS_API_DB_THREADS stops the start, naming it
     app.state.db_wait_s = POOL_TIMEOUT_S  # longest wait for a database turn before a 503 (deps.in_db_thread)
+    if (ttl := ttl_from_env()) > 0:  # accepted keys, forgotten on revoke (service/key_cache.py)
+        app.state.key_cache = KeyCache(ttl)
+        app.state.key_listener = KeyListener(engine, app.state.key_cache)
+        for factory in (app.state.session_factory, app.state.read_factory):
+            factory.configure(info={"key_cache": app.state.key_cache})
+        replace_dropped_connections(engine)
     errors.install(app)
     outages.install(app)  # 503s, within seconds, while PostgreSQL or storage is down
     # The last added runs first: unexpected errors are answered around everything else.

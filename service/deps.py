@@ -27,9 +27,10 @@ from fastapi.routing import APIRoute
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.auth_throttle import key_accepted
-from service.db.projects import project_for_key
+from service.db.projects import hash_key, project_for_key
 from service.db.session import PoolTimeout, retry_if_dropped
 from service.errors import ApiError
+from service.key_cache import KeyCache
 
 
 async def get_factory(request: Request) -> sessionmaker[Session]:
@@ -108,10 +109,20 @@ def _secret(request: Request) -> str:
 
 
 def _project(session: Session, secret: str) -> uuid.UUID:
+    # The app's sessions carry its key cache (create_app): a key this process accepted moments ago
+    # costs no query (service/key_cache.py says how a revoke still reaches the next request).
+    cache: KeyCache | None = session.info.get("key_cache")
+    key_hash = hash_key(secret)
+    if cache is not None and (project_id := cache.get(key_hash)) is not None:
+        key_accepted()
+        return project_id
+    epoch = cache.epoch() if cache is not None else 0
     project_id = retry_if_dropped(session, lambda s: project_for_key(s, secret))
     if project_id is None:
         raise ApiError(401, UNKNOWN_KEY)  # middleware.ThrottleFailedAuth counts it and caches the hash
     key_accepted()  # ... and lets a working key through an address another key's failures hold
+    if cache is not None:
+        cache.store(key_hash, project_id, epoch)
     return project_id
 
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from fastapi import FastAPI
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -80,12 +80,34 @@ class JobsByStatus(Collector):
         yield family
 
 
+class KeyCacheCounts(Collector):
+    """This process's key cache (service/key_cache.py): each process of `api --workers N` has its own."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self.app = app
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        cache = getattr(self.app.state, "key_cache", None)
+        if cache is None:  # TRAINJOBS_API_KEY_CACHE_TTL_S=0
+            return
+        counts = cache.counts
+        for name, value, what in (("hits", counts.hits, "key checks answered from memory"),
+                                  ("misses", counts.misses, "key checks that asked PostgreSQL"),
+                                  ("invalidations", counts.invalidations,
+                                   "keys forgotten: revoked (NOTIFY), or all on a lost listener connection"),
+                                  ("listener_connects", counts.listener_connects,
+                                   "times the revocation listener (re)connected")):
+            yield CounterMetricFamily(f"trainjobs_api_key_cache_{name}", f"API key cache: {what}", value=value)
+        yield GaugeMetricFamily("trainjobs_api_key_cache_keys", "API keys remembered now", value=cache.size())
+
+
 def install(app: FastAPI, factory: sessionmaker[Session]) -> None:
     """Serve GET /metrics and time every request; add it last, so it times the other middleware too."""
     registry = CollectorRegistry()
     histogram = Histogram("trainjobs_api_request_duration_seconds", "API requests: seconds until the response "
                           "headers were sent", ["method", "route", "code"], registry=registry, buckets=LATENCY_BUCKETS)
     registry.register(JobsByStatus(factory))
+    registry.register(KeyCacheCounts(app))
 
     @app.get("/metrics", include_in_schema=False)
     def metrics() -> Response:

@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -70,10 +70,15 @@ def list_api_keys(session: Session, project_name: str) -> list[ApiKeyInfo] | Non
     return [_info(k) for k in keys]
 
 
+# Every API process LISTENs here and forgets the key it names (service/key_cache.py).
+KEY_REVOKED_CHANNEL = "trainjobs_api_key_revoked"
+
+
 def revoke_api_key(session: Session, prefix_or_key: str) -> ApiKeyInfo | None:
     """Revoke the key with this prefix (as `keys list` shows it) or this whole secret; None when no key
-    matches. Revoking twice keeps the first time. The API looks every request's key up in the database,
-    so the next request with it is refused."""
+    matches. Revoking twice keeps the first time. The API processes remember accepted keys for a few
+    seconds (service/key_cache.py): the NOTIFY, sent in this transaction, reaches them when it commits
+    and not before, so the next request with the key is refused."""
     if len(prefix_or_key) > PREFIX_LENGTH:  # longer than any prefix: the whole secret
         match = select(ApiKey).where(ApiKey.key_hash == hash_key(prefix_or_key))
     else:
@@ -87,4 +92,5 @@ def revoke_api_key(session: Session, prefix_or_key: str) -> ApiKeyInfo | None:
     if key.revoked_at is None:
         key.revoked_at = session.scalar(select(func.now()))
         session.flush()
+    session.execute(text("SELECT pg_notify(:channel, :key)"), {"channel": KEY_REVOKED_CHANNEL, "key": key.key_hash.hex()})
     return _info(key)
