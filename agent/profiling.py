@@ -108,18 +108,19 @@ class TraceWindow:
 
 def _normal_step_ms(history: list[dict[str, Any]], attempt: int, epoch: int, traced: int, window_s: float,
                     steps_per_execution: int) -> float | None:
-    """An untraced step's time: this attempt's training time outside the window, less its first call
-    (tracing and compilation), per step; None when no step ran outside both."""
+    """An untraced step's time (ms), from the likest steps there are: this attempt's other epochs but
+    its first (whose calls include tracing and compilation, and whose loop starts the input
+    iterators); else the traced epoch's steps outside the window; else the first epoch's steps after
+    its first call. None when no step ran outside the window but in the first call."""
     ours = [e for e in history if e["attempt"] == attempt]
-    seconds, steps = 0.0, 0
-    for e in ours:
-        if e["epoch"] == epoch:
-            seconds += max(0.0, float(e["train_seconds"]) - window_s)
-            steps += int(e["steps"]) - traced
-        else:
-            seconds += float(e["train_seconds"])
-            steps += int(e["steps"])
-    if ours and ours[0]["epoch"] != epoch and "first_call_seconds" in ours[0]:  # else the window holds it
-        seconds -= float(ours[0]["first_call_seconds"])
-        steps -= min(steps_per_execution, int(ours[0]["steps"]))
-    return 1000 * max(0.0, seconds) / steps if steps > 0 else None
+    if not ours:
+        return None
+    steady = [e for e in ours[1:] if e["epoch"] != epoch]
+    seconds, steps = sum(float(e["train_seconds"]) for e in steady), sum(int(e["steps"]) for e in steady)
+    traced_epoch, first = next((e for e in ours if e["epoch"] == epoch), None), ours[0]
+    if not steps and traced_epoch is not None and traced_epoch is not first:
+        seconds, steps = max(0.0, float(traced_epoch["train_seconds"]) - window_s), int(traced_epoch["steps"]) - traced
+    if steps <= 0 and first is not traced_epoch and "first_call_seconds" in first:
+        seconds = max(0.0, float(first["train_seconds"]) - float(first["first_call_seconds"]))
+        steps = int(first["steps"]) - min(steps_per_execution, int(first["steps"]))
+    return 1000 * seconds / steps if steps > 0 else None
