@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tests.support.agent import digits, make_job, read, run_agent, spec, write_dataset
+from tests.support.profile import xspace_planes
 from trainjobs import storage
 from trainjobs.job_paths import ARTIFACT_HISTORY, ARTIFACT_MANIFEST, ARTIFACT_METRICS, JobPaths
 
@@ -132,15 +133,13 @@ def test_logs_and_tensorboard_events_are_uploaded(digits_job: dict[str, Any]) ->
 def test_the_profile_trace_is_in_the_jobs_tensorboard_directory(digits_job: dict[str, Any]) -> None:
     """profile: true traces 20 steps of the second epoch, here its one call of 22 (whole executions), as an
     XSpace where TensorBoard's profile plugin looks; the final metrics say where and what it cost."""
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-
     profile = read(JobPaths(digits_job["job_dir"]).final_metrics)["profile"]
     assert (profile["epoch"], profile["steps"]) == (2, 22) and "error" not in profile
     assert profile["seconds"] > 0 and profile["overhead_seconds"] is not None
     [name] = profile["files"]
     assert name.startswith("plugins/profile/") and name.endswith(".xplane.pb")
     trace = storage.blob(f"{JobPaths(digits_job['job_dir']).tensorboard}/{name}").download_as_bytes()
-    assert "/host:CPU" in [plane.name for plane in xplane_pb2.XSpace.FromString(trace).planes]
+    assert "/host:CPU" in xspace_planes(trace)
 
 
 @pytest.mark.tf

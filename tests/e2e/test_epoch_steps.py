@@ -55,6 +55,7 @@ def _train(strategy_name: str, steps: int, spe: int, resumed_at: int, window: tu
     from agent.plan import Hardware, resolve_plan
     from agent.profiling import TraceWindow
     from agent.step_time import step_time_breakdown
+    from tests.support.profile import xspace_planes
     from agent.step_functions import install_step_functions
     from agent.train import EpochRecorder, fit
 
@@ -86,11 +87,7 @@ def _train(strategy_name: str, steps: int, spe: int, resumed_at: int, window: tu
     fit(model, plan, meter.wrap(data.batch(4, drop_remainder=True)), None, recorder)
     trace.close(recorder.position)
     profile = trace.report(entries, 1)
-    planes = {}
-    for name in profile.get("files", []):
-        from tensorflow.tsl.profiler.protobuf import xplane_pb2
-
-        planes[name] = [p.name for p in xplane_pb2.XSpace.FromString((logdir / name).read_bytes()).planes]
+    planes = {name: xspace_planes((logdir / name).read_bytes()) for name in profile.get("files", [])}
     return {"plan_steps": plan.steps_per_epoch, "iterations": int(model.optimizer.iterations.numpy()),
             "steps_run": train_function.steps_run, "calls": calls,
             "epochs": [{"steps": e["steps"], "executions": e["executions"]} for e in entries],
