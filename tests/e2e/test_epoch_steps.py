@@ -181,5 +181,29 @@ def test_the_step_time_breakdown_adds_up_to_the_training_time(trained: list[dict
     assert breakdown["device_ms_per_step"] == pytest.approx(1000 * breakdown["device_seconds"] / steps, abs=rounding)
 
 
+def test_a_profiler_that_cannot_start_is_reported_and_training_goes_on(tmp_path: Path) -> None:
+    """One profiler session per process: with another one running (a program's, a debugging user's),
+    the window says why it has no trace instead of failing the job."""
+    import tensorflow as tf
+
+    from trainjobs.spec import JobSpec
+    from agent.plan import Hardware, TrainingPosition, resolve_plan
+    from agent.profiling import TraceWindow
+
+    job = JobSpec.model_validate({"dataset": {"source": "sklearn:iris"}, "model": {"name": "mlp"},
+                                  "training": {"epochs": 2, "global_batch_size": 4}})
+    plan = resolve_plan(job, Hardware("cpu", 1, local_devices=1), "default", 1, train_examples=40)
+    window = TraceWindow(tmp_path / "tb", 2, 5, plan)
+    tf.profiler.experimental.start(str(tmp_path / "elsewhere"))
+    try:
+        window.before_call(TrainingPosition(1, 0, plan.steps_per_epoch))
+        window.after_call(TrainingPosition(1, 5, plan.steps_per_epoch + 5))
+    finally:
+        tf.profiler.experimental.stop()
+    report = window.report([], 1)
+    assert report["epoch"] == 2 and "the profiler did not start" in report["error"], report
+    assert not (tmp_path / "tb").exists()
+
+
 if __name__ == "__main__":
     _child()
