@@ -21,8 +21,12 @@ def step_time_breakdown(history: list[dict[str, Any]], attempt: int, steps_per_e
         return {}
     train = sum(e["train_seconds"] for e in ours)
     host = sum(e["host_seconds"] for e in ours)
-    waited = sum(e["input_wait_fraction"] * e["train_seconds"] for e in ours)
     inside = train - host
+    # The wait is measured where tf.data hands a batch over; under a distributed iterator that is its
+    # prefetch thread, which can also wait while the host runs between calls: only what fits in the
+    # calls is counted in them.
+    waited = sum(min(e["input_wait_fraction"] * e["train_seconds"], e["train_seconds"] - e["host_seconds"])
+                 for e in ours)
     compile_s = _compile_seconds(ours, steps_per_execution)
     # The excess is estimated from other calls: never more than the calls' time the wait leaves.
     compile_part = min(compile_s or 0.0, max(0.0, inside - waited))
