@@ -4,9 +4,10 @@ trainjobs/spec/derived.py."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, JsonValue, field_validator, model_validator
+from pydantic.json_schema import JsonDict
 
 from trainjobs.spec.strict import Int, Number, StrictModel, fail
 
@@ -74,6 +75,11 @@ class ProfileWindow(StrictModel):
         "steps traced, at least (whole executions of steps_per_execution), at most the epoch's"))
 
 
+def _true_or_false_too(schema: JsonDict) -> None:
+    """The API's schema shows what _profile_switch takes besides the window: true or false."""
+    schema["anyOf"] = [{"type": "boolean"}, *cast(list[JsonValue], schema["anyOf"])]
+
+
 class TrainingSpec(StrictModel):
     epochs: Int = Field(default=10, ge=1, le=10_000)
     per_replica_batch_size: Int | None = Field(default=None, ge=1, le=65_536)
@@ -110,7 +116,8 @@ class TrainingSpec(StrictModel):
         "Stop when the monitored metric has not improved for `patience` epochs; the job records the epoch and why."))
     profile: ProfileWindow | None = Field(default=None, description=(
         "A TensorFlow profiler trace of a window of steps, in the job's TensorBoard directory: true for the "
-        "default window (20 steps of the second epoch) or {epoch, steps}; false or absent: none (README, Profiling)"))
+        "default window (20 steps of the second epoch) or {epoch, steps}; false or absent: none (README, Profiling)"),
+        json_schema_extra=_true_or_false_too)
 
     @field_validator("profile", mode="before")
     @classmethod
