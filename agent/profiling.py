@@ -5,8 +5,8 @@ call that reaches the window's steps, so it traces whole executions: the same st
 loop, under the same strategy, as the epochs around it. Between calls no step is in flight, so
 starting and stopping there is safe under every strategy; only this host is traced, and only the
 chief traces (a worker's trace would need a directory of its own, and the chief's steps wait on the
-same collectives as every worker's). On a TPU VM the profiler also traces the TPU; on a CPU the
-"device" is this host's cores running the compiled function.
+same collectives as every worker's). On a GPU or TPU VM TensorFlow's profiler also collects the
+devices' activity (not exercised by the tests, which have neither).
 
 `tf.profiler.experimental.start(logdir)` writes `<logdir>/plugins/profile/<run>/<host>.xplane.pb`,
 where TensorBoard's profile plugin (tensorboard-plugin-profile, XProf) looks; the logdir is the
