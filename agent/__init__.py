@@ -15,6 +15,8 @@ It reads `<job-dir>/spec.json`, trains, and reports only through GCS (see trainj
     publisher.py       per-epoch uploads (metrics, checkpoint, status, events) off the training thread
     tensorboard.py     per-epoch scalars as event files
     train.py           model.fit and the per-epoch recorder
+    step_time.py       the final metrics' step_time_breakdown, from the epochs' entries
+    profiling.py       training.profile: a profiler trace of a window of steps
     keras_compat.py    repairs that let Keras 3 fit under MultiWorkerMirroredStrategy
     export.py          SavedModel, TFLite, accuracy checks, artifact manifest
     run.py             one attempt, start to finish

@@ -23,9 +23,11 @@ from agent.job import AgentJob, WorkDir, wait_for_chief
 from agent.models import ModelInputs, build, builder_for
 from agent.optimizer import make_optimizer
 from agent.plan import RuntimePlan, TrainingPosition, resolve_plan, resume_from, strategy_to_build
+from agent.profiling import TraceWindow
 from agent.publisher import Publisher
 from agent.status import StatusReporter
 from agent.step_functions import install_step_functions
+from agent.step_time import step_time_breakdown
 from agent.tensorboard import ScalarLog
 from agent.train import EpochRecorder, StopEarly, fit
 
@@ -104,14 +106,28 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
     val = None
     if data.validation is not None:
         val = eval_dataset(data, plan.global_batch_size, plan.static_shapes, spec.training.cache_dataset)
+    window = None
+    if job.is_chief and (asked := spec.training.profile_window()) is not None:
+        window = TraceWindow(work.tensorboard, *asked, plan)
+
+    def after_call(at: TrainingPosition) -> None:
+        if window is not None:  # stopped first: the trace holds steps, not the checkpoint after them
+            window.after_call(at)
+        schedule.after_call(at)
+
     reporter.set_phase("training")
-    recorder = EpochRecorder(plan, job.attempt, meter, train_function, on_epoch, schedule.after_call,
-                             reporter.step_progress, names=tasks.epoch_names(data.task, spec.training.metrics))
+    recorder = EpochRecorder(plan, job.attempt, meter, train_function, on_epoch, after_call,
+                             reporter.step_progress, names=tasks.epoch_names(data.task, spec.training.metrics),
+                             before_call=window.before_call if window is not None else None)
     stop_early = StopEarly(spec.training.early_stopping) if spec.training.early_stopping is not None else None
     weights = tasks.class_weights(spec.training.class_weight, data.labels, data.train_class_counts)
     if weights is not None:
         log.info("class weights: %s", json.dumps({data.labels[i]: round(w, 6) for i, w in weights.items()}))
-    fit(model, plan, train, val, recorder, stop_early, weights, before=[pruner.callback()] if pruner else [])
+    try:
+        fit(model, plan, train, val, recorder, stop_early, weights, before=[pruner.callback()] if pruner else [])
+    finally:
+        if window is not None:
+            window.close(recorder.position)
     # The final checkpoint and metrics.json are in storage before the job can report success.
     publisher.drain()
     if tb is not None:
@@ -135,6 +151,9 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
                                  **distillation.teacher_scores(teacher, data, EVAL_EXAMPLES)}
     if weights is not None:
         extra["class_weight"] = {data.labels[i]: w for i, w in weights.items()}
+    extra["step_time_breakdown"] = step_time_breakdown(history, job.attempt, plan.steps_per_execution)
+    if window is not None:
+        extra["profile"] = window.report(history, job.attempt)
     _export(job, work, plan, data, builder, inputs, model, history, extra)
 
 

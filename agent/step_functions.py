@@ -23,6 +23,7 @@ rule). Here no step runs inside a cond:
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 
@@ -37,6 +38,10 @@ class CountingTrainFunction:
 
         self.calls = 0
         self.steps_called = 0  # the steps the calls so far were asked to run, counted on the host
+        # Wall time inside the calls, and the first call's alone (tracing and compilation): an eager call
+        # of a tf.function returns once its outputs are computed, so this is the time the steps took.
+        self.seconds = 0.0
+        self.first_call_seconds = 0.0
         self.steps_per_execution = steps_per_execution
         self._epoch_steps: int | None = None
         self._done_in_epoch = 0
@@ -73,7 +78,13 @@ class CountingTrainFunction:
         self.steps_called += steps
         if self._epoch_steps is not None:
             self._done_in_epoch = (self._done_in_epoch + steps) % self._epoch_steps
-        return self._execution(iterator, tf.constant(steps, tf.int32))
+        began = time.perf_counter()
+        outputs = self._execution(iterator, tf.constant(steps, tf.int32))
+        took = time.perf_counter() - began
+        self.seconds += took
+        if self.calls == 1:
+            self.first_call_seconds = took
+        return outputs
 
     @property
     def steps_run(self) -> int:

@@ -24,20 +24,27 @@ class EpochRecorder(keras.callbacks.Callback):
     a finished history entry and the position to `on_epoch`. Keras calls on_test_begin when
     validation starts, which ends the clock. Each entry also says how many train-function calls
     the epoch took and how many steps they ran; the entry of an epoch resumed from a mid-epoch
-    checkpoint covers only the steps after `resumed_at_step`."""
+    checkpoint covers only the steps after `resumed_at_step`.
+
+    The entry splits the epoch's time (issue 24; the names are read by the job's advice): the training
+    part is `host_seconds` (Keras' loop and the callbacks, outside the train function) plus the time
+    inside train-function calls; `pause_seconds` (what `before_call` and `on_call` do between calls:
+    checkpoints, status, the profiler's start and stop) is left out of the training part, and
+    `validation_seconds` follows it. The attempt's first trained epoch also gives `first_call_seconds`,
+    the first call's wall time: tracing and compilation as well as its steps."""
 
     def __init__(self, plan: RuntimePlan, attempt: int, meter: InputWaitMeter, train_function: CountingTrainFunction,
                  on_epoch: Callable[[dict[str, Any], TrainingPosition], None],
                  on_call: Callable[[TrainingPosition], None], on_progress: Callable[[float], None],
-                 names: tuple[str, ...] = KERAS_METRICS):
+                 names: tuple[str, ...] = KERAS_METRICS, before_call: Callable[[TrainingPosition], None] | None = None):
         super().__init__()
         self.names = names  # what each entry records of Keras' logs (agent/tasks.py: epoch_names)
         self.plan, self.attempt, self.meter, self.train_function = plan, attempt, meter, train_function
-        self.on_epoch, self.on_call, self.on_progress = on_epoch, on_call, on_progress
+        self.on_epoch, self.on_call, self.on_progress, self.before_call = on_epoch, on_call, on_progress, before_call
         self.position = plan.start
         self._epoch = self._first_step = self._global_at_begin = 0
         self._began = self._train_ended = 0.0
-        self._waited = self._paused = 0.0
+        self._waited = self._paused = self._inside_before = 0.0
         self._calls_before = self._steps_before = self._called_before = 0
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
@@ -50,7 +57,14 @@ class EpochRecorder(keras.callbacks.Callback):
         self.meter.reset()
         self._calls_before, self._steps_before = self.train_function.calls, self.train_function.steps_run
         self._called_before = self.train_function.steps_called
+        self._inside_before = self.train_function.seconds
         self._began = time.perf_counter()
+
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if self.before_call is not None:
+            began = time.perf_counter()
+            self.before_call(self.position)
+            self._paused += time.perf_counter() - began
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         # The steps this epoch's calls ran, as the train function counts them. Not from `batch`: it is
@@ -70,8 +84,10 @@ class EpochRecorder(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._stop_clock()
+        ended = time.perf_counter()
         logs = logs or {}
         train_s = self._train_ended - self._began - self._paused
+        inside_s = self.train_function.seconds - self._inside_before
         steps = self.plan.steps_per_epoch - self._first_step
         examples = steps * self.plan.global_batch_size
         entry: dict[str, Any] = {"epoch": epoch + 1, "attempt": self.attempt}
@@ -84,10 +100,15 @@ class EpochRecorder(keras.callbacks.Callback):
             "step_time_ms": round(1000 * train_s / steps, 3),
             "input_wait_fraction": round(min(1.0, self._waited / train_s), 4),
             "train_seconds": round(train_s, 3),
-            "epoch_seconds": round(time.perf_counter() - self._began, 3),
+            "epoch_seconds": round(ended - self._began, 3),
             "executions": self.train_function.calls - self._calls_before,
             "steps": self.train_function.steps_run - self._steps_before,
+            "host_seconds": round(train_s - inside_s, 3),
+            "pause_seconds": round(self._paused, 3),
+            "validation_seconds": round(ended - self._train_ended, 3),
         })
+        if self._calls_before == 0:  # this attempt's first call was this epoch's
+            entry["first_call_seconds"] = round(self.train_function.first_call_seconds, 3)
         self.position = TrainingPosition(epoch + 1, 0, self.position.global_step)
         self.on_epoch(entry, self.position)
 

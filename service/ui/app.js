@@ -227,6 +227,28 @@ function modelsTable(rows) {
       ms(r.latency_ms_1), ms(r.latency_ms_32)].map((v) => el("td", {}, String(v))))));
 }
 
+// Where training time went (agent/step_time.py) and the profiler trace (agent/profiling.py), from the final
+// metrics: the training part's four parts with their share, then the pauses and validation on top of it.
+const STEP_PARTS = [["compile", "compile_seconds", null], ["input wait", "input_wait_seconds", "input_wait_ms_per_step"],
+  ["host", "host_seconds", "host_ms_per_step"], ["device", "device_seconds", "device_ms_per_step"],
+  ["= training", "train_seconds", null], ["+ pause", "pause_seconds", null], ["+ validation", "validation_seconds", null]];
+
+function stepTime(metrics, ended) {
+  const b = metrics.step_time_breakdown, p = metrics.profile;
+  const share = (v) => (typeof v === "number" && b.train_seconds > 0 ? `${Math.round((100 * v) / b.train_seconds)}%` : "");
+  $("#step-time tbody").replaceChildren(...(b && typeof b === "object" ? STEP_PARTS.map(([label, k, perStep]) =>
+    el("tr", { "data-part": k }, ...[label, fmt.num(b[k]), perStep ? fmt.num(b[perStep]) : "",
+      label.startsWith("=") || label.startsWith("+") ? "" : share(b[k])].map((v) => el("td", {}, String(v)))))
+    : [el("tr", {}, el("td", { class: "muted" }, ended ? "not measured for this job" : "measured here when the job ends"))]));
+  let trace = "";
+  if (p && typeof p === "object") {
+    trace = `profile: epoch ${p.epoch}, ${p.steps} steps` + (p.error ? `: ${p.error}` : ` in ${fmt.num(p.seconds)} s` +
+      (typeof p.overhead_seconds === "number" ? ` (overhead ${fmt.num(p.overhead_seconds)} s)` : "") +
+      `: ${(p.files || []).map((f) => `tensorboard/${f}`).join(", ")}`);
+  }
+  $("#profile").textContent = trace;
+}
+
 function jobPage(id) {
   show("job");
   const abort = new AbortController();
@@ -263,6 +285,7 @@ function jobPage(id) {
         $("#models thead").replaceChildren();
         $("#models tbody").replaceChildren(el("tr", {}, el("td", { class: "muted" }, "compared here when the job succeeds")));
       }
+      stepTime(job.metrics || {}, TERMINAL.has(job.status));
       if (TERMINAL.has(job.status)) await artifacts();
       else $("#artifacts").replaceChildren(el("li", { class: "muted" }, "listed here when the job succeeds"));
     } catch (e) {

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tests.support.agent import digits, make_job, read, run_agent, spec, write_dataset
+from tests.support.profile import xspace_planes
 from trainjobs import storage
 from trainjobs.job_paths import ARTIFACT_HISTORY, ARTIFACT_MANIFEST, ARTIFACT_METRICS, JobPaths
 
@@ -21,7 +22,7 @@ from trainjobs.job_paths import ARTIFACT_HISTORY, ARTIFACT_MANIFEST, ARTIFACT_ME
 @pytest.fixture(scope="module")
 def digits_job(gcs_emulator: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One job, run once, judged by several tests: a TPU request on a 2-CPU stand-in (so mirrored,
-    mixed_bfloat16), the built-in cnn, int8 TFLite."""
+    mixed_bfloat16), the built-in cnn, int8 TFLite, a profiler trace of the default window."""
     bucket = f"t-{uuid.uuid4().hex[:12]}"
     storage.ensure_bucket(bucket)
     x, y = digits()
@@ -29,7 +30,8 @@ def digits_job(gcs_emulator: Any, tmp_path_factory: pytest.TempPathFactory) -> d
     job_dir = make_job(bucket, spec(
         accelerator={"type": "tpu", "tpu_type": "v5litepod-8"},
         model={"name": "cnn"},
-        training={"epochs": 4, "per_replica_batch_size": 32, "learning_rate": 0.003, "warmup_epochs": 1.5},
+        training={"epochs": 4, "per_replica_batch_size": 32, "learning_rate": 0.003, "warmup_epochs": 1.5,
+                  "profile": True},
         export={"tflite": {"quantization": "int8", "calibration_examples": 100}},
     ), dataset)
     rc, out = run_agent(job_dir)
@@ -125,6 +127,37 @@ def test_logs_and_tensorboard_events_are_uploaded(digits_job: dict[str, Any]) ->
     storage.blob(events[0]).download_to_filename(str(local))
     steps = {(v.tag, e.step) for e in tf.compat.v1.train.summary_iterator(str(local)) for v in e.summary.value}
     assert {("val_accuracy", epoch) for epoch in (1, 2, 3, 4)} <= steps
+
+
+@pytest.mark.tf
+def test_the_profile_trace_is_in_the_jobs_tensorboard_directory(digits_job: dict[str, Any]) -> None:
+    """profile: true traces 20 steps of the second epoch, here its one call of 22 (whole executions), as an
+    XSpace where TensorBoard's profile plugin looks; the final metrics say where and what it cost."""
+    profile = read(JobPaths(digits_job["job_dir"]).final_metrics)["profile"]
+    assert (profile["epoch"], profile["steps"]) == (2, 22) and "error" not in profile
+    assert profile["seconds"] > 0 and profile["overhead_seconds"] is not None
+    [name] = profile["files"]
+    assert name.startswith("plugins/profile/") and name.endswith(".xplane.pb")
+    trace = storage.blob(f"{JobPaths(digits_job['job_dir']).tensorboard}/{name}").download_as_bytes()
+    assert "/host:CPU" in xspace_planes(trace)
+
+
+@pytest.mark.tf
+def test_the_step_time_breakdown_adds_up_to_each_epochs_time(digits_job: dict[str, Any]) -> None:
+    """Each epoch: the training part, its pauses and validation make the epoch's time; the job's
+    breakdown splits the training part into compile, input wait, host and device."""
+    history = read(JobPaths(digits_job["job_dir"]).metrics)["history"]
+    for entry in history:
+        parts = entry["train_seconds"] + entry["pause_seconds"] + entry["validation_seconds"]
+        assert parts == pytest.approx(entry["epoch_seconds"], abs=0.003)
+        assert 0 <= entry["host_seconds"] <= entry["train_seconds"] and entry["validation_seconds"] > 0
+    assert [("first_call_seconds" in e) for e in history] == [True, False, False, False]
+    breakdown = read(JobPaths(digits_job["job_dir"]).final_metrics)["step_time_breakdown"]
+    parts = sum(breakdown[k] for k in ("compile_seconds", "input_wait_seconds", "host_seconds", "device_seconds"))
+    assert parts == pytest.approx(breakdown["train_seconds"], abs=0.005)
+    assert breakdown["train_seconds"] == pytest.approx(sum(e["train_seconds"] for e in history), abs=0.005)
+    assert breakdown["compile_seconds"] > 0 and breakdown["device_seconds"] > 0
+    assert breakdown["host_ms_per_step"] == pytest.approx(1000 * breakdown["host_seconds"] / (4 * 22), abs=0.01)
 
 
 @pytest.mark.tf

@@ -98,8 +98,10 @@ def test_two_workers_train_together_and_only_the_chief_writes_artifacts(bucket: 
     x, y = digits()
     dataset = write_dataset(bucket, tmp_path, x, y, 10, val=359, shards=1)
     # Mid-epoch checkpoints too: every worker writes them (the writes are collective), the chief uploads.
+    # A profile window too, stopped at the same step as a checkpoint: only the chief traces.
     job_dir = make_job(bucket, spec(accelerator={"type": "cpu"}, workers=2, model={"name": "cnn"}, training={
         "epochs": 2, "per_replica_batch_size": 32, "learning_rate": 0.003, "checkpoint_every_steps": 8,
+        "profile": {"epoch": 2, "steps": 7},
     }), dataset)
     chief, other = train_on_two_workers(job_dir)
     assert (chief["state"], chief["task_index"], other["state"], other["task_index"]) == ("succeeded", 0, "succeeded", 1)
@@ -107,6 +109,10 @@ def test_two_workers_train_together_and_only_the_chief_writes_artifacts(bucket: 
     assert chief["metrics"]["val_accuracy"] == other["metrics"]["val_accuracy"]  # one model, trained together
     assert read(JobPaths(job_dir).artifact_manifest)
     assert read(f"{JobPaths(job_dir).checkpoints}/{LATEST}")["global_step"] == 2 * chief["runtime"]["steps_per_epoch"]
+    profile = read(JobPaths(job_dir).final_metrics)["profile"]
+    assert (profile["epoch"], profile["steps"]) == (2, 8)  # two whole executions of the CPU's 4 steps
+    traces = [u for u in storage.list_uris(f"{JobPaths(job_dir).tensorboard}/") if u.endswith(".xplane.pb")]
+    assert traces == [f"{JobPaths(job_dir).tensorboard}/{profile['files'][0]}"]
 
 
 # Binary on two workers is in the trainer matrix (tests/e2e/test_trainer_matrix.py); the images run it

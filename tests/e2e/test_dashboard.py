@@ -75,13 +75,17 @@ def test_dashboard_shows_a_running_job_live_and_cancels_it(api, api_url, local_s
 @needs_browser
 def test_a_finished_jobs_page_compares_its_exported_models(api, api_url, local_stack):
     """export.variants: GET /v1/jobs/{id} carries the optimization report's rows, and the job's page
-    shows them, one row per model, with the score the API gives."""
+    shows them, one row per model, with the score the API gives. The same job's step-time breakdown and
+    profile (training.profile) reach the job's record and its page too."""
     from playwright.sync_api import expect, sync_playwright
 
     spec = digits_spec(name="models", model={"name": "mlp"}, strategy="default", accelerator={"type": "cpu"},
-                       export={"tflite": {"quantization": "none"}, "variants": ["saved_model_int8", "tflite_dynamic"]})
+                       export={"tflite": {"quantization": "none"}, "variants": ["saved_model_int8", "tflite_dynamic"]},
+                       training={"epochs": 2, "profile": True})
     job = wait_for_job(api, api.post("/v1/jobs", json=spec).json()["id"], {"SUCCEEDED"}, timeout=AGENT_JOB_S)
     rows = job["metrics"]["optimization"]
+    breakdown, profile = job["metrics"]["step_time_breakdown"], job["metrics"]["profile"]
+    assert breakdown["device_seconds"] > 0 and profile["files"], profile
     assert [r["name"] for r in rows] == ["saved_model", "model.tflite", "saved_model_int8", "tflite_dynamic"]
     key = api.headers["authorization"].split()[1]
     errors: list[str] = []
@@ -102,6 +106,13 @@ def test_a_finished_jobs_page_compares_its_exported_models(api, api_url, local_s
             shown = float(int8.nth(2).inner_text())
             assert shown == pytest.approx(rows[2]["accuracy"], abs=0.006)  # fmt.num: three figures
             expect(page.locator("#models tr[data-model='tflite_dynamic']")).to_contain_text(" ms")
+            expect(page.locator("#step-time tbody tr")).to_have_count(7)
+            device = page.locator("#step-time tr[data-part='device_seconds'] td")
+            expect(device.nth(0)).to_have_text("device")
+            assert float(device.nth(1).inner_text()) == pytest.approx(breakdown["device_seconds"], rel=0.01)
+            expect(device.nth(3)).to_contain_text("%")
+            expect(page.locator("#profile")).to_contain_text(f"epoch 2, {profile['steps']} steps in ")
+            expect(page.locator("#profile")).to_contain_text(f"tensorboard/{profile['files'][0]}")
             errors += page.evaluate("window.cspViolations")
         finally:
             browser.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -33,11 +34,16 @@ CASES = [
     ("default", 5, 8, 0),  # steps_per_execution above the epoch: the plan caps it, here the call does
 ]
 EPOCHS = 2
+# training.profile's window in each case, (epoch, steps): whole executions from the epoch's first step.
+# The resumed case asks for its first epoch, which the attempt began past: it is not traced.
+PROFILED = [(2, 5), (2, 5), (2, 5), (2, 5), (1, 5), (2, 5)]
 
 
-def _train(strategy_name: str, steps: int, spe: int, resumed_at: int) -> dict[str, Any]:
-    """Child process only: a tiny model trained with the agent's train function and fit loop."""
+def _train(strategy_name: str, steps: int, spe: int, resumed_at: int, window: tuple[int, int]) -> dict[str, Any]:
+    """Child process only: a tiny model trained with the agent's train function and fit loop, a profiler
+    window open (agent/profiling.py)."""
     import dataclasses
+    import tempfile
 
     import keras
     import numpy as np
@@ -47,6 +53,9 @@ def _train(strategy_name: str, steps: int, spe: int, resumed_at: int) -> dict[st
     from agent.devices import build_strategy
     from agent.input_wait import InputWaitMeter
     from agent.plan import Hardware, resolve_plan
+    from agent.profiling import TraceWindow
+    from agent.step_time import step_time_breakdown
+    from tests.support.profile import xspace_planes
     from agent.step_functions import install_step_functions
     from agent.train import EpochRecorder, fit
 
@@ -66,19 +75,31 @@ def _train(strategy_name: str, steps: int, spe: int, resumed_at: int) -> dict[st
     meter = InputWaitMeter()
     entries: list[dict[str, Any]] = []
     calls: list[list[int]] = []
-    recorder = EpochRecorder(plan, 1, meter, train_function, lambda e, at: entries.append(e),
-                             lambda at: calls.append([at.epoch, at.step, at.global_step]), lambda p: None)
+    logdir = Path(tempfile.mkdtemp())
+    trace = TraceWindow(logdir, *window, plan)
+
+    def after_call(at: Any) -> None:
+        trace.after_call(at)
+        calls.append([at.epoch, at.step, at.global_step])
+
+    recorder = EpochRecorder(plan, 1, meter, train_function, lambda e, at: entries.append(e), after_call,
+                             lambda p: None, before_call=trace.before_call)
     fit(model, plan, meter.wrap(data.batch(4, drop_remainder=True)), None, recorder)
+    trace.close(recorder.position)
+    profile = trace.report(entries, 1)
+    planes = {name: xspace_planes((logdir / name).read_bytes()) for name in profile.get("files", [])}
     return {"plan_steps": plan.steps_per_epoch, "iterations": int(model.optimizer.iterations.numpy()),
             "steps_run": train_function.steps_run, "calls": calls,
-            "epochs": [{"steps": e["steps"], "executions": e["executions"]} for e in entries]}
+            "epochs": [{"steps": e["steps"], "executions": e["executions"]} for e in entries],
+            "entries": entries, "breakdown": step_time_breakdown(entries, 1, spe), "profile": profile,
+            "planes": planes}
 
 
 def _child() -> None:
     from agent.devices import configure_local_devices
 
     configure_local_devices(2)
-    print(json.dumps([_train(*case) for case in CASES]))
+    print(json.dumps([_train(*case, window) for case, window in zip(CASES, PROFILED, strict=True)]))
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +135,74 @@ def test_every_epoch_runs_all_its_steps(trained: list[dict[str, Any]], index: in
     expected = [[0, end, end] for end in _calls(steps, spe, resumed_at)]
     expected += [[1, end, steps + end] for end in _calls(steps, spe, 0)]
     assert result["calls"] == expected
+
+
+@pytest.mark.parametrize(("index", "case"), list(enumerate(CASES)), ids=[f"{c[0]}-{c[1]}steps-spe{c[2]}-from{c[3]}"
+                                                                          for c in CASES])
+def test_the_profile_traces_whole_executions_from_its_epochs_first_step(trained: list[dict[str, Any]], index: int,
+                                                                       case: tuple[str, int, int, int]) -> None:
+    """At least the steps asked (capped at the epoch's), ending with the first call that reaches them;
+    the trace is an XSpace where TensorBoard's profile plugin looks, with this host's plane in it. An
+    attempt that began past the window's first step does not trace it."""
+    _, steps, spe, resumed_at = case
+    epoch, asked = PROFILED[index]
+    profile = trained[index]["profile"]
+    if (epoch - 1, 0) < (0, resumed_at):
+        assert "not traced again" in profile["error"] and "files" not in profile
+        return
+    assert (profile["epoch"], profile["steps"]) == (epoch, next(e for e in _calls(steps, spe, 0) if e >= min(asked, steps)))
+    assert profile["seconds"] > 0 and "error" not in profile
+    if steps > spe:  # the first epoch's steps after its first call say what an untraced step takes
+        assert profile["overhead_seconds"] is not None
+    [name] = profile["files"]
+    assert re.fullmatch(r"plugins/profile/[^/]+/[^/]+\.xplane\.pb", name), name
+    assert "/host:CPU" in trained[index]["planes"][name]
+
+
+@pytest.mark.parametrize(("index", "case"), list(enumerate(CASES)), ids=[f"{c[0]}-{c[1]}steps-spe{c[2]}-from{c[3]}"
+                                                                          for c in CASES])
+def test_the_step_time_breakdown_adds_up_to_the_training_time(trained: list[dict[str, Any]], index: int,
+                                                             case: tuple[str, int, int, int]) -> None:
+    """Each epoch: its training part, pauses and validation are its wall time, host time is what the calls
+    leave of the training part; the attempt's first epoch alone has the first call's time. The attempt:
+    compile + input wait + host + device is its training time."""
+    entries, breakdown = trained[index]["entries"], trained[index]["breakdown"]
+    for entry in entries:
+        parts = entry["train_seconds"] + entry["pause_seconds"] + entry["validation_seconds"]
+        assert parts == pytest.approx(entry["epoch_seconds"], abs=0.003)
+        assert 0 <= entry["host_seconds"] <= entry["train_seconds"]
+    assert 0 < entries[0]["first_call_seconds"] <= entries[0]["train_seconds"]
+    assert all("first_call_seconds" not in e for e in entries[1:])
+    parts = sum(breakdown[k] for k in ("compile_seconds", "input_wait_seconds", "host_seconds", "device_seconds"))
+    assert parts == pytest.approx(breakdown["train_seconds"], abs=0.005)
+    assert breakdown["compile_seconds"] > 0 and breakdown["device_seconds"] >= 0
+    steps = sum(e["steps"] for e in entries)
+    rounding = 1000 * 0.0005 / steps + 0.001  # device_seconds is given to the millisecond
+    assert breakdown["device_ms_per_step"] == pytest.approx(1000 * breakdown["device_seconds"] / steps, abs=rounding)
+
+
+def test_a_profiler_that_cannot_start_is_reported_and_training_goes_on(tmp_path: Path) -> None:
+    """One profiler session per process: with another one running (a program's, a debugging user's),
+    the window says why it has no trace instead of failing the job."""
+    import tensorflow as tf
+
+    from trainjobs.spec import JobSpec
+    from agent.plan import Hardware, TrainingPosition, resolve_plan
+    from agent.profiling import TraceWindow
+
+    job = JobSpec.model_validate({"dataset": {"source": "sklearn:iris"}, "model": {"name": "mlp"},
+                                  "training": {"epochs": 2, "global_batch_size": 4}})
+    plan = resolve_plan(job, Hardware("cpu", 1, local_devices=1), "default", 1, train_examples=40)
+    window = TraceWindow(tmp_path / "tb", 2, 5, plan)
+    tf.profiler.experimental.start(str(tmp_path / "elsewhere"))
+    try:
+        window.before_call(TrainingPosition(1, 0, plan.steps_per_epoch))
+        window.after_call(TrainingPosition(1, 5, plan.steps_per_epoch + 5))
+    finally:
+        tf.profiler.experimental.stop()
+    report = window.report([], 1)
+    assert report["epoch"] == 2 and "the profiler did not start" in report["error"], report
+    assert not (tmp_path / "tb").exists()
 
 
 if __name__ == "__main__":

@@ -630,3 +630,45 @@ def test_status_compares_the_exported_models_in_a_table_not_a_dump():
     assert int8 == ["tflite_int8", "int8", "0.9833", "43.9", "KiB", "13.7", "KiB", "35914", "78.2%", "0.0262", "ms",
                     "0.127", "ms"], text
     assert "358.7 KiB" in text and "0.663 ms" in text, text
+
+
+BREAKDOWN = {"compile_seconds": 3.807, "input_wait_seconds": 0.047, "host_seconds": 1.305, "device_seconds": 0.648,
+             "pause_seconds": 0.172, "validation_seconds": 3.668, "train_seconds": 5.807, "device_ms_per_step": 7.366,
+             "host_ms_per_step": 14.83, "input_wait_ms_per_step": 0.532}
+
+
+@pytest.mark.parametrize(("profile", "shown"), [
+    ({"epoch": 2, "steps": 22, "seconds": 0.446, "overhead_seconds": 0.138,
+      "files": ["plugins/profile/2026_12_06_15_18_38/vm.xplane.pb"]},
+     "epoch 2, 22 steps in 0.446 s (overhead 0.138 s): tensorboard/plugins/profile/2026_12_06_15_18_38/vm.xplane.pb"),
+    ({"epoch": 3, "steps": 20, "error": "not traced: training ended before epoch 3"},
+     "epoch 3, 20 steps: not traced: training ended before epoch 3"),
+], ids=["traced", "not traced"])
+def test_status_shows_the_step_time_breakdown_as_a_table_and_the_profile_in_a_line(profile, shown):
+    """metrics.step_time_breakdown and metrics.profile (agent/step_time.py, agent/profiling.py; a real job's:
+    tests/e2e/test_agent.py)."""
+    from trainjobs.client.terminal import job_detail, show
+
+    job = {"id": "j4", "name": "p", "status": "SUCCEEDED", "attempt": 1, "spec": {}, "progress": 1.0,
+           "created_at": "2026-01-01T00:00:00+00:00",
+           "metrics": {"val_accuracy": 0.98, "step_time_breakdown": BREAKDOWN, "profile": profile}}
+    with capture_stdout() as out:
+        show(job_detail(job))
+    text = out.getvalue()
+    assert "'compile_seconds'" not in text and "'epoch'" not in text and "val_accuracy 0.98" in text, text
+    parts = {part: next(line.split()[-3:] for line in text.splitlines() if f" {part} " in line)
+             for part in ("compile", "input wait", "host", "device")}
+    assert parts == {"compile": ["3.807", "-", "66%"], "input wait": ["0.047", "0.532", "1%"],
+                     "host": ["1.305", "14.8", "22%"], "device": ["0.648", "7.37", "11%"]}, text
+    assert "= training      5.807" in text and "+ validation    3.668" in text, text
+    assert f"profile      {shown}" in text, text
+
+
+def test_status_shows_no_step_time_for_a_job_without_one():
+    from trainjobs.client.terminal import job_detail, show
+
+    job = {"id": "j5", "name": "q", "status": "RUNNING", "attempt": 1, "spec": {}, "progress": 0.5,
+           "created_at": "2026-01-01T00:00:00+00:00", "metrics": {"loss": 0.25}}
+    with capture_stdout() as out:
+        show(job_detail(job))
+    assert "step time" not in out.getvalue() and "profile" not in out.getvalue(), out.getvalue()

@@ -23,6 +23,8 @@ THROUGH_THE_API = [
      "accelerator.runtime_version", "not a TensorFlow TPU VM image"),
     ("a variant that is model.tflite", {"export": {"tflite": {"quantization": "dynamic"}, "variants": [
         "tflite_dynamic"]}}, "export.variants.0", "tflite_dynamic is model.tflite already"),
+    ("a profile window past the end", {"training": {"epochs": 3, "profile": {"epoch": 4}}}, "training.profile.epoch",
+     "after the last epoch (3)"),
 ]
 
 

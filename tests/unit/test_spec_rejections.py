@@ -156,6 +156,19 @@ REJECTED = [
      "training.distillation.temperature", "greater than 0"),
     ("an alpha above 1", {"training": {"distillation": {"teacher_job": TEACHER, "alpha": 1.5}}},
      "training.distillation.alpha", "less than or equal to 1"),
+    # training.profile (issue 24)
+    ("profiling a program", {"model": None, "program": {"source": "t.py"}, "training": {"profile": True}},
+     "training.profile", "a program runs its own loop"),
+    ("a profile window past the end", {"training": {"epochs": 3, "profile": {"epoch": 4}}},
+     "training.profile.epoch", "after the last epoch (3)"),
+    ("a profile of epoch 0", {"training": {"profile": {"epoch": 0}}}, "training.profile.epoch",
+     "greater than or equal to 1"),
+    ("a profile of 0 steps", {"training": {"profile": {"steps": 0}}}, "training.profile.steps",
+     "greater than or equal to 1"),
+    ("a profile longer than 1000 steps", {"training": {"profile": {"steps": 1001}}}, "training.profile.steps",
+     "less than or equal to 1000"),
+    ("a profile given as a number", {"training": {"profile": 20}}, "training.profile", "true, false or {epoch, steps}"),
+    ("a misspelt profile field", {"training": {"profile": {"step": 20}}}, "training.profile.step", "did you mean 'steps'?"),
     ("a label column named twice", {"task": "multilabel", "dataset": {"source": "d.csv", "options": {
         "label_column": ["a", "a"]}}}, "dataset.options.label_column", "a list of distinct ones"),
     ("a regression's integer TFLite output", {"task": "regression", "export": {"tflite": {"quantization": "int8",
@@ -254,6 +267,7 @@ ACCEPTED = [
                                                                           "tflite_dynamic", "tflite_float16"]}}),
     ("a regression's variants", {"task": "regression", "export": {"variants": ["saved_model_int8", "tflite_int8"]}}),
     ("no variants", {"export": {"variants": []}}),
+    ("a profile of the last epoch", {"training": {"epochs": 3, "profile": {"epoch": 3, "steps": 1000}}}),
 ]
 
 
@@ -261,6 +275,20 @@ ACCEPTED = [
 @pytest.mark.parametrize("overrides", [c[1] for c in ACCEPTED], ids=[c[0] for c in ACCEPTED])
 def test_a_consistent_spec_is_accepted(overrides: dict[str, Any]) -> None:
     assert refusals(digits_spec(**overrides)) == {}
+
+
+@pytest.mark.parametrize(("profile", "epochs", "window"), [
+    (True, 5, (2, 20)),  # the second epoch: the first one's steps include tracing and compilation
+    (True, 1, (1, 20)),
+    ({"steps": 50}, 5, (2, 50)),
+    ({"epoch": 4, "steps": 3}, 5, (4, 3)),
+    (False, 5, None),
+    (None, 5, None),
+], ids=["true", "true with one epoch", "steps only", "epoch and steps", "false", "absent"])
+def test_the_profile_window_is_the_epoch_and_steps_asked_or_the_default(profile: Any, epochs: int,
+                                                                       window: tuple[int, int] | None) -> None:
+    training: dict[str, Any] = {"epochs": epochs, **({"profile": profile} if profile is not None else {})}
+    assert JobSpec.model_validate(digits_spec(training=training)).training.profile_window() == window
 
 
 @pytest.mark.parametrize("tpu_type, image", [("v4-8", "tpu-vm-tf-2.18.0-pjrt"), ("v5litepod-8", "tpu-vm-tf-2.18.0-pjrt"),

@@ -17,6 +17,8 @@ from rich.console import Console, Group
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from trainjobs.client import step_time
+
 UTC = timezone.utc  # datetime.UTC is 3.11+; the agent's wheel runs on the VM images' Python 3.10
 
 PHASES = (("created", "created_at"), ("staging", "staging_at"), ("provisioning", "provisioning_at"),
@@ -150,9 +152,14 @@ def job_detail(job: dict[str, Any], events: list[dict[str, Any]] | None = None) 
         for note in rt.get("notes") or []:
             grid.add_row("", f"note: {note}")
     if m := job.get("metrics"):
-        grid.add_row("metrics", "  ".join(f"{k} {_fmt(v)}" for k, v in m.items() if v is not None and k != MODELS))
+        shown_apart = (MODELS, step_time.BREAKDOWN, step_time.PROFILE)
+        grid.add_row("metrics", "  ".join(f"{k} {_fmt(v)}" for k, v in m.items() if v is not None and k not in shown_apart))
         if isinstance(rows := m.get(MODELS), list) and rows:
             grid.add_row("models", models_table(rows))
+        if isinstance(b := m.get(step_time.BREAKDOWN), dict) and b:
+            grid.add_row("step time", step_time.breakdown_table(b))
+        if isinstance(p := m.get(step_time.PROFILE), dict):
+            grid.add_row("profile", step_time.profile_line(p))
     for e in events or []:
         grid.add_row("event", f"{e['at']}  {e['from_status'] or '-':>12} -> {e['to_status']:<12} {e['reason']}")
     return grid

@@ -23,7 +23,7 @@ from trainjobs.spec.model import ModelSpec
 from trainjobs.spec.program import ProgramSpec
 from trainjobs.spec.strict import STORED, Int, StrictModel, fail, submitting
 from trainjobs.spec.task import Task, task_problem
-from trainjobs.spec.training import TrainingSpec, distillation_problem, pruning_problem
+from trainjobs.spec.training import TrainingSpec, distillation_problem, profile_problem, pruning_problem
 
 # The spec rules a stored job was accepted under. 1: every job stored before versions were written;
 # 2: built-in models' params checked at submit; 3: `program` jobs (the user's own code), `model` and
@@ -114,6 +114,8 @@ class JobSpec(StrictModel):
         if problem := pruning_problem(self.training, self.model.name if self.model else None, self.program is not None):
             raise fail(*problem)
         if problem := distillation_problem(self.training, self.task, self.program is not None):
+            raise fail(*problem)
+        if problem := profile_problem(self.training, self.program is not None):
             raise fail(*problem)
         if problem := variants_problem(self):
             raise fail(*problem)

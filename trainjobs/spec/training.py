@@ -4,9 +4,10 @@ trainjobs/spec/derived.py."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, JsonValue, field_validator, model_validator
+from pydantic.json_schema import JsonDict
 
 from trainjobs.spec.strict import Int, Number, StrictModel, fail
 
@@ -65,6 +66,20 @@ class Distillation(StrictModel):
         return v.lower()  # one spelling of a job id: the storage path and the row lookup agree
 
 
+class ProfileWindow(StrictModel):
+    """training.profile (issue 24): the steps a TensorFlow profiler trace covers (agent/profiling.py)."""
+
+    epoch: Int | None = Field(default=None, ge=1, le=10_000, description=(
+        "the epoch whose first steps are traced (default: the second, or the first when there is one)"))
+    steps: Int = Field(default=20, ge=1, le=1000, description=(
+        "steps traced, at least (whole executions of steps_per_execution), at most the epoch's"))
+
+
+def _true_or_false_too(schema: JsonDict) -> None:
+    """The API's schema shows what _profile_switch takes besides the window: true or false."""
+    schema["anyOf"] = [{"type": "boolean"}, *cast(list[JsonValue], schema["anyOf"])]
+
+
 class TrainingSpec(StrictModel):
     epochs: Int = Field(default=10, ge=1, le=10_000)
     per_replica_batch_size: Int | None = Field(default=None, ge=1, le=65_536)
@@ -99,6 +114,22 @@ class TrainingSpec(StrictModel):
         "Learn from an earlier job's model as well as the labels (README, Smaller models)"))
     early_stopping: EarlyStopping | None = Field(default=None, description=(
         "Stop when the monitored metric has not improved for `patience` epochs; the job records the epoch and why."))
+    profile: ProfileWindow | None = Field(default=None, description=(
+        "A TensorFlow profiler trace of a window of steps, in the job's TensorBoard directory: true for the "
+        "default window (20 steps of the second epoch) or {epoch, steps}; false or absent: none (README, Profiling)"),
+        json_schema_extra=_true_or_false_too)
+
+    @field_validator("profile", mode="before")
+    @classmethod
+    def _profile_switch(cls, v: Any) -> Any:
+        # true/false are the short forms; anything else but the window's object gets one reason.
+        if v is True:
+            return {}
+        if v is False or v is None:
+            return None
+        if not isinstance(v, dict):
+            raise fail("profile", "profile is true, false or {epoch, steps}")
+        return v
 
     # Checked before the union is tried, so a bad value gets one reason, not one per union member.
     @field_validator("class_weight", mode="before")
@@ -135,7 +166,15 @@ class TrainingSpec(StrictModel):
             if self.pruning.begin_epoch >= self.epochs:
                 raise fail("pruning.begin_epoch", f"begin_epoch {self.pruning.begin_epoch} leaves no epoch to prune "
                            f"in (training has {self.epochs})")
+        if self.profile is not None and self.profile.epoch is not None and self.profile.epoch > self.epochs:
+            raise fail("profile.epoch", f"epoch {self.profile.epoch} is after the last epoch ({self.epochs})")
         return self
+
+    def profile_window(self) -> tuple[int, int] | None:
+        """(epoch counted from 1, steps) of the profiler trace, or None; the agent caps the steps at the epoch's."""
+        if self.profile is None:
+            return None
+        return self.profile.epoch or min(2, self.epochs), self.profile.steps
 
     def pruning_window(self) -> tuple[int, int]:
         """(begin, end) epochs of the pruning schedule: end defaults to two thirds of training."""
@@ -161,6 +200,14 @@ def pruning_problem(training: TrainingSpec, model_name: str | None, program: boo
     if layers != "all" and layers not in kinds:
         return ("training.pruning.layers", f"model {model_name} has no {layers} layers to prune (it has "
                 f"{' and '.join(kinds)}; the output layer is never pruned)")
+    return None
+
+
+def profile_problem(training: TrainingSpec, program: bool) -> tuple[str, str] | None:
+    """(field, reason) for a profile the job cannot take: the managed trainer's loop opens the window."""
+    if training.profile is not None and program:
+        return "training.profile", ("a program runs its own loop: call tf.profiler.experimental.start/stop in "
+                                    "it; training.profile is the managed trainer's")
     return None
 
 
