@@ -259,3 +259,22 @@ def test_a_runtime_the_job_garbled_gives_no_plan_advice() -> None:
     spec = _spec(precision="float32", steps_per_execution=1)
     runtime = {**_runtime(spec), "precision": "<img src=x onerror=alert(1)>", "steps_per_execution": 1e300}
     assert _advice(spec, runtime=runtime, history=_epochs(step_ms=3.0)) == {}
+
+
+# --- where it is shown --------------------------------------------------------------------------------------
+
+
+def test_trainjobs_status_prints_each_advice_with_its_numbers_and_gain_as_plain_text(capsys: Any) -> None:
+    from trainjobs.client.terminal import job_detail, show
+
+    spec = _spec(steps_per_execution=1)
+    advice = [a.as_dict() for a in advise(job_facts(spec, runtime=_runtime(spec), history=_epochs(step_ms=3.2),
+                                                    metrics=None, machines=None, attempts=1))]
+    advice.append({"rule": "[red]x[/red]", "evidence": {"n": 1}, "suggestion": "s", "expected_gain": "g"})
+    show(job_detail({"id": "j1", "name": "n", "status": "RUNNING", "attempt": 1, "spec": {}, "progress": 0.5,
+                     "created_at": "2026-01-01T00:00:00+00:00", "advice": advice}))
+    lines = [" ".join(line.split()) for line in capsys.readouterr().out.splitlines()]
+    at = lines.index("advice dispatch_bound: steps_per_execution: 32")
+    assert lines[at + 1].startswith("because steps_per_execution 1, step_time_ms 3.2, epochs 2-5")
+    assert lines[at + 2].startswith("gain not measured")
+    assert "advice [red]x[/red]: s" in lines  # a rule's text is never read as markup
