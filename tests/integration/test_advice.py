@@ -12,13 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import update
 
 from agent.job import AgentJob
 from agent.plan import Hardware, resolve_plan
 from agent.status import StatusReporter, _TailHandler
 from service.db.jobstate import JobStatus
-from service.db.session import get_engine
+from service.db.models import Job
+from service.db.session import get_engine, transaction
 from tests.support import eventually
+from tests.support.browser import CHROMIUM, RECORD_CSP_VIOLATIONS, ms, needs_browser
 from tests.support.jobs import digits_spec
 from tests.support.worker import FAST, wait_for
 from trainjobs import storage
@@ -163,3 +166,33 @@ def test_metrics_the_jobs_code_garbled_do_not_break_the_job_or_its_advice(doc: A
     # The runtime is the agent's own: its advice stands; nothing read from the garbled epochs does.
     assert _rules(job) == {"mixed_precision"} and job.driver_failures == 0
     assert api.get(f"/v1/jobs/{job_id}").json()["advice"] == job.advice
+
+
+@needs_browser
+def test_the_job_page_lists_each_advice_as_text_never_as_markup(api: Any, api_url: str, db: Any) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    job_id = api.post("/v1/jobs", json=SPEC).json()["id"]  # no worker here: the row keeps the advice set below
+    hostile = "<img src=x onerror=\"document.title='owned'\">"
+    advice = [{"rule": "dispatch_bound", "evidence": {"steps_per_execution": 1, "step_time_ms": 3.2},
+               "suggestion": "steps_per_execution: 22", "expected_gain": "not measured"},
+              {"rule": hostile, "evidence": {hostile: hostile}, "suggestion": hostile, "expected_gain": hostile}]
+    with transaction(db) as s:
+        s.execute(update(Job).where(Job.id == uuid.UUID(job_id)).values(advice=advice))
+    key = api.headers["authorization"].split()[1]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True)
+        try:
+            page = browser.new_page()
+            page.add_init_script(RECORD_CSP_VIOLATIONS)
+            page.goto(f"{api_url}/ui/")
+            page.fill("#key", key)
+            page.click("#signin-form button")
+            page.goto(f"{api_url}/ui/#/jobs/{job_id}")
+            first = page.locator("#advice li[data-rule='dispatch_bound']")
+            expect(first).to_contain_text("dispatch_bound: steps_per_execution: 22", timeout=ms(10))
+            expect(first).to_contain_text("steps_per_execution 1, step_time_ms 3.2")
+            expect(page.locator("#advice li").nth(1)).to_contain_text(hostile)
+            assert page.locator("#advice img").count() == 0 and page.title() != "owned"
+        finally:
+            browser.close()
