@@ -16,6 +16,8 @@ from trainjobs.advice import (
 from trainjobs.advice_facts import job_facts
 from trainjobs.catalogue import GPU_TYPES, SPOT_PRICE_FRACTION_MAX
 from trainjobs.spec import JobSpec
+from worker.advising import JobAdvisor
+from worker.memory_cloud import MemoryCloud
 
 L4 = {"type": "gpu", "gpu_type": "nvidia-l4"}
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
@@ -278,3 +280,35 @@ def test_trainjobs_status_prints_each_advice_with_its_numbers_and_gain_as_plain_
     assert lines[at + 1].startswith("because steps_per_execution 1, step_time_ms 3.2, epochs 2-5")
     assert lines[at + 2].startswith("gain not measured")
     assert "advice [red]x[/red]: s" in lines  # a rule's text is never read as markup
+
+
+# --- the worker's side: read metrics.json on a new epoch, write only a change --------------------------------
+
+
+class _Channel(MemoryCloud):
+    """The in-memory cloud's channel with a metrics.json: counts the reads of it."""
+
+    def __init__(self, history: list[dict[str, Any]]):
+        super().__init__()
+        self.epochs, self.reads = history, 0
+
+    def history(self, job_id: str) -> Any:  # type: ignore[override]
+        self.reads += 1
+        return self.epochs
+
+
+def test_the_worker_reads_the_history_once_an_epoch_and_hands_back_only_changed_advice() -> None:
+    spec = _spec(steps_per_execution=1)
+    channel = _Channel(_epochs(n=3, step_ms=3.2))
+    advisor = JobAdvisor(channel, "job", stored=None)
+
+    def poll(epoch: int, final: bool = False) -> Any:
+        return advisor.changed(spec, runtime=_runtime(spec), metrics={"epoch": epoch, "attempt": 1}, machines=None,
+                               attempts=1, final=final)
+
+    first = poll(3)
+    assert [a["rule"] for a in first] == ["dispatch_bound"] and channel.reads == 1
+    assert poll(3) is None and channel.reads == 1  # the same epoch: nothing read, nothing to write
+    channel.epochs = _epochs(n=4, step_ms=60.0)  # the fourth epoch's steps are long: no advice any more
+    assert poll(4) == [] and channel.reads == 2
+    assert poll(4, final=True) is None and channel.reads == 3  # the end always reads; unchanged, not written
