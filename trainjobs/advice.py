@@ -141,8 +141,14 @@ def steady_epochs(epochs: Sequence[Epoch]) -> list[Epoch]:
 
 
 def _epoch_range(epochs: Sequence[Epoch]) -> str:
-    numbers = sorted({e.epoch for e in epochs})
-    return str(numbers[0]) if len(numbers) == 1 else f"{numbers[0]}-{numbers[-1]}"
+    """The epochs read, as runs: "2-5", or "2, 4-5" where a resumed attempt's first epoch was left out."""
+    runs: list[list[int]] = []
+    for n in sorted({e.epoch for e in epochs}):
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
 def _median(epochs: Sequence[Epoch], field: str) -> float | None:

@@ -312,3 +312,11 @@ def test_the_worker_reads_the_history_once_an_epoch_and_hands_back_only_changed_
     channel.epochs = _epochs(n=4, step_ms=60.0)  # the fourth epoch's steps are long: no advice any more
     assert poll(4) == [] and channel.reads == 2
     assert poll(4, final=True) is None and channel.reads == 3  # the end always reads; unchanged, not written
+
+
+def test_a_resumed_attempts_first_epoch_is_left_out_and_the_evidence_names_the_epochs_read() -> None:
+    history = _epochs(n=5, wait=0.42)
+    history[2] = {**history[2], "attempt": 2, "input_wait_fraction": 0.95}  # epoch 3: a new attempt compiles
+    history[3:] = [{**e, "attempt": 2} for e in history[3:]]
+    advice = _advice(_spec(), history=history, attempts=2)["input_bound"]
+    assert advice.evidence["epochs"] == "2, 4-5" and advice.evidence["input_wait_fraction"] == 0.42
