@@ -202,11 +202,11 @@ def dispatch_bound(facts: JobFacts) -> Advice | None:
         return None
     evidence: dict[str, Number | str] = {"steps_per_execution": plan.steps_per_execution, "step_time_ms": _r(step_ms, 3),
                                          "epochs": _epoch_range(steady)}
-    if (split := facts.step_split) is not None and split.total_ms > 0:
-        share = split.host_ms / split.total_ms
+    share = _host_share(facts, steady)
+    if share is not None:
         if share < DISPATCH_HOST_SHARE:
             return None
-        evidence.update(host_ms_per_step=_r(split.host_ms, 3), host_share=_r(share), threshold=DISPATCH_HOST_SHARE)
+        evidence.update(host_share=_r(share), threshold=DISPATCH_HOST_SHARE)
         gain = f"up to {_speedup(share)}: the {share:.0%} of step time spent on the host between calls"
     else:
         if plan.steps_per_execution != 1 or step_ms >= DISPATCH_SMALL_STEP_MS:
@@ -216,6 +216,16 @@ def dispatch_bound(facts: JobFacts) -> Advice | None:
         gain = (f"not measured (no host/device split reported): the per-call overhead is paid once per {suggested} "
                 "steps instead of every step")
     return Advice("dispatch_bound", evidence, f"steps_per_execution: {suggested}", gain)
+
+
+def _host_share(facts: JobFacts, steady: Sequence[Epoch]) -> float | None:
+    """The host's share of step time: the final metrics' step split, else the epochs' host_seconds over
+    their train_seconds (from agents that report them), else None."""
+    if (split := facts.step_split) is not None and split.total_ms > 0:
+        return split.host_ms / split.total_ms
+    shares = [e.host_seconds / e.train_seconds for e in steady
+              if e.host_seconds is not None and e.train_seconds and e.host_seconds <= e.train_seconds]
+    return statistics.median(shares) if shares else None
 
 
 def mixed_precision(facts: JobFacts) -> Advice | None:

@@ -320,3 +320,12 @@ def test_a_resumed_attempts_first_epoch_is_left_out_and_the_evidence_names_the_e
     history[3:] = [{**e, "attempt": 2} for e in history[3:]]
     advice = _advice(_spec(), history=history, attempts=2)["input_bound"]
     assert advice.evidence["epochs"] == "2, 4-5" and advice.evidence["input_wait_fraction"] == 0.42
+
+
+@pytest.mark.parametrize("host_seconds, fires", [(4.0, True), (0.8, False)], ids=["half-on-host", "tenth-on-host"])
+def test_while_running_the_epochs_host_seconds_give_the_host_share(host_seconds: float, fires: bool) -> None:
+    spec = _spec(steps_per_execution=4)
+    advice = _advice(spec, history=_epochs(step_ms=4.0, host_seconds=host_seconds))  # of 8 train seconds
+    assert ("dispatch_bound" in advice) is fires
+    if fires:
+        assert advice["dispatch_bound"].evidence["host_share"] == 0.5
