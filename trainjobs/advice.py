@@ -319,16 +319,16 @@ def spot_cost(facts: JobFacts) -> Advice | None:
         "spot_usd_per_hour_at_most": _r(spot_hourly_price_usd(facts.spec))}
     if spot_usd > on_demand_usd:
         return Advice("spot_cost", evidence, "accelerator.spot: false",
-                      f"{spot_usd - on_demand_usd:.4g} USD ({1 - on_demand_usd / spot_usd:.0%}) on a run like this one: "
-                      "spot at its dearest cost more than on-demand for the same work")
-    saved = on_demand_usd - spot_usd
+                      f"up to {spot_usd - on_demand_usd:.4g} USD ({1 - on_demand_usd / spot_usd:.0%}) on a run like this "
+                      f"one: at spot's dearest rate its {held_h:.3g} machine-hours cost more than on-demand for the "
+                      "same hours less the restarts' start-up")
     every = facts.spec.training.checkpoint_every_steps
     suggestion = ("keep accelerator.spot: true; lose less to each preemption with training.checkpoint_every_steps"
                   + (f" below {every}" if every else " (a mid-epoch checkpoint)"))
     return Advice("spot_cost", evidence, suggestion,
-                  f"spot saved up to {saved:.4g} USD ({saved / on_demand_usd:.0%}) against on-demand even with "
-                  f"{facts.attempts - 1} restart(s); each restart costs {restarts_h / (facts.attempts - 1) * 3600:.0f} s "
-                  "of machine time before training resumes")
+                  f"spot cost at most {spot_usd:.4g} USD against {on_demand_usd:.4g} USD on-demand for the same hours "
+                  f"less the restarts' start-up, even with {facts.attempts - 1} restart(s) of "
+                  f"{restarts_h / (facts.attempts - 1) * 3600:.0f} s each on average")
 
 
 def oversized_machine(facts: JobFacts) -> Advice | None:

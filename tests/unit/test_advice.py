@@ -201,7 +201,7 @@ def test_a_preempted_spot_job_gets_its_cost_against_on_demand_from_the_catalogue
     assert advice.evidence["machine_hours"] == round(3000 / 3600, 4)
     assert advice.evidence["spot_usd_at_most"] == round(3000 / 3600 * price * SPOT_PRICE_FRACTION_MAX, 4)
     assert advice.evidence["on_demand_usd_at_most"] == round((3000 - 180) / 3600 * price, 4)
-    assert advice.suggestion.startswith("keep accelerator.spot: true") and advice.expected_gain.startswith("spot saved")
+    assert advice.suggestion.startswith("keep accelerator.spot: true") and advice.expected_gain.startswith("spot cost at most")
 
 
 def test_a_spot_job_whose_restarts_outweigh_its_discount_is_told_to_run_on_demand() -> None:
