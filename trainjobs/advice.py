@@ -175,7 +175,10 @@ def input_bound(facts: JobFacts) -> Advice | None:
     evidence: dict[str, Number | str] = {"input_wait_fraction": _r(wait), "epochs": _epoch_range(steady),
                                          "threshold": INPUT_BOUND_WAIT_FRACTION}
     spec = facts.spec
-    if spec.dataset is not None and not spec.training.cache_dataset:
+    if spec.program is not None:  # its own tf.data pipeline, which no spec field reaches
+        suggestion = ("in the program's input pipeline: dataset.cache() after parsing, interleave the files with "
+                      "num_parallel_calls=tf.data.AUTOTUNE, and .prefetch(tf.data.AUTOTUNE) last")
+    elif spec.dataset is not None and not spec.training.cache_dataset:
         suggestion = "training.cache_dataset: true (keep the parsed examples in memory after the first epoch)"
     elif (spec.dataset is not None and facts.plan is not None and facts.plan.train_examples is not None
           and facts.plan.train_examples / spec.dataset.options.shard_examples < PARALLEL_READS):

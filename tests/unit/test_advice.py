@@ -329,3 +329,10 @@ def test_while_running_the_epochs_host_seconds_give_the_host_share(host_seconds:
     assert ("dispatch_bound" in advice) is fires
     if fires:
         assert advice["dispatch_bound"].evidence["host_share"] == 0.5
+
+
+def test_an_input_bound_program_is_told_what_to_change_in_its_own_pipeline() -> None:
+    spec = JobSpec.model_validate({"program": {"source": "train.py"}, "accelerator": L4})
+    facts = job_facts(spec, runtime=None, history=_epochs(wait=0.6), metrics=None, machines=None, attempts=1)
+    [advice] = advise(facts)
+    assert advice.rule == "input_bound" and advice.suggestion.startswith("in the program's input pipeline")
