@@ -14,14 +14,13 @@ from typing import Any, Literal
 
 from trainjobs.spec import JobSpec, TpuAccelerator
 from trainjobs.spec.derived import (
-    batch_fits_problem, batch_split_problem, global_batch_size, resolve_precision, scaled_learning_rate,
+    AUTO_STEPS_PER_EXECUTION, batch_fits_problem, batch_split_problem, global_batch_size, resolve_precision,
+    scaled_learning_rate,
 )
 
 HardwareKind = Literal["tpu", "gpu", "cpu"]
 
-# Steps run inside one tf.function call when steps_per_execution is "auto". A TPU pays a host
-# round-trip per call, so it gains most; a GPU some; a CPU little but still the Python overhead.
-AUTO_STEPS_PER_EXECUTION: dict[HardwareKind, int] = {"tpu": 32, "gpu": 8, "cpu": 4}
+# `steps_per_execution: auto` per hardware kind: trainjobs/spec/derived.py, which the advisor reads too.
 
 
 class PlanError(Exception):

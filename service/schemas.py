@@ -37,6 +37,8 @@ class JobPublic(BaseModel):
     machines: list[dict[str, Any]] | None = None
     first_step_at: datetime | None = None
     time_to_first_step_s: float | None = None
+    # The advisor's (trainjobs/advice.py): [{rule, evidence: {name: number or text}, suggestion, expected_gain}].
+    advice: list[dict[str, Any]] | None = None
     # Why a QUEUED job has not started, e.g. "project at quota: 8 of 8 running jobs"; computed when read.
     wait_reason: str | None = None
 
@@ -59,7 +61,7 @@ def job_public(row: Any, wait_reason: str | None) -> dict[str, Any]:
     columns as text)."""
     columns = row._mapping  # by name through the mapping: a fifth of getattr's time on a Row
     out = {name: columns[name] for name in _JOB_FIELDS}
-    for name in ("spec", "labels", "metrics", "runtime", "machines"):
+    for name in ("spec", "labels", "metrics", "runtime", "machines", "advice"):
         if isinstance(out[name], str):
             out[name] = orjson.Fragment(out[name])
     out["wait_reason"] = wait_reason

@@ -140,3 +140,11 @@ def cpu_machine_type(replicas: int) -> str:
 
 def cpu_usd_per_hour(replicas: int) -> float:
     return cpu_machine_vcpus(replicas) * N2_USD_PER_VCPU_HOUR
+
+
+# What a spot machine costs as a share of the on-demand rows above, for the advisor's comparison of a
+# preempted spot job with on-demand (trainjobs/advice.py), never for max_cost_usd, which charges on-demand.
+# Google's pages for spot VMs, spot GPUs and spot TPUs give discounts of 60-91% that move with demand; the
+# smallest discount makes this the dearest spot can be, so a spot job found dearer than on-demand
+# is dearer at any price within that range.
+SPOT_PRICE_FRACTION_MAX = 0.4

@@ -33,6 +33,7 @@ from service.db.session import transaction
 from trainjobs.messages import AgentError, AgentReport, AgentState
 from trainjobs.spec import JobSpec, parse_stored
 from worker import prometheus
+from worker.advising import JobAdvisor
 from worker.boundary.access import JobBoundary, job_boundary
 from worker.teacher_check import teacher_refusal
 from trainjobs.spec.derived import hourly_price_usd
@@ -70,6 +71,7 @@ class JobDriver:
         self._waiting_seen: float | None = None  # when the machine was last seen queued for capacity
         self._boundary: tuple[str | None, JobBoundary] | None = None  # (dataset_uri, the job's boundary)
         self._spec: JobSpec | None = None  # parsed at the first step: a job's spec never changes once stored
+        self._advisor: JobAdvisor | None = None  # made at the first step, from the advice the row holds
 
     def run(self) -> None:
         """Step until the job is terminal, no longer ours, or the worker is stopping."""
@@ -101,6 +103,8 @@ class JobDriver:
             # Read as stored, not as submitted: a validator tightened since the job was accepted must not
             # fail it (trainjobs/spec/job.py, parse_stored). Once per driver, not once a second.
             self._spec = parse_stored(job.spec)
+        if self._advisor is None:
+            self._advisor = JobAdvisor(self.channel, str(job.id), job.advice)
         spec = self._spec
         match job.status:
             case S.STAGING:
@@ -193,7 +197,7 @@ class JobDriver:
             progress = {"progress": status.progress, "metrics": status.metrics, "runtime": status.runtime}
             if status.state == AgentState.SUCCEEDED:
                 return self._finish_succeeded(job, status, "agent finished; machine deleted")
-            self._record(**progress)
+            self._record(**progress, **self._advice(job, status.runtime, status.metrics, final=False))
             if status.state == AgentState.FAILED:
                 return self._finish_failed(job, status.error)
         machine = self.provisioner.get(request)
@@ -361,6 +365,17 @@ class JobDriver:
         except Exception as exc:
             log.warning("job %s: could not record its first step: %s", job.id, _describe(exc))
 
+    def _advice(self, job: Job, runtime: Any, metrics: Any, *, final: bool) -> dict[str, Any]:
+        """{"advice": [...]} when the job's advice changed, to write with the progress it comes from; else {}."""
+        if self._advisor is None or self._spec is None:
+            return {}
+        machines = job.machines
+        if final and (fresh := self._load()) is not None:
+            machines = fresh.machines  # the ends of the machines just deleted are on the row, not on `job`
+        advice = self._advisor.changed(self._spec, runtime=runtime, metrics=metrics, machines=machines,
+                                       attempts=job.attempt, final=final)
+        return {} if advice is None else {"advice": advice}
+
     def _load(self) -> Job | None:
         with transaction(self.factory) as session:
             return session.get(Job, self.job_id)
@@ -372,7 +387,12 @@ class JobDriver:
     def _move(self, job: Job, to: JobStatus, reason: str, *, error: str | None = None, bump_attempt: bool = False,
               record: dict[str, Any] | None = None, step_worked: bool = True) -> bool:
         """Move the job; `record` (what the agent or staging reported) is written in the same
-        transaction, so the row never shows the new status without it, or it without the status."""
+        transaction, so the row never shows the new status without it, or it without the status. A job
+        that had a machine ends with its advice from everything it reported (FAILED and CANCELLED too)."""
+        if to in TERMINAL and job.attempt:
+            record = record or {}
+            record |= self._advice(job, record.get("runtime", job.runtime), record.get("metrics", job.metrics),
+                                   final=True)
         with transaction(self.factory) as session:
             if record:
                 jobdata.record_progress(session, job.id, self.owner, **record)

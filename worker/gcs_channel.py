@@ -68,6 +68,14 @@ class GcsJobChannel:
             return None
         return metrics if isinstance(metrics, dict) else None
 
+    def history(self, job_id: str) -> Any:
+        try:
+            doc = storage.read_json_bounded(self._paths(job_id).metrics, storage.METRICS_MAX_BYTES)
+        except (storage.ObjectTooLarge, ValueError, RecursionError) as exc:  # too large, not JSON, nested too deep
+            log.warning("job %s: metrics.json left out of its advice: %s", job_id, exc)
+            return None
+        return doc.get("history") if isinstance(doc, dict) else None
+
     def artifact_manifest(self, job_id: str) -> list[dict[str, Any]] | None:
         """Only well-formed entries: the job's code could have written this file as well as the agent."""
         raw = storage.read_json_bounded(self._paths(job_id).artifact_manifest, storage.MANIFEST_MAX_BYTES)

@@ -106,6 +106,9 @@ class MemoryCloud:
     def artifact_manifest(self, job_id: str) -> None:
         return None
 
+    def history(self, job_id: str) -> None:
+        return None  # its fake agents record no epochs
+
 
 def memory_stager(spec: JobSpec, job_id: str, *, project_id: str, should_stop: Callable[[], bool] = lambda: False) -> str:
     if spec.dataset is None:

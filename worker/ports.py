@@ -112,6 +112,11 @@ class JobChannel(Protocol):
         """Metrics from the finished job's artifacts, if any."""
         ...
 
+    def history(self, job_id: str) -> Any:
+        """The epochs the agent recorded so far (metrics.json's `history`), as parsed: the job's code can
+        write that file, so the caller checks every field (trainjobs/advice_facts.py). None if unreadable."""
+        ...
+
     def artifact_manifest(self, job_id: str) -> list[dict[str, Any]] | None:
         """The finished job's artifact manifest (path, size, sha256 of each), if it wrote one."""
         ...

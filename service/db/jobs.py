@@ -91,7 +91,7 @@ def get_job(session: Session, project_id: uuid.UUID, job_id: uuid.UUID, *, lock:
 # Table columns, not ORM attributes: a statement of plain columns skips the ORM's compile and
 # loading steps (a fifth of a primary-key read's Python time).
 _jobs = Job.__table__.c
-_JSON_TEXT = ("spec", "labels", "metrics", "runtime", "machines")
+_JSON_TEXT = ("spec", "labels", "metrics", "runtime", "machines", "advice")
 PUBLIC_COLUMNS = [cast(c, Text).label(c.name) if c.name in _JSON_TEXT else c
                   for c in _jobs
                   if c.name not in ("project_id", "dataset_uri", "artifacts", "wait_reason", "driver_failures",
@@ -215,8 +215,8 @@ def list_events(session: Session, job_id: uuid.UUID) -> list[JobEvent]:
     return list(session.scalars(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)))
 
 
-_PROGRESS_COLUMNS = frozenset({"progress", "metrics", "runtime", "dataset_uri", "error", "artifacts"})
-_JSON_COLUMNS = frozenset({"metrics", "runtime", "artifacts"})
+_PROGRESS_COLUMNS = frozenset({"progress", "metrics", "runtime", "dataset_uri", "error", "artifacts", "advice"})
+_JSON_COLUMNS = frozenset({"metrics", "runtime", "artifacts", "advice"})
 
 
 def record_progress(session: Session, job_id: uuid.UUID, owner: str, **fields: Any) -> None:

@@ -72,6 +72,9 @@ class Job(Base):
     machines: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB)
     first_step_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     time_to_first_step_s: Mapped[float | None] = mapped_column()
+    # The advisor's advice (trainjobs/advice.py): [{rule, evidence, suggestion, expected_gain}], written by
+    # the worker as the job progresses and when it ends (migration 0008).
+    advice: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB)
     accelerators: Mapped[int] = mapped_column(Integer, server_default="0")  # chips/GPUs held while running
     driver_failures: Mapped[int] = mapped_column(Integer, server_default="0")  # consecutive failed driver steps
     lease_owner: Mapped[str | None] = mapped_column(String(200))

@@ -249,13 +249,22 @@ function stepTime(metrics, ended) {
   $("#profile").textContent = trace;
 }
 
+// The advisor's advice (trainjobs/advice.py): each rule's suggestion, the numbers behind it, its gain.
+function adviceItems(advice) {
+  if (!Array.isArray(advice) || !advice.length) return [el("li", { class: "muted" }, "none so far")];
+  return advice.filter((a) => a && typeof a === "object").map((a) => el("li", { "data-rule": String(a.rule) },
+    el("b", {}, String(a.rule)), `: ${a.suggestion}`,
+    el("div", { class: "muted" }, Object.entries(a.evidence || {}).map(([k, v]) => `${k} ${v}`).join(", ")),
+    el("div", {}, `gain: ${a.expected_gain}`)));
+}
+
 function jobPage(id) {
   show("job");
   const abort = new AbortController();
   const epochs = [];
   let job = null;
   for (const sel of ["#job-name", "#job-status", "#job-id", "#job-error", "#log-state"]) $(sel).textContent = "";
-  for (const sel of ["#timeline", "#runtime", "#artifacts", "#log", "#job-sweep"]) $(sel).replaceChildren();
+  for (const sel of ["#timeline", "#runtime", "#advice", "#artifacts", "#log", "#job-sweep"]) $(sel).replaceChildren();
   const draw = () => { for (const [sel, series] of Object.entries(CHARTS)) chart($(sel), series, epochs); };
   draw();
 
@@ -279,6 +288,7 @@ function jobPage(id) {
       $("#runtime").replaceChildren(...RUNTIME.filter(([k]) => k in runtime).map(([k, label]) =>
         el("tr", {}, el("td", {}, label), el("td", {}, Array.isArray(runtime[k]) ? runtime[k].join("; ") || "none" : runtime[k]))));
       if (!Object.keys(runtime).length) $("#runtime").append(el("tr", {}, el("td", {}, "chosen when the job starts")));
+      $("#advice").replaceChildren(...adviceItems(job.advice));
       const models = (job.metrics || {}).optimization;
       if (Array.isArray(models) && models.length) modelsTable(models);
       else {

@@ -5,6 +5,7 @@ adoption, quota, the reaper): tests/integration/test_gcp_tpu_jobs.py, test_gcp_g
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,8 @@ from tests.support.jobs import wait_for_job as wait
 from tests.support import eventually
 from tests.support.gcp import CLOUDS, Cloud, gpu_spec, tpu_spec
 from trainjobs import storage
+from trainjobs.spec import JobSpec
+from trainjobs.spec.derived import hourly_price_usd, spot_hourly_price_usd
 from trainjobs.vm_metadata import STARTUP_SCRIPT_KEY
 from worker.gcs_channel import GcsJobChannel
 
@@ -44,6 +47,16 @@ def test_a_preempted_machine_is_replaced_and_the_new_attempt_resumes_from_the_ch
     history = storage.read_json(f"{job_dir}/artifacts/history.json")
     assert history is not None and [e["epoch"] for e in history] == [1, 2, 3]
     assert cloud.machines(gcp.fake) == []
+    # The advisor prices the attempts' machine time (issue 24): spot at its dearest against on-demand, from
+    # the catalogue. A spot VM the cloud deleted itself has no end on the row, so it is not counted.
+    [spot] = [a for a in done["advice"] if a["rule"] == "spot_cost"]
+    held = [(datetime.fromisoformat(m["deleted_at"]) - datetime.fromisoformat(m["requested_at"])).total_seconds()
+            for m in done["machines"] if m["deleted_at"] and m["requested_at"]]
+    spec = JobSpec.model_validate(done["spec"])
+    assert spot["evidence"]["attempts"] == 2 and spot["evidence"]["machine_hours"] == pytest.approx(sum(held) / 3600,
+                                                                                                    abs=1e-4)
+    assert spot["evidence"]["on_demand_usd_per_hour"] == round(hourly_price_usd(spec), 4)
+    assert spot["evidence"]["spot_usd_at_most"] == pytest.approx(sum(held) / 3600 * spot_hourly_price_usd(spec), abs=1e-4)
 
 
 @pytest.mark.tf

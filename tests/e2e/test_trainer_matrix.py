@@ -237,3 +237,27 @@ def test_accepted_combination_trains_as_asked_and_exports(case: Case, matrix_job
         assert (other["task_index"], other["epoch"], other["progress"]) == (1, EPOCHS, 1.0), other
         assert (other["state"], other["phase"]) in {("succeeded", "waiting_for_chief"), ("terminated", "training"),
                                                      ("terminated", "waiting_for_chief")}, other
+
+
+@pytest.mark.parametrize("case", ACCEPTED, ids=[c.id for c in ACCEPTED])
+def test_each_job_gets_the_advice_its_own_numbers_support(case: Case, matrix_jobs: MatrixJobs) -> None:
+    """The advisor (trainjobs/advice.py) on jobs that really trained. Only what the numbers fix is asserted:
+    whether a short step counts as dispatch-bound depends on how loaded the machine is (the rule itself:
+    tests/unit/test_advice.py)."""
+    client, jobs = matrix_jobs
+    job = wait_for_job(client, jobs[case.id], TERMINAL, timeout=JOB_S)
+    rules = {a["rule"]: a for a in job["advice"]}
+    runtime = job["runtime"]
+    # Two CPU replicas on one machine each get 10 steps an epoch, one replica would get 20; a multi-worker
+    # job has one replica a worker, and no fewer replicas to offer.
+    if case.strategy in ("auto", "mirrored"):
+        oversized = rules["oversized_machine"]
+        assert oversized["suggestion"] == "accelerator.replicas: 1", oversized
+        assert oversized["evidence"]["steps_per_epoch"] == runtime["steps_per_epoch"] == 10, oversized
+    else:
+        assert "oversized_machine" not in rules, rules
+    assert not {"mixed_precision", "small_batch", "spot_cost", "steps_per_execution_capped"} & rules.keys(), rules
+    if (dispatch := rules.get("dispatch_bound")) is not None:  # without a step split, only at one step a call
+        assert dispatch["evidence"]["steps_per_execution"] == case.steps_per_execution, dispatch
+        assert "host_share" in dispatch["evidence"] or case.steps_per_execution == 1, dispatch
+        assert dispatch["suggestion"] == f"steps_per_execution: {runtime['steps_per_epoch']}", dispatch

@@ -16,6 +16,7 @@ from typing import Any
 from rich.console import Console, Group
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 from trainjobs.client import step_time
 
@@ -160,9 +161,25 @@ def job_detail(job: dict[str, Any], events: list[dict[str, Any]] | None = None) 
             grid.add_row("step time", step_time.breakdown_table(b))
         if isinstance(p := m.get(step_time.PROFILE), dict):
             grid.add_row("profile", step_time.profile_line(p))
+    for title, line in advice_rows(job.get("advice")):
+        grid.add_row(title, line)
     for e in events or []:
         grid.add_row("event", f"{e['at']}  {e['from_status'] or '-':>12} -> {e['to_status']:<12} {e['reason']}")
     return grid
+
+
+def advice_rows(advice: Any) -> list[tuple[str, Text]]:
+    """The advisor's advice (trainjobs/advice.py), three lines each: the rule and what to change, the
+    numbers behind it, the gain they bound. As plain Text: nothing in it is read as rich markup."""
+    rows: list[tuple[str, Text]] = []
+    for a in advice if isinstance(advice, list) else []:
+        if not isinstance(a, dict):
+            continue
+        evidence = a["evidence"] if isinstance(a.get("evidence"), dict) else {}
+        rows += [("advice", Text(f"{a.get('rule')}: {a.get('suggestion')}")),
+                 ("", Text("  because " + ", ".join(f"{k} {_fmt(v)}" for k, v in evidence.items()))),
+                 ("", Text(f"  gain {a.get('expected_gain')}"))]
+    return rows
 
 
 # The final metrics' comparison of every model the job exported (agent/optimization.py: summary).

@@ -132,8 +132,10 @@ def _build() -> Any:
     import keras
 
     from agent import devices, keras_compat
-    from agent.plan import AUTO_STEPS_PER_EXECUTION, strategy_to_build
-    from trainjobs.spec.derived import global_batch_size, resolve_precision, scaled_learning_rate
+    from agent.plan import strategy_to_build
+    from trainjobs.spec.derived import (
+        AUTO_STEPS_PER_EXECUTION, global_batch_size, resolve_precision, scaled_learning_rate,
+    )
 
     spec = _spec()
     if (n := devices.local_device_count()) is not None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from trainjobs.catalogue import (
-    FLOAT16_FAST_CC, GPU_TYPES, cpu_machine_type, cpu_usd_per_hour, default_gpu_machine_type, tpu_chips, tpu_generation,
+    FLOAT16_FAST_CC, SPOT_PRICE_FRACTION_MAX, GPU_TYPES, cpu_machine_type, cpu_usd_per_hour, default_gpu_machine_type, tpu_chips, tpu_generation,
 )
 from trainjobs.spec.accelerator import CpuAccelerator, GpuAccelerator, TpuAccelerator
 
@@ -51,6 +51,12 @@ def replicas_per_worker(spec: JobSpec) -> int:
 
 def num_replicas(spec: JobSpec) -> int:
     return replicas_per_worker(spec) * spec.workers
+
+
+# Steps run inside one tf.function call when steps_per_execution is "auto" (agent/plan.py caps it at an
+# epoch's steps). A TPU pays a host round-trip per call, so it gains most; a GPU some; a CPU little but
+# still the Python overhead. Here, not in the agent, because the advisor reads it too (trainjobs/advice.py).
+AUTO_STEPS_PER_EXECUTION: dict[str, int] = {"tpu": 32, "gpu": 8, "cpu": 4}
 
 
 def resolve_precision(precision: str, kind: str, gpu_compute_capability: float | None) -> str:
@@ -143,3 +149,8 @@ def hourly_price_usd(spec: JobSpec) -> float:
     if isinstance(acc, GpuAccelerator):
         return GPU_TYPES[acc.gpu_type].usd_per_gpu_hour * job_accelerators(spec)
     return cpu_usd_per_hour(acc.replicas) * spec.workers
+
+
+def spot_hourly_price_usd(spec: JobSpec) -> float:
+    """The most the job's machines cost per hour as spot machines (catalogue.SPOT_PRICE_FRACTION_MAX)."""
+    return hourly_price_usd(spec) * SPOT_PRICE_FRACTION_MAX
