@@ -15,7 +15,7 @@ from typing import Any
 from trainjobs import storage
 from trainjobs.job_paths import ARTIFACT_HISTORY, ARTIFACT_METRICS
 from trainjobs.spec import TrainingSpec
-from agent import columns, devices, distillation, export, keras_compat, optimization, pruning, tasks, variants
+from agent import columns, devices, distillation, export, keras_compat, optimization, pruning, tasks, tuning, variants
 from agent.checkpoints import CheckpointSchedule, CheckpointStore
 from agent.data import LocalDataset, download_dataset, eval_dataset, read_arrays, read_columns, train_dataset
 from agent.input_wait import InputWaitMeter
@@ -105,13 +105,18 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
     if data.validation is not None:
         val = eval_dataset(data, plan.global_batch_size, plan.static_shapes, spec.training.cache_dataset)
     reporter.set_phase("training")
-    recorder = EpochRecorder(plan, job.attempt, meter, train_function, on_epoch, schedule.after_call,
-                             reporter.step_progress, names=tasks.epoch_names(data.task, spec.training.metrics))
+    plan, trial = tuning.steps_per_execution(spec, plan, model, train_function, train, meter, job.paths.checkpoints,
+                                             job.attempt, chief=job.is_chief, may_measure=pruner is None)
+    reporter.runtime = plan.as_dict() | {"dataset": data.summary()}
+    recorder = EpochRecorder(tuning.fit_plan(plan, trial), job.attempt, meter, train_function, on_epoch,
+                             schedule.after_call, reporter.step_progress,
+                             names=tasks.epoch_names(data.task, spec.training.metrics), trial=trial)
     stop_early = StopEarly(spec.training.early_stopping) if spec.training.early_stopping is not None else None
     weights = tasks.class_weights(spec.training.class_weight, data.labels, data.train_class_counts)
     if weights is not None:
         log.info("class weights: %s", json.dumps({data.labels[i]: round(w, 6) for i, w in weights.items()}))
-    fit(model, plan, train, val, recorder, stop_early, weights, before=[pruner.callback()] if pruner else [])
+    fit(model, tuning.fit_plan(plan, trial), train, val, recorder, stop_early, weights,
+        before=[pruner.callback()] if pruner else [])
     # The final checkpoint and metrics.json are in storage before the job can report success.
     publisher.drain()
     if tb is not None:

@@ -40,6 +40,7 @@ class CountingTrainFunction:
         self.steps_per_execution = steps_per_execution
         self._epoch_steps: int | None = None
         self._done_in_epoch = 0
+        self._scheduled: list[int] = []
         # Created outside the strategy scope: a plain host variable, bumped in cross-replica context.
         self._steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="trainjobs_steps_run")
         one_step = _distributed_step(model, model.train_step)
@@ -68,12 +69,20 @@ class CountingTrainFunction:
     def __call__(self, iterator: Any) -> Any:
         import tensorflow as tf
 
-        steps = self.steps_for_next_call()
+        if self._scheduled:
+            steps = self._scheduled.pop(0)
+        else:
+            steps = self.steps_for_next_call()
+            if self._epoch_steps is not None:
+                self._done_in_epoch = (self._done_in_epoch + steps) % self._epoch_steps
         self.calls += 1
         self.steps_called += steps
-        if self._epoch_steps is not None:
-            self._done_in_epoch = (self._done_in_epoch + steps) % self._epoch_steps
         return self._execution(iterator, tf.constant(steps, tf.int32))
+
+    def schedule_calls(self, steps: list[int]) -> None:
+        """The next calls run exactly these step counts, whatever the epoch's: steps_per_execution's
+        measured trial (agent/tuning.py), a fit of its own whose Keras loop calls once per entry."""
+        self._scheduled = list(steps)
 
     @property
     def steps_run(self) -> int:

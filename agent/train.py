@@ -12,6 +12,7 @@ import keras
 from agent.input_wait import InputWaitMeter
 from agent.plan import RuntimePlan, TrainingPosition
 from agent.step_functions import CountingTrainFunction
+from agent.tuning import TrialResult
 
 log = logging.getLogger("trainjobs.agent")
 
@@ -24,13 +25,16 @@ class EpochRecorder(keras.callbacks.Callback):
     a finished history entry and the position to `on_epoch`. Keras calls on_test_begin when
     validation starts, which ends the clock. Each entry also says how many train-function calls
     the epoch took and how many steps they ran; the entry of an epoch resumed from a mid-epoch
-    checkpoint covers only the steps after `resumed_at_step`."""
+    checkpoint covers only the steps after `resumed_at_step`. `trial`: the steps steps_per_execution's
+    trial trained before fit (agent/tuning.py), where the plan's first epoch starts; they count in that
+    epoch's entry (steps, calls, time, input wait) as steps of its own."""
 
     def __init__(self, plan: RuntimePlan, attempt: int, meter: InputWaitMeter, train_function: CountingTrainFunction,
                  on_epoch: Callable[[dict[str, Any], TrainingPosition], None],
                  on_call: Callable[[TrainingPosition], None], on_progress: Callable[[float], None],
-                 names: tuple[str, ...] = KERAS_METRICS):
+                 names: tuple[str, ...] = KERAS_METRICS, trial: TrialResult | None = None):
         super().__init__()
+        self.trial = trial
         self.names = names  # what each entry records of Keras' logs (agent/tasks.py: epoch_names)
         self.plan, self.attempt, self.meter, self.train_function = plan, attempt, meter, train_function
         self.on_epoch, self.on_call, self.on_progress = on_epoch, on_call, on_progress
@@ -72,21 +76,25 @@ class EpochRecorder(keras.callbacks.Callback):
         self._stop_clock()
         logs = logs or {}
         train_s = self._train_ended - self._began - self._paused
-        steps = self.plan.steps_per_epoch - self._first_step
+        waited, first_step = self._waited, self._first_step
+        head = self.trial if epoch == self.plan.initial_epoch else None
+        if head is not None:
+            train_s, waited, first_step = train_s + head.seconds, waited + head.waited_s, first_step - head.steps
+        steps = self.plan.steps_per_epoch - first_step
         examples = steps * self.plan.global_batch_size
         entry: dict[str, Any] = {"epoch": epoch + 1, "attempt": self.attempt}
-        if self._first_step:
-            entry["resumed_at_step"] = self._first_step
+        if first_step:
+            entry["resumed_at_step"] = first_step
         entry.update({k: float(logs[k]) if k in logs else None for k in self.names})
         entry.update({
             "learning_rate": float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)),
             "examples_per_sec": round(examples / train_s, 2),
             "step_time_ms": round(1000 * train_s / steps, 3),
-            "input_wait_fraction": round(min(1.0, self._waited / train_s), 4),
+            "input_wait_fraction": round(min(1.0, waited / train_s), 4),
             "train_seconds": round(train_s, 3),
-            "epoch_seconds": round(time.perf_counter() - self._began, 3),
-            "executions": self.train_function.calls - self._calls_before,
-            "steps": self.train_function.steps_run - self._steps_before,
+            "epoch_seconds": round(time.perf_counter() - self._began + (head.seconds if head else 0), 3),
+            "executions": self.train_function.calls - self._calls_before + (head.executions if head else 0),
+            "steps": self.train_function.steps_run - self._steps_before + (head.steps if head else 0),
         })
         self.position = TrainingPosition(epoch + 1, 0, self.position.global_step)
         self.on_epoch(entry, self.position)

@@ -23,19 +23,23 @@ from tests.support import scaled
 pytestmark = pytest.mark.tf
 
 REPO = Path(__file__).resolve().parents[2]
-# (strategy, steps per epoch, steps_per_execution, resumed at step): none of them divides evenly.
-CASES = [
-    ("default", 7, 4, 0),
-    ("one_device", 22, 4, 0),
-    ("mirrored", 7, 4, 0),
-    ("mirrored", 30, 4, 0),
-    ("mirrored", 7, 4, 3),  # a mid-epoch checkpoint, off this plan's execution boundaries
-    ("default", 5, 8, 0),  # steps_per_execution above the epoch: the plan caps it, here the call does
+# (strategy, steps per epoch, steps_per_execution, resumed at step, steps_per_execution auto's trial:
+# (steps per call, calls) after one traced step): none of them divides evenly.
+CASES: list[tuple[str, int, int, int, tuple[tuple[int, int], ...]]] = [
+    ("default", 7, 4, 0, ()),
+    ("one_device", 22, 4, 0, ()),
+    ("mirrored", 7, 4, 0, ()),
+    ("mirrored", 30, 4, 0, ()),
+    ("mirrored", 7, 4, 3, ()),  # a mid-epoch checkpoint, off this plan's execution boundaries
+    ("default", 5, 8, 0, ()),  # steps_per_execution above the epoch: the plan caps it, here the call does
+    ("default", 30, 4, 0, ((1, 2), (4, 2))),  # the trial trains the first 11 steps of the first epoch
+    ("mirrored", 30, 4, 0, ((1, 2), (2, 3))),
 ]
 EPOCHS = 2
 
 
-def _train(strategy_name: str, steps: int, spe: int, resumed_at: int) -> dict[str, Any]:
+def _train(strategy_name: str, steps: int, spe: int, resumed_at: int,
+           trial_calls: tuple[tuple[int, int], ...]) -> dict[str, Any]:
     """Child process only: a tiny model trained with the agent's train function and fit loop."""
     import dataclasses
 
@@ -49,6 +53,7 @@ def _train(strategy_name: str, steps: int, spe: int, resumed_at: int) -> dict[st
     from agent.plan import Hardware, resolve_plan
     from agent.step_functions import install_step_functions
     from agent.train import EpochRecorder, fit
+    from agent.tuning import TrialPlan, fit_plan, run_trial, use_steps_per_execution
 
     job = JobSpec.model_validate({"dataset": {"source": "sklearn:iris"}, "model": {"name": "mlp"},
                                   "training": {"epochs": EPOCHS, "global_batch_size": 4}})
@@ -64,14 +69,21 @@ def _train(strategy_name: str, steps: int, spe: int, resumed_at: int) -> dict[st
     rng = np.random.default_rng(0)
     data = tf.data.Dataset.from_tensor_slices((rng.random((40, 3), np.float32), rng.integers(0, 2, 40))).repeat()
     meter = InputWaitMeter()
+    batches = meter.wrap(data.batch(4, drop_remainder=True))
+    trial = None
+    if trial_calls:  # as agent/tuning.py runs it, then the case's steps_per_execution whatever was measured
+        trial = run_trial(model, train_function, batches, meter, TrialPlan(1, trial_calls), attempt=1)
+        plan = use_steps_per_execution(plan, model, train_function, spe, "chosen by the test")
     entries: list[dict[str, Any]] = []
     calls: list[list[int]] = []
-    recorder = EpochRecorder(plan, 1, meter, train_function, lambda e, at: entries.append(e),
-                             lambda at: calls.append([at.epoch, at.step, at.global_step]), lambda p: None)
-    fit(model, plan, meter.wrap(data.batch(4, drop_remainder=True)), None, recorder)
+    recorder = EpochRecorder(fit_plan(plan, trial), 1, meter, train_function, lambda e, at: entries.append(e),
+                             lambda at: calls.append([at.epoch, at.step, at.global_step]), lambda p: None,
+                             trial=trial)
+    fit(model, fit_plan(plan, trial), batches, None, recorder)
     return {"plan_steps": plan.steps_per_epoch, "iterations": int(model.optimizer.iterations.numpy()),
             "steps_run": train_function.steps_run, "calls": calls,
-            "epochs": [{"steps": e["steps"], "executions": e["executions"]} for e in entries]}
+            "epochs": [{"steps": e["steps"], "executions": e["executions"], "resumed_at_step": e.get("resumed_at_step")}
+                       for e in entries]}
 
 
 def _child() -> None:
@@ -100,18 +112,23 @@ def _calls(steps: int, spe: int, first: int) -> list[int]:
 
 
 @pytest.mark.parametrize(("index", "case"), list(enumerate(CASES)), ids=[f"{c[0]}-{c[1]}steps-spe{c[2]}-from{c[3]}"
-                                                                          for c in CASES])
+                                                                          f"{'-trial' if c[4] else ''}" for c in CASES])
 def test_every_epoch_runs_all_its_steps(trained: list[dict[str, Any]], index: int,
-                                        case: tuple[str, int, int, int]) -> None:
-    strategy, steps, spe, resumed_at = case
+                                        case: tuple[str, int, int, int, tuple[tuple[int, int], ...]]) -> None:
+    strategy, steps, spe, resumed_at, trial_calls = case
     result = trained[index]
     assert result["plan_steps"] == steps  # the plan keeps the epoch the data and batch imply
     total = EPOCHS * steps - resumed_at
     assert result["iterations"] == result["steps_run"] == total
-    first = [{"steps": steps - resumed_at, "executions": len(_calls(steps, spe, resumed_at))}]
-    rest = [{"steps": steps, "executions": len(_calls(steps, spe, 0))}] * (EPOCHS - 1)
+    # A trial's steps and calls are the first epoch's: fit goes on from where it stopped.
+    tried = 1 + sum(k * n for k, n in trial_calls)  # the traced call's step, then the candidates'
+    fit_from = resumed_at + (tried if trial_calls else 0)
+    trial_executions = 1 + sum(n for _, n in trial_calls) if trial_calls else 0
+    first = [{"steps": steps - resumed_at, "executions": trial_executions + len(_calls(steps, spe, fit_from)),
+              "resumed_at_step": resumed_at or None}]
+    rest = [{"steps": steps, "executions": len(_calls(steps, spe, 0)), "resumed_at_step": None}] * (EPOCHS - 1)
     assert result["epochs"] == first + rest
-    expected = [[0, end, end] for end in _calls(steps, spe, resumed_at)]
+    expected = [[0, end, end] for end in _calls(steps, spe, fit_from)]
     expected += [[1, end, steps + end] for end in _calls(steps, spe, 0)]
     assert result["calls"] == expected
 
