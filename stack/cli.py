@@ -252,6 +252,11 @@ def _make_worker(url: str, data_dir: Path, provisioner: str, concurrency: int, d
         rt = build_runtime(provisioner, data_dir, local_devices=devices, local_slots=concurrency)
     except ValueError as exc:  # a missing or malformed TRAINJOBS_GCP_* variable, named in the message
         raise click.ClickException(str(exc)) from exc
+    if provisioner == "local":
+        from worker.local.provisioner import LocalProvisioner
+
+        assert isinstance(rt.provisioner, LocalProvisioner)
+        rt.provisioner.start_zygote()  # its TensorFlow import overlaps the wait for the first job
     # Cloud machines outlive processes; only they need the reaper.
     reap = 300.0 if provisioner == "gcp" else None
     return Worker(get_engine(url), rt.provisioner, rt.channel, rt.stager,
