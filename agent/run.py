@@ -17,7 +17,9 @@ from trainjobs.job_paths import ARTIFACT_HISTORY, ARTIFACT_METRICS
 from trainjobs.spec import TrainingSpec
 from agent import columns, devices, distillation, export, keras_compat, optimization, pruning, tasks, tuning, variants
 from agent.checkpoints import CheckpointSchedule, CheckpointStore
-from agent.data import LocalDataset, download_dataset, eval_dataset, read_arrays, read_columns, train_dataset
+from agent.data import (
+    LocalDataset, download_dataset, eval_dataset, input_choice, read_arrays, read_columns, train_dataset,
+)
 from agent.input_wait import InputWaitMeter
 from agent.job import AgentJob, WorkDir, wait_for_chief
 from agent.models import ModelInputs, build, builder_for
@@ -100,10 +102,12 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
             publisher.put("tensorboard", tb.upload)
 
     meter = InputWaitMeter()
-    train = meter.wrap(train_dataset(data, plan.global_batch_size, spec.training.seed, spec.training.cache_dataset))
+    feeding = input_choice(data, spec.training.cache_dataset)
+    plan = dataclasses.replace(plan, notes=plan.notes + (feeding.note,))
+    train = meter.wrap(train_dataset(data, plan.global_batch_size, spec.training.seed, feeding.mode))
     val = None
     if data.validation is not None:
-        val = eval_dataset(data, plan.global_batch_size, plan.static_shapes, spec.training.cache_dataset)
+        val = eval_dataset(data, plan.global_batch_size, plan.static_shapes, feeding.mode)
     reporter.set_phase("training")
     plan, trial = tuning.steps_per_execution(spec, plan, model, train_function, train, meter, job.paths.checkpoints,
                                              job.attempt, chief=job.is_chief, may_measure=pruner is None)
