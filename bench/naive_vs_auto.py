@@ -117,6 +117,7 @@ def run_product(stack: TrainjobsUp, workload: str, data: Path, test: Path, epoch
     client.download_artifacts(job["id"], out)
     t_downloaded = time.time()
     logs = client.logs(job["id"])
+    (out / "job.log").write_text(logs)  # beside the artifacts, for a closer look at the phases
     # The agent's own lines, not `running_at`: the worker sets that when it reads the agent's first status.
     # "runtime plan": data downloaded, model built; what follows (input, steps_per_execution's trial, fit) is training.
     started, trained = _logged("", logs)[0], _logged("runtime plan", logs)[0]
