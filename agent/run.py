@@ -109,16 +109,17 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
     if data.validation is not None:
         val = eval_dataset(data, plan.global_batch_size, plan.static_shapes, feeding.mode)
     reporter.set_phase("training")
+    weights = tasks.class_weights(spec.training.class_weight, data.labels, data.train_class_counts)
+    if weights is not None:
+        log.info("class weights: %s", json.dumps({data.labels[i]: round(w, 6) for i, w in weights.items()}))
     plan, trial = tuning.steps_per_execution(spec, plan, model, train_function, train, meter, job.paths.checkpoints,
-                                             job.attempt, chief=job.is_chief, may_measure=pruner is None)
+                                             job.attempt, chief=job.is_chief, may_measure=pruner is None,
+                                             class_weight=weights)
     reporter.runtime = plan.as_dict() | {"dataset": data.summary()}
     recorder = EpochRecorder(tuning.fit_plan(plan, trial), job.attempt, meter, train_function, on_epoch,
                              schedule.after_call, reporter.step_progress,
                              names=tasks.epoch_names(data.task, spec.training.metrics), trial=trial)
     stop_early = StopEarly(spec.training.early_stopping) if spec.training.early_stopping is not None else None
-    weights = tasks.class_weights(spec.training.class_weight, data.labels, data.train_class_counts)
-    if weights is not None:
-        log.info("class weights: %s", json.dumps({data.labels[i]: round(w, 6) for i, w in weights.items()}))
     fit(model, tuning.fit_plan(plan, trial), train, val, recorder, stop_early, weights,
         before=[pruner.callback()] if pruner else [])
     # The final checkpoint and metrics.json are in storage before the job can report success.

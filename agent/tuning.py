@@ -122,8 +122,8 @@ def store_choice(checkpoints_uri: str, choice: TuningChoice) -> None:
     storage.write_json(f"{checkpoints_uri.rstrip('/')}/{CHOICE_NAME}", asdict(choice))
 
 
-def run_trial(model: Any, train_function: Any, dataset: Any, meter: Any, trial: TrialPlan,
-              attempt: int) -> TrialResult:
+def run_trial(model: Any, train_function: Any, dataset: Any, meter: Any, trial: TrialPlan, attempt: int,
+              class_weight: dict[int, float] | None = None) -> TrialResult:
     """Train trial.steps steps of the first epoch, timing each candidate's calls. They run in a fit of
     their own (Keras builds the model's metrics and loss state there, before any step traces: a first
     trace outside fit under MirroredStrategy creates them in a cond branch, which tf.distribute cannot
@@ -152,7 +152,9 @@ def run_trial(model: Any, train_function: Any, dataset: Any, meter: Any, trial: 
     meter.reset()
     began = time.perf_counter()
     try:
-        model.fit(dataset, epochs=1, steps_per_epoch=len(schedule), callbacks=[Clock()], shuffle=False, verbose=0)
+        # class_weight as training's fit has it: Keras turns it into the batches' sample weights.
+        model.fit(dataset, epochs=1, steps_per_epoch=len(schedule), callbacks=[Clock()], shuffle=False, verbose=0,
+                  class_weight=class_weight)
     finally:
         model.steps_per_execution = asked
         train_function.schedule_calls([])
@@ -165,8 +167,8 @@ def run_trial(model: Any, train_function: Any, dataset: Any, meter: Any, trial: 
 
 
 def steps_per_execution(spec: Any, plan: RuntimePlan, model: Any, train_function: Any, dataset: Any, meter: Any,
-                        checkpoints_uri: str, attempt: int, *, chief: bool,
-                        may_measure: bool) -> tuple[RuntimePlan, TrialResult | None]:
+                        checkpoints_uri: str, attempt: int, *, chief: bool, may_measure: bool,
+                        class_weight: dict[int, float] | None = None) -> tuple[RuntimePlan, TrialResult | None]:
     """The plan with `steps_per_execution: auto` settled, and the trial that trained its first steps (if
     one ran; fit then starts at its end: `fit_plan`). An integer in the spec is kept as the plan has it.
     `may_measure`: false where the trial's calls would skip work fit's callbacks do after every call."""
@@ -188,7 +190,7 @@ def steps_per_execution(spec: Any, plan: RuntimePlan, model: Any, train_function
         return replace(plan, notes=plan.notes + (f"steps_per_execution auto: {plan.steps_per_execution}, not "
                                                  f"measured: {why}",)), None
     assert trial is not None
-    result = run_trial(model, train_function, dataset, meter, trial, attempt)
+    result = run_trial(model, train_function, dataset, meter, trial, attempt, class_weight)
     if chief:
         store_choice(checkpoints_uri, result.choice)
     return use_steps_per_execution(plan, model, train_function, result.choice.steps_per_execution, result.choice.note()), result
