@@ -150,8 +150,11 @@ def device() -> str:
                            capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     gpus = int(probe.stdout.strip().splitlines()[-1]) if probe.returncode == 0 else 0
     if gpus:
-        return f"{gpus} GPU(s): precision auto is mixed_float16 on compute capability >= 7.0"
-    return f"CPU only ({os.cpu_count()} cores): precision auto is float32"
+        # The local provisioner trains on logical CPU devices standing in for the accelerators the spec
+        # asks for (worker/local/provisioner.py), so here the two sides do not train on the same device.
+        return (f"{gpus} GPU(s) seen by the script, which trains on them; the product's local provisioner "
+                f"trains on CPU stand-ins, so this is not a like-for-like comparison")
+    return f"CPU only ({os.cpu_count()} cores): both sides train on the CPU, precision auto is float32"
 
 
 def main() -> None:
