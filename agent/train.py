@@ -154,8 +154,9 @@ def fit(model: Any, plan: RuntimePlan, train_data: Any, val_data: Any | None, re
     }
     first = plan.initial_epoch
     if plan.initial_step:
-        log.info("resuming epoch %d at step %d: %d of its %d steps left", first + 1, plan.initial_step,
-                 plan.steps_per_epoch - plan.initial_step, plan.steps_per_epoch)
+        log.info("%s epoch %d at step %d: %d of its %d steps left",
+                 "continuing (after steps_per_execution's trial)" if recorder.trial else "resuming", first + 1,
+                 plan.initial_step, plan.steps_per_epoch - plan.initial_step, plan.steps_per_epoch)
         recorder.train_function.start_epochs(plan.steps_per_epoch - plan.initial_step)
         model.fit(train_data, initial_epoch=first, epochs=first + 1,
                   steps_per_epoch=plan.steps_per_epoch - plan.initial_step, **common)
