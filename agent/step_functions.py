@@ -144,10 +144,14 @@ def _distributed_step(model: Any, step: Any) -> Any:
     from keras.src.backend.tensorflow import trainer as tf_trainer
 
     strategy = model.distribute_strategy
+    # XLA compiles each replica's step, as Keras' own train function does: a cluster around
+    # strategy.run (the cross-replica call and its reduction) failed to run under MirroredStrategy
+    # (TF 2.21: "Graph execution error" at the first call).
+    replica_step = tf.function(step, jit_compile=True, reduce_retracing=True) if model.jit_compile else step
 
     def one_step(data: Any) -> Any:
-        outputs = strategy.run(step, args=(data,))
+        outputs = strategy.run(replica_step, args=(data,))
         # Looked up on the module at trace time, so keras_compat's multi-worker repair applies.
         return tf_trainer.reduce_per_replica(outputs, strategy, reduction="auto")
 
-    return tf.function(one_step, reduce_retracing=True, jit_compile=model.jit_compile)
+    return tf.function(one_step, reduce_retracing=True)

@@ -92,11 +92,19 @@ class TuningChoice:
     steps_per_execution: int
     measured_ms_per_step: dict[str, float] = field(default_factory=dict)  # by candidate
     attempt: int = 1
+    jit_compile: bool | None = None  # jit_compile auto's choice (agent/xla_trial.py); None: not tried
+    xla_ms_per_step: float | None = None  # at the chosen steps_per_execution
 
     def note(self) -> str:
         timings = ", ".join(f"{k}: {v:.3f}" for k, v in self.measured_ms_per_step.items())
-        return (f"steps_per_execution auto: measured ms per step by steps per call ({timings}) on the first "
+        note = (f"steps_per_execution auto: measured ms per step by steps per call ({timings}) on the first "
                 f"steps of attempt {self.attempt}; chose {self.steps_per_execution}")
+        if self.jit_compile is not None and self.xla_ms_per_step is not None:
+            note += (f"; jit_compile auto: {self.xla_ms_per_step:.3f} ms per step under XLA, "
+                     f"{'kept' if self.jit_compile else 'not kept'}")
+        elif self.jit_compile is False:
+            note += "; jit_compile auto: the model did not train under XLA (the job's log says why), so it is off"
+        return note
 
 
 @dataclass(frozen=True)
@@ -115,15 +123,24 @@ def stored_choice(checkpoints_uri: str) -> TuningChoice | None:
     if doc is None:
         return None
     return TuningChoice(int(doc["steps_per_execution"]), dict(doc.get("measured_ms_per_step", {})),
-                        int(doc.get("attempt", 1)))
+                        int(doc.get("attempt", 1)), doc.get("jit_compile"), doc.get("xla_ms_per_step"))
 
 
 def store_choice(checkpoints_uri: str, choice: TuningChoice) -> None:
     storage.write_json(f"{checkpoints_uri.rstrip('/')}/{CHOICE_NAME}", asdict(choice))
 
 
-def run_trial(model: Any, train_function: Any, dataset: Any, meter: Any, trial: TrialPlan, attempt: int,
-              class_weight: dict[int, float] | None = None) -> TrialResult:
+@dataclass(frozen=True)
+class TimedFit:
+    trials: list[Trial]
+    steps: int
+    executions: int
+    seconds: float
+    waited_s: float
+
+
+def timed_fit(model: Any, train_function: Any, dataset: Any, meter: Any, trial: TrialPlan,
+              class_weight: dict[int, float] | None = None) -> TimedFit:
     """Train trial.steps steps of the first epoch, timing each candidate's calls. They run in a fit of
     their own (Keras builds the model's metrics and loss state there, before any step traces: a first
     trace outside fit under MirroredStrategy creates them in a cond branch, which tf.distribute cannot
@@ -158,25 +175,37 @@ def run_trial(model: Any, train_function: Any, dataset: Any, meter: Any, trial: 
     finally:
         model.steps_per_execution = asked
         train_function.schedule_calls([])
-    seconds = time.perf_counter() - began
     trials = [Trial(k, n, stamps[i + 1] - stamps[i]) for i, (k, n) in enumerate(trial.calls)]
-    choice = TuningChoice(choose(trials), {str(t.steps_per_execution): round(1000 * t.seconds_per_step, 4)
-                                           for t in trials}, attempt)
+    return TimedFit(trials, trial.steps, len(schedule), time.perf_counter() - began, meter.waited_s)
+
+
+def run_trial(model: Any, train_function: Any, dataset: Any, meter: Any, trial: TrialPlan, attempt: int,
+              class_weight: dict[int, float] | None = None) -> TrialResult:
+    """steps_per_execution's trial: the candidates' calls (timed_fit), and the choice."""
+    timed = timed_fit(model, train_function, dataset, meter, trial, class_weight)
+    choice = TuningChoice(choose(timed.trials), {str(t.steps_per_execution): round(1000 * t.seconds_per_step, 4)
+                                                 for t in timed.trials}, attempt)
     log.info("%s", choice.note())
-    return TrialResult(choice, trial.steps, len(schedule), seconds, meter.waited_s)
+    return TrialResult(choice, timed.steps, timed.executions, timed.seconds, timed.waited_s)
 
 
-def steps_per_execution(spec: Any, plan: RuntimePlan, model: Any, train_function: Any, dataset: Any, meter: Any,
-                        checkpoints_uri: str, attempt: int, *, chief: bool, may_measure: bool,
-                        class_weight: dict[int, float] | None = None) -> tuple[RuntimePlan, TrialResult | None]:
-    """The plan with `steps_per_execution: auto` settled, and the trial that trained its first steps (if
-    one ran; fit then starts at its end: `fit_plan`). An integer in the spec is kept as the plan has it.
-    `may_measure`: false where the trial's calls would skip work fit's callbacks do after every call."""
+def tune(spec: Any, plan: RuntimePlan, model: Any, train_function: Any, dataset: Any, meter: Any,
+         checkpoints_uri: str, attempt: int, *, chief: bool, may_measure: bool, try_xla: bool,
+         class_weight: dict[int, float] | None = None) -> tuple[RuntimePlan, Any, TrialResult | None]:
+    """The plan with `steps_per_execution: auto` (and `jit_compile: auto` where `try_xla`) settled, the
+    train function to use, and the trial that trained the first steps (if one ran; fit then starts at
+    its end: `fit_plan`). An integer in the spec is kept as the plan has it. `may_measure`: false where
+    the trial's calls would skip work fit's callbacks do after every call."""
+    from agent.xla_trial import try_xla_after, use_xla
+
     if spec.steps_per_execution != "auto" or plan.initial_epoch >= plan.epochs:
-        return plan, None
+        return plan, train_function, None
     if (stored := stored_choice(checkpoints_uri)) is not None:
         k = min(stored.steps_per_execution, plan.steps_per_epoch)
-        return use_steps_per_execution(plan, model, train_function, k, f"{stored.note()}; attempt {attempt} reuses it"), None
+        plan = use_steps_per_execution(plan, model, train_function, k, f"{stored.note()}; attempt {attempt} reuses it")
+        if stored.jit_compile and spec.jit_compile == "auto":
+            train_function = use_xla(model, k)
+        return plan, train_function, None
     why = None
     if not may_measure:
         why = "training.pruning updates its masks after every call, which the trial's calls would skip"
@@ -188,12 +217,17 @@ def steps_per_execution(spec: Any, plan: RuntimePlan, model: Any, train_function
         why = f"an epoch of {plan.steps_per_epoch} steps is too short to try candidates in"
     if why is not None:
         return replace(plan, notes=plan.notes + (f"steps_per_execution auto: {plan.steps_per_execution}, not "
-                                                 f"measured: {why}",)), None
+                                                 f"measured: {why}",)), train_function, None
     assert trial is not None
     result = run_trial(model, train_function, dataset, meter, trial, attempt, class_weight)
+    k = result.choice.steps_per_execution
+    set_steps_per_execution(model, train_function, k)
+    if try_xla:
+        train_function, result = try_xla_after(result, model, train_function, dataset, meter,
+                                               plan.steps_per_epoch - result.steps - 1, class_weight)
     if chief:
         store_choice(checkpoints_uri, result.choice)
-    return use_steps_per_execution(plan, model, train_function, result.choice.steps_per_execution, result.choice.note()), result
+    return replace(plan, steps_per_execution=k, notes=plan.notes + (result.choice.note(),)), train_function, result
 
 
 def fit_plan(plan: RuntimePlan, trial: TrialResult | None) -> RuntimePlan:
@@ -205,10 +239,15 @@ def fit_plan(plan: RuntimePlan, trial: TrialResult | None) -> RuntimePlan:
 
 
 def use_steps_per_execution(plan: RuntimePlan, model: Any, train_function: Any, k: int, note: str) -> RuntimePlan:
+    set_steps_per_execution(model, train_function, k)
+    return replace(plan, steps_per_execution=k, notes=plan.notes + (note,))
+
+
+def set_steps_per_execution(model: Any, train_function: Any, k: int) -> None:
     from agent.step_functions import make_test_function
 
     # Keras' fit reads model.steps_per_execution for how many calls an epoch gets; validation's
     # function bakes its count in, so it is made again.
     model.steps_per_execution = train_function.steps_per_execution = k
+    model.train_function = train_function
     model.test_function = make_test_function(model, k)
-    return replace(plan, steps_per_execution=k, notes=plan.notes + (note,))

@@ -104,6 +104,9 @@ def test_resumes_from_the_last_checkpoint_after_being_killed(bucket: str, slow_d
     for entry in history:
         if entry["attempt"] == 1:
             assert entry["steps"] == steps_per_epoch and "resumed_at_step" not in entry
+    # jit_compile auto on a CPU: not tried, and the notes say why.
+    assert runtime["jit_compile"] is False
+    assert any(n.startswith("jit_compile auto: off; XLA is tried on a GPU") for n in runtime["notes"])
 
 
 def test_two_workers_train_together_and_only_the_chief_writes_artifacts(bucket: str, tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,22 +25,29 @@ pytestmark = pytest.mark.tf
 
 REPO = Path(__file__).resolve().parents[2]
 # (strategy, steps per epoch, steps_per_execution, resumed at step, steps_per_execution auto's trial:
-# (steps per call, calls) after one traced step): none of them divides evenly.
-CASES: list[tuple[str, int, int, int, tuple[tuple[int, int], ...]]] = [
-    ("default", 7, 4, 0, ()),
-    ("one_device", 22, 4, 0, ()),
-    ("mirrored", 7, 4, 0, ()),
-    ("mirrored", 30, 4, 0, ()),
-    ("mirrored", 7, 4, 3, ()),  # a mid-epoch checkpoint, off this plan's execution boundaries
-    ("default", 5, 8, 0, ()),  # steps_per_execution above the epoch: the plan caps it, here the call does
-    ("default", 30, 4, 0, ((1, 2), (4, 2))),  # the trial trains the first 11 steps of the first epoch
-    ("mirrored", 30, 4, 0, ((1, 2), (2, 3))),
+# (steps per call, calls) after one traced step, then jit_compile auto's XLA trial: "" none, "trains", or
+# "either" where the TensorFlow version decides): none of them divides evenly.
+Case = tuple[str, int, int, int, tuple[tuple[int, int], ...], str]
+CASES: list[Case] = [
+    ("default", 7, 4, 0, (), ""),
+    ("one_device", 22, 4, 0, (), ""),
+    ("mirrored", 7, 4, 0, (), ""),
+    ("mirrored", 30, 4, 0, (), ""),
+    ("mirrored", 7, 4, 3, (), ""),  # a mid-epoch checkpoint, off this plan's execution boundaries
+    ("default", 5, 8, 0, (), ""),  # steps_per_execution above the epoch: the plan caps it, here the call does
+    ("default", 30, 4, 0, ((1, 2), (4, 2)), ""),  # the trial trains the first 11 steps of the first epoch
+    ("mirrored", 30, 4, 0, ((1, 2), (2, 3)), ""),
+    # XLA's trial (on a CPU here; the agent tries it on a GPU only): 1 + 4 x 4 steps more. Under
+    # MirroredStrategy on a CPU the XLA step fails on TF 2.21: training goes on without it, and only the
+    # steps that trained count.
+    ("default", 40, 4, 0, ((1, 2), (4, 2)), "trains"),
+    ("mirrored", 40, 4, 0, ((1, 2), (4, 2)), "either"),
 ]
 EPOCHS = 2
 
 
-def _train(strategy_name: str, steps: int, spe: int, resumed_at: int,
-           trial_calls: tuple[tuple[int, int], ...]) -> dict[str, Any]:
+def _train(strategy_name: str, steps: int, spe: int, resumed_at: int, trial_calls: tuple[tuple[int, int], ...],
+           xla: str) -> dict[str, Any]:
     """Child process only: a tiny model trained with the agent's train function and fit loop."""
     import dataclasses
 
@@ -54,6 +62,7 @@ def _train(strategy_name: str, steps: int, spe: int, resumed_at: int,
     from agent.step_functions import install_step_functions
     from agent.train import EpochRecorder, fit
     from agent.tuning import TrialPlan, fit_plan, run_trial, use_steps_per_execution
+    from agent.xla_trial import try_xla_after
 
     job = JobSpec.model_validate({"dataset": {"source": "sklearn:iris"}, "model": {"name": "mlp"},
                                   "training": {"epochs": EPOCHS, "global_batch_size": 4}})
@@ -74,6 +83,10 @@ def _train(strategy_name: str, steps: int, spe: int, resumed_at: int,
     if trial_calls:  # as agent/tuning.py runs it, then the case's steps_per_execution whatever was measured
         trial = run_trial(model, train_function, batches, meter, TrialPlan(1, trial_calls), attempt=1)
         plan = use_steps_per_execution(plan, model, train_function, spe, "chosen by the test")
+        if xla:  # measured against the case's steps_per_execution, whatever the trial chose
+            trial = dataclasses.replace(trial, choice=dataclasses.replace(trial.choice, steps_per_execution=spe))
+            train_function, trial = try_xla_after(trial, model, train_function, batches, meter,
+                                                  steps - trial.steps - 1)
     entries: list[dict[str, Any]] = []
     calls: list[list[int]] = []
     recorder = EpochRecorder(fit_plan(plan, trial), 1, meter, train_function, lambda e, at: entries.append(e),
@@ -81,7 +94,9 @@ def _train(strategy_name: str, steps: int, spe: int, resumed_at: int,
                              trial=trial)
     fit(model, fit_plan(plan, trial), batches, None, recorder)
     return {"plan_steps": plan.steps_per_epoch, "iterations": int(model.optimizer.iterations.numpy()),
-            "steps_run": train_function.steps_run, "calls": calls,
+            # XLA's trial ran on a train function of its own: the one kept counts only its own steps.
+            "steps_run": None if xla else train_function.steps_run, "calls": calls,
+            "xla_note": trial.choice.note() if xla and trial is not None else None,
             "epochs": [{"steps": e["steps"], "executions": e["executions"], "resumed_at_step": e.get("resumed_at_step")}
                        for e in entries]}
 
@@ -112,18 +127,28 @@ def _calls(steps: int, spe: int, first: int) -> list[int]:
 
 
 @pytest.mark.parametrize(("index", "case"), list(enumerate(CASES)), ids=[f"{c[0]}-{c[1]}steps-spe{c[2]}-from{c[3]}"
-                                                                          f"{'-trial' if c[4] else ''}" for c in CASES])
+                                                                          f"{'-trial' if c[4] else ''}"
+                                                                          f"{'-xla-' + c[5] if c[5] else ''}" for c in CASES])
 def test_every_epoch_runs_all_its_steps(trained: list[dict[str, Any]], index: int,
-                                        case: tuple[str, int, int, int, tuple[tuple[int, int], ...]]) -> None:
-    strategy, steps, spe, resumed_at, trial_calls = case
+                                        case: Case) -> None:
+    strategy, steps, spe, resumed_at, trial_calls, xla = case
     result = trained[index]
     assert result["plan_steps"] == steps  # the plan keeps the epoch the data and batch imply
     total = EPOCHS * steps - resumed_at
-    assert result["iterations"] == result["steps_run"] == total
+    assert result["iterations"] == total
+    assert result["steps_run"] in (total, None)
     # A trial's steps and calls are the first epoch's: fit goes on from where it stopped.
-    tried = 1 + sum(k * n for k, n in trial_calls)  # the traced call's step, then the candidates'
+    xla_calls: tuple[tuple[int, int], ...] = ()
+    trained_under_xla = bool(xla) and re.search(r"; jit_compile auto: [0-9.]+ ms per step under XLA, (not )?kept$",
+                                                result["xla_note"]) is not None
+    if trained_under_xla:  # its traced step, then 16 timed steps, kept or not
+        xla_calls = ((1, 1), (spe, 4))
+    elif xla:
+        assert xla == "either", result["xla_note"]
+        assert result["xla_note"].endswith("the model did not train under XLA (the job's log says why), so it is off")
+    tried = sum(k * n for k, n in ((1, 1), *trial_calls, *xla_calls))
     fit_from = resumed_at + (tried if trial_calls else 0)
-    trial_executions = 1 + sum(n for _, n in trial_calls) if trial_calls else 0
+    trial_executions = 1 + sum(n for _, n in (*trial_calls, *xla_calls)) if trial_calls else 0
     first = [{"steps": steps - resumed_at, "executions": trial_executions + len(_calls(steps, spe, fit_from)),
               "resumed_at_step": resumed_at or None}]
     rest = [{"steps": steps, "executions": len(_calls(steps, spe, 0)), "resumed_at_step": None}] * (EPOCHS - 1)
