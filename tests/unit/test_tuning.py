@@ -51,3 +51,24 @@ def test_the_choice_says_what_was_measured() -> None:
 
 def test_a_trial_plan_counts_its_traced_call() -> None:
     assert TrialPlan(1, ((1, 16), (4, 4))).steps == 33
+
+
+@pytest.mark.parametrize(("plain_ms", "xla_ms", "kept"), [
+    (1.0, 0.5, True),
+    (1.0, 0.98, False),  # within 3%: not worth a compiled step's rigidity
+    (1.0, 5.6, False),  # the bench machine's CPU: XLA 8x slower for the MLP
+])
+def test_xla_is_kept_only_when_clearly_faster(plain_ms: float, xla_ms: float, kept: bool) -> None:
+    from agent.xla_trial import prefer_xla
+
+    assert prefer_xla(plain_ms / 1000, xla_ms / 1000) is kept
+
+
+@pytest.mark.parametrize(("jit", "xla_ms", "ending"), [
+    (True, 0.5, "; jit_compile auto: 0.500 ms per step under XLA, kept"),
+    (False, 1.5, "; jit_compile auto: 1.500 ms per step under XLA, not kept"),
+    (False, None, "; jit_compile auto: the model did not train under XLA (the job's log says why), so it is off"),
+    (None, None, "; chose 16"),
+])
+def test_the_choice_says_what_xla_measured(jit: bool | None, xla_ms: float | None, ending: str) -> None:
+    assert TuningChoice(16, {"1": 2.0, "16": 1.0}, 1, jit, xla_ms).note().endswith(ending)
