@@ -15,7 +15,7 @@ from typing import Any
 from trainjobs import storage
 from trainjobs.job_paths import ARTIFACT_HISTORY, ARTIFACT_METRICS
 from trainjobs.spec import TrainingSpec
-from agent import columns, devices, distillation, export, keras_compat, optimization, pruning, tasks, tuning, variants
+from agent import autotune, columns, devices, distillation, export, keras_compat, optimization, pruning, tasks, tuning, variants
 from agent.checkpoints import CheckpointSchedule, CheckpointStore
 from agent.data import (
     LocalDataset, download_dataset, eval_dataset, input_choice, read_arrays, read_columns, train_dataset,
@@ -115,9 +115,9 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
     if weights is not None:
         log.info("class weights: %s", json.dumps({data.labels[i]: round(w, 6) for i, w in weights.items()}))
     try_xla = spec.jit_compile == "auto" and hardware.kind == "gpu" and hardware.local_devices is None
-    plan, train_function, trial = tuning.tune(spec, plan, model, train_function, train, meter, job.paths.checkpoints,
-                                              job.attempt, chief=job.is_chief, may_measure=pruner is None,
-                                              try_xla=try_xla, class_weight=weights)
+    plan, train_function, trial = autotune.tune(spec, plan, model, train_function, train, meter, job.paths.checkpoints,
+                                                job.attempt, chief=job.is_chief, may_measure=pruner is None,
+                                                try_xla=try_xla, class_weight=weights)
     plan = dataclasses.replace(plan, jit_compile=bool(model.jit_compile))
     reporter.runtime = plan.as_dict() | {"dataset": data.summary()}
     recorder = EpochRecorder(tuning.fit_plan(plan, trial), job.attempt, meter, train_function, on_epoch,
