@@ -148,8 +148,11 @@ def timed_fit(model: Any, train_function: Any, dataset: Any, meter: Any, trial: 
     overhead per call of Keras' loop that the rest of training will pay."""
     import keras
 
-    schedule = [trial.trace_steps] + [k for k, n in trial.calls for _ in range(n)]
-    ends = list(itertools.accumulate([1] + [n for _, n in trial.calls]))  # calls done at each boundary
+    # Two rounds, each candidate's calls split between them: a neighbour's burst on a shared machine then
+    # slows every candidate alike instead of whichever ran during it (seen at load 5-7 on 2 cores).
+    blocks = [(k, n // 2) for k, n in trial.calls] + [(k, n - n // 2) for k, n in trial.calls]
+    schedule = [trial.trace_steps] + [k for k, n in blocks for _ in range(n)]
+    ends = list(itertools.accumulate([1] + [n for _, n in blocks]))  # calls done at each boundary
     stamps: list[float] = []
 
     class Clock(keras.callbacks.Callback):
@@ -175,7 +178,9 @@ def timed_fit(model: Any, train_function: Any, dataset: Any, meter: Any, trial: 
     finally:
         model.steps_per_execution = asked
         train_function.schedule_calls([])
-    trials = [Trial(k, n, stamps[i + 1] - stamps[i]) for i, (k, n) in enumerate(trial.calls)]
+    spent = [stamps[i + 1] - stamps[i] for i in range(len(blocks))]
+    half = len(trial.calls)
+    trials = [Trial(k, n, spent[i] + spent[half + i]) for i, (k, n) in enumerate(trial.calls)]
     return TimedFit(trials, trial.steps, len(schedule), time.perf_counter() - began, meter.waited_s)
 
 
