@@ -16,6 +16,7 @@ from typing import Any
 
 from trainjobs import storage
 from trainjobs.job_paths import dataset_file, dataset_manifest
+from agent.input_choice import InputChoice, choose_input, machine_memory_bytes, parsed_bytes
 
 SHUFFLE_BUFFER = 16_384
 
@@ -266,11 +267,30 @@ def _options() -> Any:
     return options
 
 
-def train_dataset(ds: LocalDataset, global_batch: int, seed: int, cache: bool) -> Any:
+def input_choice(ds: LocalDataset, cache_dataset: bool | str) -> InputChoice:
+    """agent/input_choice.py's rule for this dataset."""
+    label_width = len(ds.target_names) if ds.regression else ds.num_classes if ds.multilabel else 1
+    examples = ds.train.examples + (ds.validation.examples if ds.validation else 0)
+    return choose_input(cache_dataset, ds.train.examples, parsed_bytes(examples, ds.feature_shape, label_width),
+                        plain=ds.columns is None and not ds.teacher_width, memory=machine_memory_bytes())
+
+
+def train_dataset(ds: LocalDataset, global_batch: int, seed: int, mode: str) -> Any:
     """Endless: the plan's steps_per_epoch decides where an epoch ends. With a teacher, each batch's labels
-    come with its outputs (the parser's `teacher`)."""
+    come with its outputs (the parser's `teacher`). `mode`: input_choice's."""
+    import tensorflow as tf
+
+    if mode == "memory":
+        x, y = _parsed_split(ds, ds.train)
+        n = ds.train.examples
+        # Indices shuffled, not examples: each epoch is a permutation of the split (one per pass of
+        # the repeat), and a batch is one gather.
+        indices = tf.data.Dataset.range(n).shuffle(n, seed=seed, reshuffle_each_iteration=True).repeat()
+        batches = indices.batch(global_batch, drop_remainder=True)
+        return batches.map(lambda i: (tf.gather(x, i), tf.gather(y, i)), num_parallel_calls=tf.data.AUTOTUNE) \
+            .prefetch(tf.data.AUTOTUNE).with_options(_options())
     records = _records(ds.train)
-    if cache:
+    if mode == "stream_cached":
         records = records.cache()
     records = records.shuffle(min(ds.train.examples, SHUFFLE_BUFFER), seed=seed, reshuffle_each_iteration=True)
     # drop_remainder keeps every batch the same shape, which a TPU needs and no one else minds.
@@ -295,19 +315,34 @@ def _parsed(ds: LocalDataset, batches: Any, standardized: bool = True, teacher: 
         _options())
 
 
-def eval_dataset(ds: LocalDataset, global_batch: int, static_shapes: bool, cache: bool) -> Any:
+def eval_dataset(ds: LocalDataset, global_batch: int, static_shapes: bool, mode: str) -> Any:
     import tensorflow as tf
 
     assert ds.validation is not None
+    n = ds.validation.examples
+    steps = n // global_batch if static_shapes else -(-n // global_batch)
+    if mode == "memory":
+        x, y = _parsed_split(ds, ds.validation)
+        starts = tf.data.Dataset.range(0, steps * global_batch, global_batch)
+        return starts.map(lambda i: (x[i:i + global_batch], y[i:i + global_batch])).prefetch(tf.data.AUTOTUNE) \
+            .with_options(_options())
     records = tf.data.TFRecordDataset([str(f) for f in ds.validation.files])
-    if cache:
+    if mode == "stream_cached":
         records = records.cache()
     batches = records.batch(global_batch, drop_remainder=static_shapes)
     # TFRecord files hide their length; telling tf.data lets Keras end each validation pass cleanly
     # instead of warning that the input "ran out of data".
-    n = ds.validation.examples
-    steps = n // global_batch if static_shapes else -(-n // global_batch)
     return _parsed(ds, batches.apply(tf.data.experimental.assert_cardinality(steps)))
+
+
+def _parsed_split(ds: LocalDataset, split: Split) -> tuple[Any, Any]:
+    """A whole split parsed as training takes it (a regression's targets standardised), as two tensors
+    on the host."""
+    import tensorflow as tf
+
+    with tf.device("/cpu:0"):
+        parts = list(_records(split).batch(4096).map(_parser(ds, standardized=True)))
+        return tf.concat([x for x, _ in parts], 0), tf.concat([y for _, y in parts], 0)
 
 
 def read_arrays(ds: LocalDataset, split: Split, limit: int | None = None) -> tuple[Any, Any]:

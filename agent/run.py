@@ -15,14 +15,16 @@ from typing import Any
 from trainjobs import storage
 from trainjobs.job_paths import ARTIFACT_HISTORY, ARTIFACT_METRICS
 from trainjobs.spec import TrainingSpec
-from agent import columns, devices, distillation, export, keras_compat, optimization, pruning, tasks, variants
+from agent import autotune, columns, devices, distillation, export, keras_compat, optimization, pruning, tasks, tuning, variants
 from agent.checkpoints import CheckpointSchedule, CheckpointStore
-from agent.data import LocalDataset, download_dataset, eval_dataset, read_arrays, read_columns, train_dataset
+from agent.data import (
+    LocalDataset, download_dataset, eval_dataset, input_choice, read_arrays, read_columns, train_dataset,
+)
 from agent.input_wait import InputWaitMeter
 from agent.job import AgentJob, WorkDir, wait_for_chief
 from agent.models import ModelInputs, build, builder_for
 from agent.optimizer import make_optimizer
-from agent.plan import RuntimePlan, TrainingPosition, resolve_plan, resume_from, strategy_to_build
+from agent.plan import Hardware, RuntimePlan, TrainingPosition, resolve_plan, resume_from, strategy_to_build
 from agent.profiling import TraceWindow
 from agent.publisher import Publisher
 from agent.status import StatusReporter
@@ -66,14 +68,16 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
     store = CheckpointStore(work.checkpoints, job.paths.checkpoints, upload=job.is_chief, attempt=job.attempt,
                             publisher=publisher, may_skip=spec.workers == 1)
     repairs = keras_compat.repair_before_build()  # what the images' older Keras lacks
-    model, checkpoint, saved_at, pruner = _compile_and_restore(builder, inputs, plan, spec.training, strategy, store)
+    jit, jit_notes = _jit_compile(spec.jit_compile, hardware, strategy.num_replicas_in_sync)
+    model, checkpoint, saved_at, pruner = _compile_and_restore(builder, inputs, plan, spec.training, strategy, store,
+                                                               jit_compile=jit)
     variants.check_quantizable(model, spec.export)  # before training: export.variants' saved_model_int8
     if strategy_name == "multi_worker_mirrored":
         repairs += keras_compat.repair_multi_worker_fit(model, strategy)
     train_function = install_step_functions(model, plan.steps_per_execution)
     plan = resume_from(plan, saved_at)
     plan = dataclasses.replace(
-        plan, jit_compile=bool(model.jit_compile), notes=data.staging_notes + plan.notes + tuple(repairs),
+        plan, jit_compile=bool(model.jit_compile), notes=data.staging_notes + plan.notes + tuple(repairs) + jit_notes,
         loss_scaling=isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer),
     )
     reporter.runtime = plan.as_dict() | {"dataset": data.summary()}
@@ -102,11 +106,23 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
             publisher.put("tensorboard", tb.upload)
 
     meter = InputWaitMeter()
-    train = meter.wrap(train_dataset(data, plan.global_batch_size, spec.training.seed, spec.training.cache_dataset))
+    feeding = input_choice(data, spec.training.cache_dataset)
+    plan = dataclasses.replace(plan, notes=plan.notes + (feeding.note,))
+    train = meter.wrap(train_dataset(data, plan.global_batch_size, spec.training.seed, feeding.mode))
     val = None
     if data.validation is not None:
-        val = eval_dataset(data, plan.global_batch_size, plan.static_shapes, spec.training.cache_dataset)
-    window = None
+        val = eval_dataset(data, plan.global_batch_size, plan.static_shapes, feeding.mode)
+    reporter.set_phase("training")
+    weights = tasks.class_weights(spec.training.class_weight, data.labels, data.train_class_counts)
+    if weights is not None:
+        log.info("class weights: %s", json.dumps({data.labels[i]: round(w, 6) for i, w in weights.items()}))
+    try_xla = spec.jit_compile == "auto" and hardware.kind == "gpu" and hardware.local_devices is None
+    plan, train_function, trial = autotune.tune(spec, plan, model, train_function, train, meter, job.paths.checkpoints,
+                                                job.attempt, chief=job.is_chief, may_measure=pruner is None,
+                                                try_xla=try_xla, class_weight=weights)
+    plan = dataclasses.replace(plan, jit_compile=bool(model.jit_compile))
+    reporter.runtime = plan.as_dict() | {"dataset": data.summary()}
+    window = None  # after the trial: it traces fit's calls, at the steps per call the trial chose
     if job.is_chief and (asked := spec.training.profile_window()) is not None:
         window = TraceWindow(work.tensorboard, *asked, plan)
 
@@ -115,16 +131,13 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
             window.after_call(at)
         schedule.after_call(at)
 
-    reporter.set_phase("training")
-    recorder = EpochRecorder(plan, job.attempt, meter, train_function, on_epoch, after_call,
+    recorder = EpochRecorder(tuning.fit_plan(plan, trial), job.attempt, meter, train_function, on_epoch, after_call,
                              reporter.step_progress, names=tasks.epoch_names(data.task, spec.training.metrics),
-                             before_call=window.before_call if window is not None else None)
+                             before_call=window.before_call if window is not None else None, trial=trial)
     stop_early = StopEarly(spec.training.early_stopping) if spec.training.early_stopping is not None else None
-    weights = tasks.class_weights(spec.training.class_weight, data.labels, data.train_class_counts)
-    if weights is not None:
-        log.info("class weights: %s", json.dumps({data.labels[i]: round(w, 6) for i, w in weights.items()}))
     try:
-        fit(model, plan, train, val, recorder, stop_early, weights, before=[pruner.callback()] if pruner else [])
+        fit(model, tuning.fit_plan(plan, trial), train, val, recorder, stop_early, weights,
+            before=[pruner.callback()] if pruner else [])
     finally:
         if window is not None:
             window.close(recorder.position)
@@ -157,8 +170,21 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
     _export(job, work, plan, data, builder, inputs, model, history, extra)
 
 
+def _jit_compile(asked: bool | str, hardware: Hardware, replicas: int) -> tuple[bool, tuple[str, ...]]:
+    """XLA at compile time, and what the runtime notes say of it. `auto` starts without it: its trial
+    turns it on, on a real GPU only (agent/xla_trial.py says why)."""
+    if asked is True and hardware.local_devices is not None and replicas > 1:
+        # XLA cannot use a variable of another logical device of the same CPU (stock Keras fails the same
+        # way: tensorflow.org/xla/known_issues, "tf.Variable on a different device").
+        return False, ("jit_compile true: off on this local stand-in, whose replicas are logical devices of one CPU",)
+    if asked == "auto" and hardware.kind == "cpu":
+        return False, ("jit_compile auto: off; XLA is tried on a GPU (on a CPU it made the built-in models 3-8x "
+                       "slower per step, bench/README.md)",)
+    return asked is True, ()
+
+
 def _compile_and_restore(builder: Any, inputs: ModelInputs, plan: RuntimePlan, training: TrainingSpec, strategy: Any,
-                         store: CheckpointStore) -> tuple[Any, Any, TrainingPosition, pruning.Pruner | None]:
+                         store: CheckpointStore, jit_compile: bool) -> tuple[Any, Any, TrainingPosition, pruning.Pruner | None]:
     """The compiled model under the strategy, with the newest checkpoint (if any) loaded into it,
     where training stood when that checkpoint was taken, and its pruning masks (training.pruning),
     which the checkpoint holds too."""
@@ -168,7 +194,7 @@ def _compile_and_restore(builder: Any, inputs: ModelInputs, plan: RuntimePlan, t
         model = build(builder, inputs)
         model.compile(optimizer=make_optimizer(training, plan), loss=tasks.loss(inputs.task, training.loss),
                       metrics=tasks.metrics(inputs.task, inputs.target_mean, inputs.target_std, training.metrics),
-                      steps_per_execution=plan.steps_per_execution)
+                      steps_per_execution=plan.steps_per_execution, jit_compile=jit_compile)
         if (distilled := training.distillation) is not None:
             distillation.install(model, inputs.task, distilled.temperature, distilled.alpha)
         if not model.built:

@@ -45,6 +45,7 @@ class CountingTrainFunction:
         self.steps_per_execution = steps_per_execution
         self._epoch_steps: int | None = None
         self._done_in_epoch = 0
+        self._scheduled: list[int] = []
         # Created outside the strategy scope: a plain host variable, bumped in cross-replica context.
         self._steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="trainjobs_steps_run")
         one_step = _distributed_step(model, model.train_step)
@@ -73,11 +74,14 @@ class CountingTrainFunction:
     def __call__(self, iterator: Any) -> Any:
         import tensorflow as tf
 
-        steps = self.steps_for_next_call()
+        if self._scheduled:
+            steps = self._scheduled.pop(0)
+        else:
+            steps = self.steps_for_next_call()
+            if self._epoch_steps is not None:
+                self._done_in_epoch = (self._done_in_epoch + steps) % self._epoch_steps
         self.calls += 1
         self.steps_called += steps
-        if self._epoch_steps is not None:
-            self._done_in_epoch = (self._done_in_epoch + steps) % self._epoch_steps
         began = time.perf_counter()
         outputs = self._execution(iterator, tf.constant(steps, tf.int32))
         took = time.perf_counter() - began
@@ -85,6 +89,11 @@ class CountingTrainFunction:
         if self.calls == 1:
             self.first_call_seconds = took
         return outputs
+
+    def schedule_calls(self, steps: list[int]) -> None:
+        """The next calls run exactly these step counts, whatever the epoch's: steps_per_execution's
+        measured trial (agent/tuning.py), a fit of its own whose Keras loop calls once per entry."""
+        self._scheduled = list(steps)
 
     @property
     def steps_run(self) -> int:
@@ -146,10 +155,14 @@ def _distributed_step(model: Any, step: Any) -> Any:
     from keras.src.backend.tensorflow import trainer as tf_trainer
 
     strategy = model.distribute_strategy
+    # XLA compiles each replica's step, as Keras' own train function does: a cluster around
+    # strategy.run (the cross-replica call and its reduction) failed to run under MirroredStrategy
+    # (TF 2.21: "Graph execution error" at the first call).
+    replica_step = tf.function(step, jit_compile=True, reduce_retracing=True) if model.jit_compile else step
 
     def one_step(data: Any) -> Any:
-        outputs = strategy.run(step, args=(data,))
+        outputs = strategy.run(replica_step, args=(data,))
         # Looked up on the module at trace time, so keras_compat's multi-worker repair applies.
         return tf_trainer.reduce_per_replica(outputs, strategy, reduction="auto")
 
-    return tf.function(one_step, reduce_retracing=True, jit_compile=model.jit_compile)
+    return tf.function(one_step, reduce_retracing=True)

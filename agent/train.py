@@ -12,6 +12,7 @@ import keras
 from agent.input_wait import InputWaitMeter
 from agent.plan import RuntimePlan, TrainingPosition
 from agent.step_functions import CountingTrainFunction
+from agent.tuning import TrialResult
 
 log = logging.getLogger("trainjobs.agent")
 
@@ -24,20 +25,25 @@ class EpochRecorder(keras.callbacks.Callback):
     a finished history entry and the position to `on_epoch`. Keras calls on_test_begin when
     validation starts, which ends the clock. Each entry also says how many train-function calls
     the epoch took and how many steps they ran; the entry of an epoch resumed from a mid-epoch
-    checkpoint covers only the steps after `resumed_at_step`.
+    checkpoint covers only the steps after `resumed_at_step`. `trial`: the steps steps_per_execution's
+    trial trained before fit (agent/tuning.py), where the plan's first epoch starts; they count in that
+    epoch's entry (steps, calls, time, input wait) as steps of its own.
 
     The entry splits the epoch's time (issue 24; the names are read by the job's advice): the training
     part is `host_seconds` (Keras' loop and the callbacks, outside the train function) plus the time
     inside train-function calls; `pause_seconds` (what `before_call` and `on_call` do between calls:
     checkpoints, status, the profiler's start and stop) is left out of the training part, and
     `validation_seconds` follows it. The attempt's first trained epoch also gives `first_call_seconds`,
-    the first call's wall time: tracing and compilation as well as its steps."""
+    the first call's wall time (the trial's first, where one ran): tracing and compilation as well as
+    its steps."""
 
     def __init__(self, plan: RuntimePlan, attempt: int, meter: InputWaitMeter, train_function: CountingTrainFunction,
                  on_epoch: Callable[[dict[str, Any], TrainingPosition], None],
                  on_call: Callable[[TrainingPosition], None], on_progress: Callable[[float], None],
-                 names: tuple[str, ...] = KERAS_METRICS, before_call: Callable[[TrainingPosition], None] | None = None):
+                 names: tuple[str, ...] = KERAS_METRICS, before_call: Callable[[TrainingPosition], None] | None = None,
+                 trial: TrialResult | None = None):
         super().__init__()
+        self.trial = trial
         self.names = names  # what each entry records of Keras' logs (agent/tasks.py: epoch_names)
         self.plan, self.attempt, self.meter, self.train_function = plan, attempt, meter, train_function
         self.on_epoch, self.on_call, self.on_progress, self.before_call = on_epoch, on_call, on_progress, before_call
@@ -88,26 +94,33 @@ class EpochRecorder(keras.callbacks.Callback):
         logs = logs or {}
         train_s = self._train_ended - self._began - self._paused
         inside_s = self.train_function.seconds - self._inside_before
-        steps = self.plan.steps_per_epoch - self._first_step
+        waited, first_step = self._waited, self._first_step
+        head = self.trial if epoch == self.plan.initial_epoch else None
+        if head is not None:
+            train_s, waited, first_step = train_s + head.seconds, waited + head.waited_s, first_step - head.steps
+            inside_s += head.inside_seconds
+        steps = self.plan.steps_per_epoch - first_step
         examples = steps * self.plan.global_batch_size
         entry: dict[str, Any] = {"epoch": epoch + 1, "attempt": self.attempt}
-        if self._first_step:
-            entry["resumed_at_step"] = self._first_step
+        if first_step:
+            entry["resumed_at_step"] = first_step
         entry.update({k: float(logs[k]) if k in logs else None for k in self.names})
         entry.update({
             "learning_rate": float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)),
             "examples_per_sec": round(examples / train_s, 2),
             "step_time_ms": round(1000 * train_s / steps, 3),
-            "input_wait_fraction": round(min(1.0, self._waited / train_s), 4),
+            "input_wait_fraction": round(min(1.0, waited / train_s), 4),
             "train_seconds": round(train_s, 3),
-            "epoch_seconds": round(ended - self._began, 3),
-            "executions": self.train_function.calls - self._calls_before,
-            "steps": self.train_function.steps_run - self._steps_before,
+            "epoch_seconds": round(ended - self._began + (head.seconds if head else 0), 3),
+            "executions": self.train_function.calls - self._calls_before + (head.executions if head else 0),
+            "steps": self.train_function.steps_run - self._steps_before + (head.steps if head else 0),
             "host_seconds": round(train_s - inside_s, 3),
             "pause_seconds": round(self._paused, 3),
             "validation_seconds": round(ended - self._train_ended, 3),
         })
-        if self._calls_before == 0:  # this attempt's first call was this epoch's
+        if head is not None:  # the trial made this attempt's first call
+            entry["first_call_seconds"] = round(head.first_call_seconds, 3)
+        elif self._calls_before == 0:  # this attempt's first call was this epoch's
             entry["first_call_seconds"] = round(self.train_function.first_call_seconds, 3)
         self.position = TrainingPosition(epoch + 1, 0, self.position.global_step)
         self.on_epoch(entry, self.position)
@@ -167,8 +180,9 @@ def fit(model: Any, plan: RuntimePlan, train_data: Any, val_data: Any | None, re
     }
     first = plan.initial_epoch
     if plan.initial_step:
-        log.info("resuming epoch %d at step %d: %d of its %d steps left", first + 1, plan.initial_step,
-                 plan.steps_per_epoch - plan.initial_step, plan.steps_per_epoch)
+        log.info("%s epoch %d at step %d: %d of its %d steps left",
+                 "continuing (after steps_per_execution's trial)" if recorder.trial else "resuming", first + 1,
+                 plan.initial_step, plan.steps_per_epoch - plan.initial_step, plan.steps_per_epoch)
         recorder.train_function.start_epochs(plan.steps_per_epoch - plan.initial_step)
         model.fit(train_data, initial_epoch=first, epochs=first + 1,
                   steps_per_epoch=plan.steps_per_epoch - plan.initial_step, **common)

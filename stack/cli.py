@@ -246,16 +246,26 @@ def _make_worker(url: str, data_dir: Path, provisioner: str, concurrency: int, d
                  accelerators: tuple[str, ...] | None = None) -> Worker:
     from service.db.session import get_engine
     from stack.wiring import build_runtime
+    from worker.driver import DriverConfig
     from worker.loop import Worker, WorkerConfig
 
     try:
         rt = build_runtime(provisioner, data_dir, local_devices=devices, local_slots=concurrency)
     except ValueError as exc:  # a missing or malformed TRAINJOBS_GCP_* variable, named in the message
         raise click.ClickException(str(exc)) from exc
+    driver = DriverConfig()
+    if provisioner == "local":
+        from worker.local.provisioner import LocalProvisioner
+
+        assert isinstance(rt.provisioner, LocalProvisioner)
+        rt.provisioner.start_zygote()  # its TensorFlow import overlaps the wait for the first job
+        # A local agent's status is a file in the emulator on this machine: reading it four times a second
+        # costs little, and a small job's end is seen 0.4 s sooner on average than at the default 1 s.
+        driver = DriverConfig(poll_s=0.25)
     # Cloud machines outlive processes; only they need the reaper.
     reap = 300.0 if provisioner == "gcp" else None
     return Worker(get_engine(url), rt.provisioner, rt.channel, rt.stager,
-                  WorkerConfig(concurrency=concurrency, reap_every_s=reap, accelerator_types=accelerators))
+                  WorkerConfig(concurrency=concurrency, reap_every_s=reap, accelerator_types=accelerators, driver=driver))
 
 
 def _wait_for_signal() -> None:

@@ -178,8 +178,9 @@ def input_bound(facts: JobFacts) -> Advice | None:
     if spec.program is not None:  # its own tf.data pipeline, which no spec field reaches
         suggestion = ("in the program's input pipeline: dataset.cache() after parsing, interleave the files with "
                       "num_parallel_calls=tf.data.AUTOTUNE, and .prefetch(tf.data.AUTOTUNE) last")
-    elif spec.dataset is not None and not spec.training.cache_dataset:
-        suggestion = "training.cache_dataset: true (keep the parsed examples in memory after the first epoch)"
+    elif spec.dataset is not None and spec.training.cache_dataset is not True:
+        # auto holds the parsed split in memory only where it is small (agent/input_choice.py); true caches any size.
+        suggestion = "training.cache_dataset: true (keep the examples in memory after the first epoch, whatever their size)"
     elif (spec.dataset is not None and facts.plan is not None and facts.plan.train_examples is not None
           and facts.plan.train_examples / spec.dataset.options.shard_examples < PARALLEL_READS):
         shards = math.ceil(facts.plan.train_examples / spec.dataset.options.shard_examples)

@@ -258,3 +258,21 @@ def test_user_module_failure_is_reported_in_status(bucket: str, tmp_path: Path, 
 
 # The agent's longer runs (resume after a kill, two workers, heartbeat, SIGTERM, mixed_float16) are in
 # test_agent_runs.py, a module of their own so `make test`'s two workers share them.
+
+
+@pytest.mark.tf
+def test_jit_compile_true_trains_and_exports_under_xla(bucket: str, tmp_path: Path) -> None:
+    """`jit_compile: true` on one device: the steps compile with XLA (on a CPU too, where `auto` leaves
+    it off), and every step of the epoch trains."""
+    x, y = digits()
+    dataset = write_dataset(bucket, tmp_path, x, y, 10, val=359, shards=1)
+    job_dir = make_job(bucket, spec(accelerator={"type": "cpu"}, strategy="default", jit_compile=True,
+                                    training={"epochs": 1, "global_batch_size": 64, "learning_rate": 0.003}), dataset)
+    rc, out = run_agent(job_dir)
+    assert rc == 0, out[-5000:]
+    runtime = read(JobPaths(job_dir).status)["runtime"]
+    assert runtime["jit_compile"] is True
+    assert not [n for n in runtime["notes"] if n.startswith("jit_compile")]
+    history = read(JobPaths(job_dir).metrics)["history"]
+    assert [e["steps"] for e in history] == [runtime["steps_per_epoch"]]
+    assert read(JobPaths(job_dir).final_metrics)["saved_model_accuracy"] > 0.3  # 10 classes: chance is 0.1

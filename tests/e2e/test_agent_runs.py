@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from agent.checkpoints import LATEST
+from agent.tuning import CHOICE_NAME, TuningChoice, plan_trial
 from tests.support import scaled
 from tests.support.agent import (
     digits, make_job, read, run_agent, spec, start_agent, train_on_two_workers, wait_for, write_dataset,
@@ -92,6 +93,20 @@ def test_resumes_from_the_last_checkpoint_after_being_killed(bucket: str, slow_d
     final = read(JobPaths(job_dir).final_metrics)
     assert final["optimizer_iterations"] == 2 * steps_per_epoch
     assert read(JobPaths(job_dir).artifact_manifest)
+    # steps_per_execution auto: attempt 1 tried candidates on its first steps, which count in its first
+    # epoch, and stored what it chose; attempt 2 uses that without measuring again.
+    chosen = read(f"{JobPaths(job_dir).checkpoints}/{CHOICE_NAME}")
+    trial = plan_trial(steps_per_epoch)
+    assert trial is not None and set(chosen["measured_ms_per_step"]) == {str(k) for k, _ in trial.calls}
+    assert runtime["steps_per_execution"] == chosen["steps_per_execution"]
+    assert [n for n in runtime["notes"] if n.startswith("steps_per_execution auto")] == [
+        f"{TuningChoice(**chosen).note()}; attempt 2 reuses it"]
+    for entry in history:
+        if entry["attempt"] == 1:
+            assert entry["steps"] == steps_per_epoch and "resumed_at_step" not in entry
+    # jit_compile auto on a CPU: not tried, and the notes say why.
+    assert runtime["jit_compile"] is False
+    assert any(n.startswith("jit_compile auto: off; XLA is tried on a GPU") for n in runtime["notes"])
 
 
 def test_two_workers_train_together_and_only_the_chief_writes_artifacts(bucket: str, tmp_path: Path) -> None:

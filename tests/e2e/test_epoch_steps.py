@@ -24,22 +24,33 @@ from tests.support import scaled
 pytestmark = pytest.mark.tf
 
 REPO = Path(__file__).resolve().parents[2]
-# (strategy, steps per epoch, steps_per_execution, resumed at step): none of them divides evenly.
-CASES = [
-    ("default", 7, 4, 0),
-    ("one_device", 22, 4, 0),
-    ("mirrored", 7, 4, 0),
-    ("mirrored", 30, 4, 0),
-    ("mirrored", 7, 4, 3),  # a mid-epoch checkpoint, off this plan's execution boundaries
-    ("default", 5, 8, 0),  # steps_per_execution above the epoch: the plan caps it, here the call does
+# (strategy, steps per epoch, steps_per_execution, resumed at step, steps_per_execution auto's trial:
+# (steps per call, calls) after one traced step, then jit_compile auto's XLA trial: "" none, "trains", or
+# "either" where the TensorFlow version decides): none of them divides evenly.
+Case = tuple[str, int, int, int, tuple[tuple[int, int], ...], str]
+CASES: list[Case] = [
+    ("default", 7, 4, 0, (), ""),
+    ("one_device", 22, 4, 0, (), ""),
+    ("mirrored", 7, 4, 0, (), ""),
+    ("mirrored", 30, 4, 0, (), ""),
+    ("mirrored", 7, 4, 3, (), ""),  # a mid-epoch checkpoint, off this plan's execution boundaries
+    ("default", 5, 8, 0, (), ""),  # steps_per_execution above the epoch: the plan caps it, here the call does
+    ("default", 30, 4, 0, ((1, 2), (4, 2)), ""),  # the trial trains the first 11 steps of the first epoch
+    ("mirrored", 30, 4, 0, ((1, 2), (2, 3)), ""),
+    # XLA's trial (on a CPU here; the agent tries it on a GPU only): 1 + 4 x 4 steps more. Under
+    # MirroredStrategy on a CPU the XLA step fails on TF 2.21: training goes on without it, and only the
+    # steps that trained count.
+    ("default", 40, 4, 0, ((1, 2), (4, 2)), "trains"),
+    ("mirrored", 40, 4, 0, ((1, 2), (4, 2)), "either"),
 ]
 EPOCHS = 2
 # training.profile's window in each case, (epoch, steps): whole executions from the epoch's first step.
 # The resumed case asks for its first epoch, which the attempt began past: it is not traced.
-PROFILED = [(2, 5), (2, 5), (2, 5), (2, 5), (1, 5), (2, 5)]
+PROFILED = [(2, 5), (2, 5), (2, 5), (2, 5), (1, 5), (2, 5), (2, 5), (2, 5), (2, 5), (2, 5)]
 
 
-def _train(strategy_name: str, steps: int, spe: int, resumed_at: int, window: tuple[int, int]) -> dict[str, Any]:
+def _train(strategy_name: str, steps: int, spe: int, resumed_at: int, trial_calls: tuple[tuple[int, int], ...],
+           xla: str, window: tuple[int, int]) -> dict[str, Any]:
     """Child process only: a tiny model trained with the agent's train function and fit loop, a profiler
     window open (agent/profiling.py)."""
     import dataclasses
@@ -58,6 +69,8 @@ def _train(strategy_name: str, steps: int, spe: int, resumed_at: int, window: tu
     from tests.support.profile import xspace_planes
     from agent.step_functions import install_step_functions
     from agent.train import EpochRecorder, fit
+    from agent.tuning import TrialPlan, fit_plan, run_trial, use_steps_per_execution
+    from agent.xla_trial import try_xla_after
 
     job = JobSpec.model_validate({"dataset": {"source": "sklearn:iris"}, "model": {"name": "mlp"},
                                   "training": {"epochs": EPOCHS, "global_batch_size": 4}})
@@ -73,6 +86,15 @@ def _train(strategy_name: str, steps: int, spe: int, resumed_at: int, window: tu
     rng = np.random.default_rng(0)
     data = tf.data.Dataset.from_tensor_slices((rng.random((40, 3), np.float32), rng.integers(0, 2, 40))).repeat()
     meter = InputWaitMeter()
+    batches = meter.wrap(data.batch(4, drop_remainder=True))
+    trial = None
+    if trial_calls:  # as agent/tuning.py runs it, then the case's steps_per_execution whatever was measured
+        trial = run_trial(model, train_function, batches, meter, TrialPlan(1, trial_calls), attempt=1)
+        plan = use_steps_per_execution(plan, model, train_function, spe, "chosen by the test")
+        if xla:  # measured against the case's steps_per_execution, whatever the trial chose
+            trial = dataclasses.replace(trial, choice=dataclasses.replace(trial.choice, steps_per_execution=spe))
+            train_function, trial = try_xla_after(trial, model, train_function, batches, meter,
+                                                  steps - trial.steps - 1)
     entries: list[dict[str, Any]] = []
     calls: list[list[int]] = []
     logdir = Path(tempfile.mkdtemp())
@@ -82,15 +104,18 @@ def _train(strategy_name: str, steps: int, spe: int, resumed_at: int, window: tu
         trace.after_call(at)
         calls.append([at.epoch, at.step, at.global_step])
 
-    recorder = EpochRecorder(plan, 1, meter, train_function, lambda e, at: entries.append(e), after_call,
-                             lambda p: None, before_call=trace.before_call)
-    fit(model, plan, meter.wrap(data.batch(4, drop_remainder=True)), None, recorder)
+    recorder = EpochRecorder(fit_plan(plan, trial), 1, meter, train_function, lambda e, at: entries.append(e),
+                             after_call, lambda p: None, before_call=trace.before_call, trial=trial)
+    fit(model, fit_plan(plan, trial), batches, None, recorder)
     trace.close(recorder.position)
     profile = trace.report(entries, 1)
     planes = {name: xspace_planes((logdir / name).read_bytes()) for name in profile.get("files", [])}
     return {"plan_steps": plan.steps_per_epoch, "iterations": int(model.optimizer.iterations.numpy()),
-            "steps_run": train_function.steps_run, "calls": calls,
-            "epochs": [{"steps": e["steps"], "executions": e["executions"]} for e in entries],
+            # XLA's trial ran on a train function of its own: the one kept counts only its own steps.
+            "steps_run": None if xla else train_function.steps_run, "calls": calls,
+            "xla_note": trial.choice.note() if xla and trial is not None else None,
+            "epochs": [{"steps": e["steps"], "executions": e["executions"], "resumed_at_step": e.get("resumed_at_step")}
+                       for e in entries],
             "entries": entries, "breakdown": step_time_breakdown(entries, 1, spe), "profile": profile,
             "planes": planes}
 
@@ -121,30 +146,46 @@ def _calls(steps: int, spe: int, first: int) -> list[int]:
 
 
 @pytest.mark.parametrize(("index", "case"), list(enumerate(CASES)), ids=[f"{c[0]}-{c[1]}steps-spe{c[2]}-from{c[3]}"
-                                                                          for c in CASES])
+                                                                          f"{'-trial' if c[4] else ''}"
+                                                                          f"{'-xla-' + c[5] if c[5] else ''}" for c in CASES])
 def test_every_epoch_runs_all_its_steps(trained: list[dict[str, Any]], index: int,
-                                        case: tuple[str, int, int, int]) -> None:
-    strategy, steps, spe, resumed_at = case
+                                        case: Case) -> None:
+    strategy, steps, spe, resumed_at, trial_calls, xla = case
     result = trained[index]
     assert result["plan_steps"] == steps  # the plan keeps the epoch the data and batch imply
     total = EPOCHS * steps - resumed_at
-    assert result["iterations"] == result["steps_run"] == total
-    first = [{"steps": steps - resumed_at, "executions": len(_calls(steps, spe, resumed_at))}]
-    rest = [{"steps": steps, "executions": len(_calls(steps, spe, 0))}] * (EPOCHS - 1)
+    assert result["iterations"] == total
+    assert result["steps_run"] in (total, None)
+    # A trial's steps and calls are the first epoch's: fit goes on from where it stopped.
+    xla_calls: tuple[tuple[int, int], ...] = ()
+    trained_under_xla = bool(xla) and re.search(r"; jit_compile auto: [0-9.]+ ms per step under XLA, (not )?kept$",
+                                                result["xla_note"]) is not None
+    if trained_under_xla:  # its traced step, then 16 timed steps, kept or not
+        xla_calls = ((1, 1), (spe, 4))
+    elif xla:
+        assert xla == "either", result["xla_note"]
+        assert result["xla_note"].endswith("the model did not train under XLA (the job's log says why), so it is off")
+    tried = sum(k * n for k, n in ((1, 1), *trial_calls, *xla_calls))
+    fit_from = resumed_at + (tried if trial_calls else 0)
+    trial_executions = 1 + sum(n for _, n in (*trial_calls, *xla_calls)) if trial_calls else 0
+    first = [{"steps": steps - resumed_at, "executions": trial_executions + len(_calls(steps, spe, fit_from)),
+              "resumed_at_step": resumed_at or None}]
+    rest = [{"steps": steps, "executions": len(_calls(steps, spe, 0)), "resumed_at_step": None}] * (EPOCHS - 1)
     assert result["epochs"] == first + rest
-    expected = [[0, end, end] for end in _calls(steps, spe, resumed_at)]
+    expected = [[0, end, end] for end in _calls(steps, spe, fit_from)]
     expected += [[1, end, steps + end] for end in _calls(steps, spe, 0)]
     assert result["calls"] == expected
 
 
 @pytest.mark.parametrize(("index", "case"), list(enumerate(CASES)), ids=[f"{c[0]}-{c[1]}steps-spe{c[2]}-from{c[3]}"
-                                                                          for c in CASES])
+                                                                          f"{'-trial' if c[4] else ''}"
+                                                                          f"{'-xla-' + c[5] if c[5] else ''}" for c in CASES])
 def test_the_profile_traces_whole_executions_from_its_epochs_first_step(trained: list[dict[str, Any]], index: int,
-                                                                       case: tuple[str, int, int, int]) -> None:
+                                                                       case: Case) -> None:
     """At least the steps asked (capped at the epoch's), ending with the first call that reaches them;
     the trace is an XSpace where TensorBoard's profile plugin looks, with this host's plane in it. An
     attempt that began past the window's first step does not trace it."""
-    _, steps, spe, resumed_at = case
+    _, steps, spe, resumed_at, _, _ = case
     epoch, asked = PROFILED[index]
     profile = trained[index]["profile"]
     if (epoch - 1, 0) < (0, resumed_at):
@@ -160,9 +201,10 @@ def test_the_profile_traces_whole_executions_from_its_epochs_first_step(trained:
 
 
 @pytest.mark.parametrize(("index", "case"), list(enumerate(CASES)), ids=[f"{c[0]}-{c[1]}steps-spe{c[2]}-from{c[3]}"
-                                                                          for c in CASES])
+                                                                          f"{'-trial' if c[4] else ''}"
+                                                                          f"{'-xla-' + c[5] if c[5] else ''}" for c in CASES])
 def test_the_step_time_breakdown_adds_up_to_the_training_time(trained: list[dict[str, Any]], index: int,
-                                                             case: tuple[str, int, int, int]) -> None:
+                                                             case: Case) -> None:
     """Each epoch: its training part, pauses and validation are its wall time, host time is what the calls
     leave of the training part; the attempt's first epoch alone has the first call's time. The attempt:
     compile + input wait + host + device is its training time."""

@@ -65,6 +65,10 @@ REJECTED = [
     ("unknown accelerator type", {"accelerator": {"type": "fpga"}}, "accelerator", "does not match any of the expected tags"),
     ("unknown strategy", {"strategy": "parameter_server"}, "strategy", "Input should be"),
     ("steps_per_execution zero", {"steps_per_execution": 0}, "steps_per_execution", "between 1 and 10000"),
+    ("XLA off on a TPU", {"accelerator": {"type": "tpu", "tpu_type": "v5litepod-8"}, "strategy": "auto",
+                          "jit_compile": False}, "jit_compile", "compiled by XLA"),
+    ("XLA as a word", {"jit_compile": "xla"}, "jit_compile", "true, false or 'auto'"),
+    ("XLA as a number", {"jit_compile": 1}, "jit_compile", "true, false or 'auto'"),
     ("runtime zero", {"limits": {"max_runtime": "0s"}}, "limits.max_runtime", "between 1 second and 14 days"),
     ("runtime absurd", {"limits": {"max_runtime": "90d"}}, "limits.max_runtime", "between 1 second and 14 days"),
     ("negative retries", {"limits": {"max_retries": -1}}, "limits.max_retries", "greater than or equal to 0"),
@@ -268,6 +272,8 @@ ACCEPTED = [
     ("a regression's variants", {"task": "regression", "export": {"variants": ["saved_model_int8", "tflite_int8"]}}),
     ("no variants", {"export": {"variants": []}}),
     ("a profile of the last epoch", {"training": {"epochs": 3, "profile": {"epoch": 3, "steps": 1000}}}),
+    ("XLA forced on a GPU", {"accelerator": {"type": "gpu", "gpu_type": "nvidia-l4"}, "jit_compile": True}),
+    ("XLA off on a CPU", {"jit_compile": False}),
 ]
 
 

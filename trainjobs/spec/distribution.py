@@ -31,6 +31,8 @@ def check_consistency(spec: JobSpec) -> None:
         raise fail("strategy", f"a TPU trains under strategy 'tpu' (or 'auto'), not {strategy!r}")
     if is_tpu and spec.precision == "mixed_float16":
         raise fail("precision", "TPUs compute in bfloat16: use mixed_bfloat16 (or auto), not mixed_float16")
+    if is_tpu and spec.jit_compile is False:
+        raise fail("jit_compile", "a TPU runs every step compiled by XLA: jit_compile false cannot hold there")
     if is_tpu and spec.workers != 1:
         raise fail("workers", "a TPU slice brings its own hosts: choose a bigger tpu_type instead of workers > 1")
     if strategy == "multi_worker_mirrored" and spec.workers < 2:

@@ -38,6 +38,9 @@ class JobSpec(StrictModel):
     strategy: Strategy = "auto"
     precision: Precision = "auto"
     steps_per_execution: Int | Literal["auto"] = "auto"
+    jit_compile: bool | Literal["auto"] = Field(default="auto", description=(
+        "XLA for the training and validation steps: true, false, or auto (tried on a GPU on the first steps of the "
+        "first epoch where the model compiles under it, and kept if faster; off on a CPU, where it was slower)"))
     task: Task = Field(default="classification", description=(
         "What the labels are: classification (one class per example), binary (two label values: one "
         "sigmoid output) or regression (a numeric target)."))
@@ -66,6 +69,14 @@ class JobSpec(StrictModel):
         # Python counts True as the integer 1, and the int | 'auto' union would take it as one.
         if isinstance(v, bool):
             raise fail("steps_per_execution", "steps_per_execution is an integer or 'auto', not true/false")
+        return v
+
+    @field_validator("jit_compile", mode="before")
+    @classmethod
+    def _jit_choice(cls, v: Any) -> Any:
+        # Before the bool | 'auto' union, which would take "yes" or 1 as true and name its members in the error.
+        if not isinstance(v, bool) and v != "auto":
+            raise fail("jit_compile", f"jit_compile is true, false or 'auto', not {v!r}")
         return v
 
     @field_validator("steps_per_execution")

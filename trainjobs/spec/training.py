@@ -97,7 +97,9 @@ class TrainingSpec(StrictModel):
         "job resumes mid-epoch. A save happens between calls of the train function: with steps_per_execution > 1, "
         "at the end of the first call that reaches each multiple. Combines with checkpoint_every_epochs.",
     )
-    cache_dataset: bool = False
+    cache_dataset: bool | Literal["auto"] = Field(default="auto", description=(
+        "auto: a training split whose parsed examples fit comfortably in memory is parsed once and held there, "
+        "a larger one streamed from its shards every epoch; true: cached whatever its size; false: always streamed"))
     loss: str | None = Field(default=None, max_length=64, description=(
         "The Keras loss, by name, among those of the job's task (README, Tasks); default the task's first"))
     metrics: list[Annotated[str, Field(min_length=1, max_length=64)]] | None = Field(

@@ -82,7 +82,7 @@ class LocalProvisioner:
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._tokens: dict[str, TokenFileRefresher] = {}  # machine name -> its token file's refresher
-        self._zygote: Zygote | None = None  # started with the first machine
+        self._zygote: Zygote | None = None  # started by start_zygote, or with the first machine
         self._refusals = RefusalForwarder()  # the guards' refusals, into this worker's log
 
     def create(self, request: MachineRequest) -> MachineInfo:
@@ -146,15 +146,21 @@ class LocalProvisioner:
     def _fork_agent(self, args: list[str], env: dict[str, str], log_path: Path) -> int | None:
         """An agent forked by the zygote (zygote.py), which has imported TensorFlow already; None when
         there is none (TRAINJOBS_LOCAL_ZYGOTE=0, or it failed), and the agent starts on its own."""
-        if self._zygote is None:
-            if os.environ.get("TRAINJOBS_LOCAL_ZYGOTE", "1") == "0":
-                return None
-            self._zygote = Zygote(agent_environment(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2",
-                                                    TRAINJOBS_METADATA_URL="off"), self.root / "zygote.log")
+        if (zygote := self.start_zygote()) is None:
+            return None
         try:
-            return self._zygote.spawn(args, env, log_path)
+            return zygote.spawn(args, env, log_path)
         except ZygoteUnavailable:
             return None
+
+    def start_zygote(self) -> Zygote | None:
+        """The zygote, started now if it is not yet (it imports in the background; the first spawn waits
+        for it). `trainjobs up` and `worker` call this at start (issue 24): the imports then overlap the
+        wait for a first job, its upload and staging, instead of adding 4-6 CPU-s to its machine's start."""
+        if self._zygote is None and os.environ.get("TRAINJOBS_LOCAL_ZYGOTE", "1") != "0":
+            self._zygote = Zygote(agent_environment(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2",
+                                                    TRAINJOBS_METADATA_URL="off"), self.root / "zygote.log")
+        return self._zygote
 
     @property
     def forked_agents(self) -> int:

@@ -1,0 +1,225 @@
+"""`steps_per_execution: auto`, measured (issue 24): the first training steps of a job try a few
+steps-per-call candidates and the job keeps the fastest.
+
+The candidates run as real training steps of the first epoch, in a short fit call of their own before
+training's: Keras' fit loop fixes how many calls an epoch gets (its epoch iterator steps by
+`model.steps_per_execution`, read once per fit), so the count cannot change inside one fit call. The
+trial's steps are then where the first epoch stands, exactly as a mid-epoch checkpoint is (train.fit:
+the rest of that epoch, then the others), and the recorder folds them into the first epoch's entry:
+every step trained counts, none twice.
+
+The train function's step count is an argument of one traced function (step_functions.py), so only
+the trial's first call traces; it is left out of the measurements. The choice is stored beside the
+checkpoints, and every later attempt of the job uses it without measuring again.
+
+The trial iterates the training pipeline on its own, and fit starts another pass over it: the first
+epoch's batches after the trial come from a new shuffle, as after any resume (the pipeline's position
+is not checkpointed).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from trainjobs import storage
+from agent.plan import RuntimePlan
+
+log = logging.getLogger("trainjobs.agent")
+
+CANDIDATES = (1, 4, 16, 64)
+MEASURED_STEPS = 16  # timed steps per candidate at least (two calls of the larger ones)
+TRIAL_SHARE = 0.5  # of the first epoch's steps, at most, spent trying candidates
+# A larger candidate must beat a smaller one by this much: fewer steps per call mean finer progress,
+# checkpoint steps and a shorter last call, and the timings of a shared machine move by a few percent.
+MARGIN = 0.03
+CHOICE_NAME = "tuning.json"
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One candidate's measurement: `calls` calls of `steps_per_execution` steps took `seconds`."""
+
+    steps_per_execution: int
+    calls: int
+    seconds: float
+
+    @property
+    def seconds_per_step(self) -> float:
+        return self.seconds / (self.calls * self.steps_per_execution)
+
+
+@dataclass(frozen=True)
+class TrialPlan:
+    """What the trial runs: one untimed call (the trace), then each candidate's calls."""
+
+    trace_steps: int
+    calls: tuple[tuple[int, int], ...]  # (steps_per_execution, calls)
+
+    @property
+    def steps(self) -> int:
+        return self.trace_steps + sum(k * n for k, n in self.calls)
+
+
+def plan_trial(steps_per_epoch: int) -> TrialPlan | None:
+    """The candidates that fit in TRIAL_SHARE of the epoch with MEASURED_STEPS each (so none passes
+    the epoch); None when fewer than two do (nothing to choose between)."""
+    budget = int(steps_per_epoch * TRIAL_SHARE) - 1  # one step traces
+    calls: list[tuple[int, int]] = []
+    for k in CANDIDATES:
+        n = max(2, -(-MEASURED_STEPS // k))
+        if k * n > budget:
+            break
+        budget -= k * n
+        calls.append((k, n))
+    return TrialPlan(1, tuple(calls)) if len(calls) >= 2 else None
+
+
+def choose(trials: list[Trial]) -> int:
+    """The candidate with the least time per step; a larger one only if it is faster by MARGIN."""
+    best = min(trials, key=lambda t: t.seconds_per_step)
+    good_enough = best.seconds_per_step * (1 + MARGIN)
+    return min(t.steps_per_execution for t in trials if t.seconds_per_step <= good_enough)
+
+
+@dataclass(frozen=True)
+class TuningChoice:
+    """What the job chose and what it measured; stored for the job's later attempts."""
+
+    steps_per_execution: int
+    measured_ms_per_step: dict[str, float] = field(default_factory=dict)  # by candidate
+    attempt: int = 1
+    jit_compile: bool | None = None  # jit_compile auto's choice (agent/xla_trial.py); None: not tried
+    xla_ms_per_step: float | None = None  # at the chosen steps_per_execution
+
+    def note(self) -> str:
+        timings = ", ".join(f"{k}: {v:.3f}" for k, v in self.measured_ms_per_step.items())
+        note = (f"steps_per_execution auto: measured ms per step by steps per call ({timings}) on the first "
+                f"steps of attempt {self.attempt}; chose {self.steps_per_execution}")
+        if self.jit_compile is not None and self.xla_ms_per_step is not None:
+            note += (f"; jit_compile auto: {self.xla_ms_per_step:.3f} ms per step under XLA, "
+                     f"{'kept' if self.jit_compile else 'not kept'}")
+        elif self.jit_compile is False:
+            note += "; jit_compile auto: the model did not train under XLA (the job's log says why), so it is off"
+        return note
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """The choice, and the trial's own share of the first epoch for its history entry."""
+
+    choice: TuningChoice
+    steps: int
+    executions: int
+    seconds: float
+    waited_s: float
+    inside_seconds: float = 0.0  # in train-function calls (EpochRecorder's host_seconds leave it out)
+    first_call_seconds: float = 0.0  # the trial's first call: tracing and compilation, and one step
+
+
+def stored_choice(checkpoints_uri: str) -> TuningChoice | None:
+    doc = storage.read_json(f"{checkpoints_uri.rstrip('/')}/{CHOICE_NAME}")
+    if doc is None:
+        return None
+    return TuningChoice(int(doc["steps_per_execution"]), dict(doc.get("measured_ms_per_step", {})),
+                        int(doc.get("attempt", 1)), doc.get("jit_compile"), doc.get("xla_ms_per_step"))
+
+
+def store_choice(checkpoints_uri: str, choice: TuningChoice) -> None:
+    storage.write_json(f"{checkpoints_uri.rstrip('/')}/{CHOICE_NAME}", asdict(choice))
+
+
+@dataclass(frozen=True)
+class TimedFit:
+    trials: list[Trial]
+    steps: int
+    executions: int
+    seconds: float
+    waited_s: float
+    inside_seconds: float
+    first_call_seconds: float
+
+
+def timed_fit(model: Any, train_function: Any, dataset: Any, meter: Any, trial: TrialPlan,
+              class_weight: dict[int, float] | None = None) -> TimedFit:
+    """Train trial.steps steps of the first epoch, timing each candidate's calls. They run in a fit of
+    their own (Keras builds the model's metrics and loss state there, before any step traces: a first
+    trace outside fit under MirroredStrategy creates them in a cond branch, which tf.distribute cannot
+    feed), called once per scheduled call (model.steps_per_execution 1), so each candidate pays the
+    overhead per call of Keras' loop that the rest of training will pay."""
+    import keras
+
+    # Two rounds, each candidate's calls split between them: a neighbour's burst on a shared machine then
+    # slows every candidate alike instead of whichever ran during it (seen at load 5-7 on 2 cores).
+    blocks = [(k, n // 2) for k, n in trial.calls] + [(k, n - n // 2) for k, n in trial.calls]
+    schedule = [trial.trace_steps] + [k for k, n in blocks for _ in range(n)]
+    ends = list(itertools.accumulate([1] + [n for _, n in blocks]))  # calls done at each boundary
+    stamps: list[float] = []
+
+    class Clock(keras.callbacks.Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls = 0
+
+        def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+            self.calls += 1
+            if self.calls in ends:
+                _ = train_function.steps_run  # reading the count waits for the calls (a GPU runs ahead)
+                stamps.append(time.perf_counter())
+
+    train_function.schedule_calls(schedule)
+    asked = model.steps_per_execution
+    model.steps_per_execution = 1
+    meter.reset()
+    inside_before, calls_before = train_function.seconds, train_function.calls
+    began = time.perf_counter()
+    try:
+        # class_weight as training's fit has it: Keras turns it into the batches' sample weights.
+        model.fit(dataset, epochs=1, steps_per_epoch=len(schedule), callbacks=[Clock()], shuffle=False, verbose=0,
+                  class_weight=class_weight)
+    finally:
+        model.steps_per_execution = asked
+        train_function.schedule_calls([])
+    spent = [stamps[i + 1] - stamps[i] for i in range(len(blocks))]
+    half = len(trial.calls)
+    trials = [Trial(k, n, spent[i] + spent[half + i]) for i, (k, n) in enumerate(trial.calls)]
+    first_call = train_function.first_call_seconds if calls_before == 0 else 0.0
+    return TimedFit(trials, trial.steps, len(schedule), time.perf_counter() - began, meter.waited_s,
+                    train_function.seconds - inside_before, first_call)
+
+
+def run_trial(model: Any, train_function: Any, dataset: Any, meter: Any, trial: TrialPlan, attempt: int,
+              class_weight: dict[int, float] | None = None) -> TrialResult:
+    """steps_per_execution's trial: the candidates' calls (timed_fit), and the choice."""
+    timed = timed_fit(model, train_function, dataset, meter, trial, class_weight)
+    choice = TuningChoice(choose(timed.trials), {str(t.steps_per_execution): round(1000 * t.seconds_per_step, 4)
+                                                 for t in timed.trials}, attempt)
+    log.info("%s", choice.note())
+    return TrialResult(choice, timed.steps, timed.executions, timed.seconds, timed.waited_s, timed.inside_seconds,
+                       timed.first_call_seconds)
+
+
+def fit_plan(plan: RuntimePlan, trial: TrialResult | None) -> RuntimePlan:
+    """Where fit starts: after the trial's steps, which belong to the plan's first epoch."""
+    if trial is None:
+        return plan
+    return replace(plan, initial_step=plan.initial_step + trial.steps,
+                   initial_global_step=plan.initial_global_step + trial.steps)
+
+
+def use_steps_per_execution(plan: RuntimePlan, model: Any, train_function: Any, k: int, note: str) -> RuntimePlan:
+    set_steps_per_execution(model, train_function, k)
+    return replace(plan, steps_per_execution=k, notes=plan.notes + (note,))
+
+
+def set_steps_per_execution(model: Any, train_function: Any, k: int) -> None:
+    from agent.step_functions import make_test_function
+
+    # Keras' fit reads model.steps_per_execution for how many calls an epoch gets; validation's
+    # function bakes its count in, so it is made again.
+    model.steps_per_execution = train_function.steps_per_execution = k
+    model.train_function = train_function
+    model.test_function = make_test_function(model, k)
