@@ -12,7 +12,7 @@ GCS price class, stack/emulator_requests.py), not by the code being measured.
    script appends a line to it every second (re-uploading it, as the agent does). Reported per minute:
    the API's storage requests (lists, downloads, metadata GETs).
 
-Usage: python bench/stream_fanout_bench.py [--before 13329a6] [--jobs 10] [--idle-s 60] [--stream-s 20]
+Usage: python bench/stream_fanout_bench.py [--before 13329a6] [--jobs 8] [--idle-s 60] [--stream-s 20]
 Uses TRAINJOBS_TEST_DATABASE_URL (or TRAINJOBS_DATABASE_URL), else an embedded PostgreSQL.
 """
 
@@ -39,6 +39,9 @@ from bench import bench_db  # noqa: E402
 from bench.api_bench import start, stop  # noqa: E402
 from bench.log_memory_bench import checkout  # noqa: E402
 from trainjobs.loopback import free_port  # noqa: E402
+
+SPEC = {"name": "fanout", "dataset": {"source": "sklearn:digits"}, "model": {"name": "mlp"},
+        "accelerator": {"type": "cpu"}, "training": {"epochs": 10}}
 
 WORKER = """
 import sys, threading, uuid
@@ -89,7 +92,6 @@ def idle_jobs(side: str, repo: Path, emulator: str, jobs: int, window_s: float) 
     from service.db.models import Job
     from service.db.projects import ensure_project
     from service.db.session import get_engine, session_factory, transaction
-    from tests.support.jobs import digits_spec
     from trainjobs import storage
     from trainjobs.job_paths import JobPaths
     from trainjobs.spec import JobSpec
@@ -100,7 +102,7 @@ def idle_jobs(side: str, repo: Path, emulator: str, jobs: int, window_s: float) 
     os.environ["TRAINJOBS_BUCKET"] = bucket
     storage.ensure_bucket(bucket)
     factory = session_factory(get_engine(url))
-    spec = JobSpec.model_validate(digits_spec()).model_dump(mode="json")
+    spec = JobSpec.model_validate(SPEC).model_dump(mode="json")
     with transaction(factory) as s:
         project = ensure_project(s, "bench")
         ids = [jobdata.create_job(s, project, spec, idempotency_key=None, request_hash=b"")[0].id for _ in range(jobs)]
@@ -153,7 +155,6 @@ def followers(side: str, repo: Path, emulator: str, counts: list[int], window_s:
     from service.db import jobs as jobdata
     from service.db.projects import create_api_key, ensure_project
     from service.db.session import get_engine, session_factory, transaction
-    from tests.support.jobs import digits_spec
     from trainjobs import storage
     from trainjobs.job_paths import JobPaths
     from trainjobs.spec import JobSpec
@@ -173,7 +174,7 @@ def followers(side: str, repo: Path, emulator: str, counts: list[int], window_s:
     results: dict[int, dict[str, float]] = {}
     try:
         for n in counts:
-            spec = JobSpec.model_validate(digits_spec()).model_dump(mode="json")
+            spec = JobSpec.model_validate(SPEC).model_dump(mode="json")
             with transaction(factory) as s:
                 job = jobdata.create_job(s, ensure_project(s, "bench"), spec, idempotency_key=None, request_hash=b"")[0]
                 # A running job's stream polls at the running rate; no worker runs here to start it.
@@ -222,7 +223,7 @@ def followers(side: str, repo: Path, emulator: str, counts: list[int], window_s:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--before", default="13329a6", help="the commit before issue 25's status reads and feeds")
-    ap.add_argument("--jobs", type=int, default=10)
+    ap.add_argument("--jobs", type=int, default=8)  # a project runs 8 at once by default (service/db/quotas.py)
     ap.add_argument("--idle-s", type=float, default=60.0)
     ap.add_argument("--followers", type=int, default=50)
     ap.add_argument("--stream-s", type=float, default=20.0)

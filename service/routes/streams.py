@@ -74,10 +74,12 @@ class LogView:
     windows: dict[str, tuple[int, bytes]] = field(default_factory=dict)
 
 
-# How much of each log object's newest bytes the feed keeps for its followers: a follower further
-# behind reads the rest from storage itself. An agent uploads its log about once a second; this is
-# far more than it writes in that time.
+# How much of the log objects' newest bytes the feed keeps for its followers, shared by the objects it
+# lists (a job's code can write many), at least LOG_WINDOW_MIN_BYTES each: a follower further behind
+# reads the rest from storage itself. An agent uploads its log about once a second; a window is far
+# more than it writes in that time.
 LOG_WINDOW_BYTES = 256 << 10
+LOG_WINDOW_MIN_BYTES = 4 << 10
 
 
 class LogSource:
@@ -91,7 +93,9 @@ class LogSource:
 
     def refresh(self) -> bool:
         old, listing, windows, changed, behind = self.view, [], {}, False, False
-        for blob in job_logs.log_objects(self.logs_uri):
+        blobs = job_logs.log_objects(self.logs_uri)
+        cap = max(LOG_WINDOW_MIN_BYTES, LOG_WINDOW_BYTES // max(1, len(blobs)))
+        for blob in blobs:
             name, size = job_logs.object_name(blob), int(blob.size or 0)
             # An object already there when the feed started is read by each follower from its own
             # cursor; one that appears later is new to every follower, from its first byte.
@@ -99,11 +103,11 @@ class LogSource:
             if size < base + len(data):  # replaced by a shorter one (the job's code can): start over
                 base, data, changed = size, b"", True
             if size > base + len(data):
-                stop = min(size, base + len(data) + LOG_WINDOW_BYTES)
+                stop = min(size, base + len(data) + cap)
                 data += job_logs.read_range(blob, base + len(data), stop)
                 behind, changed = behind or stop < size, True
-                if len(data) > LOG_WINDOW_BYTES:
-                    base, data = base + len(data) - LOG_WINDOW_BYTES, data[-LOG_WINDOW_BYTES:]
+            if len(data) > cap:
+                base, data = base + len(data) - cap, data[-cap:]
             windows[name] = (base, data)
             listing.append((name, base + len(data), blob))
         # Swapped whole: followers read the view on other threads while the next one is built.
