@@ -90,6 +90,13 @@ def test_a_follower_that_stops_reading_does_not_stall_the_others(api, api_url, b
         while (event := reader.next(timeout=30)).data.get("line") != last:  # each within a scaled 30 s
             lines += event.name == "log"
         assert lines == 32 * 1024 - 1  # every line before it too, in order of arrival
+        # ... while the feed kept no more for the stalled stream than its window (the API is this process's).
+        from service.routes.streams import LOG_WINDOW_BYTES
+        from service.stream_feeds import FEEDS
+
+        held = [sum(len(data) for _, data in feed.source.view.windows.values())  # type: ignore[attr-defined]
+                for feed in FEEDS._feeds.values() if str(feed.key.job_id) == job["id"]]
+        assert held and max(held) <= LOG_WINDOW_BYTES, held
     finally:
         stalled.close()
     api.post(f"/v1/jobs/{job['id']}/cancel")
