@@ -119,7 +119,7 @@ def test_a_heartbeat_alone_writes_nothing_to_the_row_and_news_arrives_within_the
 def test_a_cancel_still_ends_a_quiet_job_within_5_seconds_at_the_default_poll(db, database_url, bucket,
                                                                                running_workers):
     job_id = _running_job(db, database_url, running_workers, poll_s=DriverConfig().poll_s)
-    time.sleep(scaled(1))  # the status reads have backed off by now
+    time.sleep(scaled(1))  # quiet for a moment: the status reads back off from the first report
     with transaction(db) as session:
         job = _row(db, job_id)
         jobdata.request_cancel(session, job.project_id, job_id)
