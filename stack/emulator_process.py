@@ -1,5 +1,6 @@
 """The GCS emulator's process, as stack/embedded.py starts it: gcp-storage-emulator's own main, with
-two changes to how it runs, none to what it answers.
+two changes to how it runs, and what stack/emulator_requests.py adds (GCS's read preconditions, where
+the emulator ignored them, and a count of the requests served).
 
 - A listen backlog of 128, not http.server's 5: the emulator serves one connection at a time, and once
   5 wait the kernel drops new ones, whose clients resend after 1, 3, 7... s. Every local agent, guard
@@ -22,6 +23,9 @@ import sys
 
 def main() -> None:
     http.server.HTTPServer.request_queue_size = 128
+    from stack import emulator_requests
+
+    emulator_requests.install()
     if "--in-memory" in sys.argv:
         from gcp_storage_emulator.storage import Storage
 

@@ -173,6 +173,33 @@ def read_bounded(uri: str, limit: int, *, found: Any | None = None) -> bytes | N
     return data
 
 
+class Unchanged:
+    """The object's live generation is the one the caller already read."""
+
+
+UNCHANGED = Unchanged()
+
+
+def read_bounded_if_changed(uri: str, limit: int, generation: int | None) -> tuple[bytes | None, int | None] | Unchanged:
+    """(its bytes, its generation) unless its live generation is `generation`; (None, None) when there
+    is no object. One request either way: a download conditional on the generation, which GCS answers
+    304 with no body when it holds (a class-B operation, no bytes sent). Ranged to limit + 1 bytes, so
+    ObjectTooLarge is judged by what arrives, as read_bounded's second check; raw, for its reason."""
+    from google.api_core.exceptions import NotFound, NotModified
+
+    found = blob(uri)
+    try:
+        data: bytes = found.download_as_bytes(start=0, end=limit, raw_download=True,
+                                              if_generation_not_match=generation)
+    except NotModified:
+        return UNCHANGED
+    except NotFound:
+        return None, None
+    if len(data) > limit:
+        raise ObjectTooLarge(uri, len(data), limit)
+    return data, None if found.generation is None else int(found.generation)
+
+
 def read_json_bounded(uri: str, limit: int, *, found: Any | None = None) -> Any | None:
     """read_bounded, parsed as JSON (ValueError if it is not)."""
     data = read_bounded(uri, limit, found=found)

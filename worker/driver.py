@@ -34,6 +34,7 @@ from trainjobs.messages import AgentError, AgentReport, AgentState
 from trainjobs.spec import JobSpec, parse_stored
 from worker import prometheus
 from worker.advising import JobAdvisor
+from worker.status_cadence import StatusCadence
 from worker.boundary.access import JobBoundary, job_boundary
 from worker.teacher_check import teacher_refusal
 from trainjobs.spec.derived import hourly_price_usd
@@ -50,7 +51,10 @@ S = JobStatus
 
 @dataclass
 class DriverConfig:
-    poll_s: float = 1.0  # how often a running job's machine and agent are checked
+    poll_s: float = 1.0  # how often a running job's row and machine are checked
+    # status.json that brings nothing new is read less often, down to once in this many polls
+    # (worker/status_cadence.py)
+    status_idle_polls: int = 10
     agent_stale_s: float = 120.0  # a READY machine whose agent is silent this long is treated as lost
     boot_timeout_s: float = 900.0  # a machine that never reports is replaced
     max_driver_failures: int = 5  # steps failing in a row before the job is failed
@@ -72,6 +76,8 @@ class JobDriver:
         self._boundary: tuple[str | None, JobBoundary] | None = None  # (dataset_uri, the job's boundary)
         self._spec: JobSpec | None = None  # parsed at the first step: a job's spec never changes once stored
         self._advisor: JobAdvisor | None = None  # made at the first step, from the advice the row holds
+        self._status_cadence = StatusCadence(config.poll_s, config.status_idle_polls)
+        self._recorded: dict[str, Any] | None = None  # the progress last written to the row
 
     def run(self) -> None:
         """Step until the job is terminal, no longer ours, or the worker is stopping."""
@@ -191,13 +197,19 @@ class JobDriver:
         if (limit := self._limit_exceeded(job, spec)) is not None:
             self._delete_machines(job, limit)
             return self._move(job, S.FAILED, limit, error=limit)
-        status = self.channel.read_status(str(job.id), job.attempt)
+        status = None
+        if self._status_cadence.due():
+            status = self.channel.read_status(str(job.id), job.attempt)
+            self._status_cadence.read(status)
         if status is not None:
             self._note_first_step(job, status)
             progress = {"progress": status.progress, "metrics": status.metrics, "runtime": status.runtime}
             if status.state == AgentState.SUCCEEDED:
                 return self._finish_succeeded(job, status, "agent finished; machine deleted")
-            self._record(**progress, **self._advice(job, status.runtime, status.metrics, final=False))
+            advice = self._advice(job, status.runtime, status.metrics, final=False)
+            if advice or progress != self._recorded:  # a heartbeat alone changes nothing a user sees
+                self._record(**progress, **advice)
+                self._recorded = progress
             if status.state == AgentState.FAILED:
                 return self._finish_failed(job, status.error)
         machine = self.provisioner.get(request)

@@ -4,11 +4,17 @@ The same objects a Cloud TPU VM's agent reads and writes, so the worker treats a
 a real VM alike. The job's own code can write every object it reads back, so each is read within a
 cap on its size (storage.read_bounded): a status or manifest over it fails the job with a note that
 says so, metrics over it are left out, and the worker never holds more than the cap in memory.
+
+status.json is read with a download conditional on the generation read last (issue 25): while the
+agent has written nothing since, GCS answers 304 and sends nothing, and the report read before stands.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import threading
+from collections import OrderedDict
 from datetime import datetime, timezone
 from typing import Any
 
@@ -20,10 +26,17 @@ from trainjobs.stop_request import request_stop
 
 log = logging.getLogger("trainjobs.worker")
 
+# The last status.json read of each job, for the conditional read. Bounded: a worker drives a few
+# hundred jobs at most, and a status larger than this is read whole every time rather than kept.
+REMEMBERED_STATUSES = 1024
+REMEMBERED_STATUS_MAX_BYTES = 64 << 10
+
 
 class GcsJobChannel:
     def __init__(self, bucket: str | None = None):
         self.bucket = bucket
+        self._statuses: OrderedDict[str, tuple[int, Any]] = OrderedDict()  # uri -> (generation, parsed JSON)
+        self._lock = threading.Lock()  # one channel serves every driver thread of the worker
 
     def _paths(self, job_id: str) -> JobPaths:
         return JobPaths.for_job(job_id, self.bucket)
@@ -38,7 +51,7 @@ class GcsJobChannel:
     def read_status(self, job_id: str, attempt: int) -> AgentReport | None:
         paths = self._paths(job_id)
         try:
-            data = storage.read_json_bounded(paths.status, storage.STATUS_MAX_BYTES)
+            data = self._status_document(paths.status)
         except storage.ObjectTooLarge as exc:
             return _failed(attempt, exc)
         report = AgentReport.model_validate(data) if data else None
@@ -53,6 +66,23 @@ class GcsJobChannel:
                 return _failed(attempt, storage.ObjectTooLarge(paths.artifact_manifest, int(manifest.size),
                                                                storage.MANIFEST_MAX_BYTES))
         return report
+
+    def _status_document(self, uri: str) -> Any:
+        """status.json parsed (None when there is none), downloaded only when its generation changed."""
+        with self._lock:
+            known = self._statuses.get(uri)
+        fresh = storage.read_bounded_if_changed(uri, storage.STATUS_MAX_BYTES, known[0] if known else None)
+        if isinstance(fresh, storage.Unchanged) and known is not None:
+            return known[1]
+        raw, generation = (None, None) if isinstance(fresh, storage.Unchanged) else fresh
+        data = json.loads(raw) if raw else None
+        with self._lock:
+            self._statuses.pop(uri, None)
+            if generation is not None and raw is not None and len(raw) <= REMEMBERED_STATUS_MAX_BYTES:
+                self._statuses[uri] = (generation, data)
+                while len(self._statuses) > REMEMBERED_STATUSES:
+                    self._statuses.popitem(last=False)
+        return data
 
     def request_stop(self, job_id: str, attempt: int, reason: str) -> None:
         request_stop(self.job_dir(job_id), reason, attempt)
