@@ -19,7 +19,7 @@ from typing import Any
 from stack.fakecloud.compute_inventory import ComputeInventory, ComputeTiming, Vm
 from stack.fakecloud.hosts import FakeHosts
 from stack.fakecloud.metadata_server import HostView
-from stack.fakecloud.server import ApiError, FakeGoogleApi, Route
+from stack.fakecloud.server import ApiError, FakeGoogleApi, ReadQuota, Route, quota_message
 from trainjobs.catalogue import bundled_gpus
 from trainjobs.vm_metadata import STARTUP_SCRIPT_KEY
 
@@ -58,6 +58,14 @@ class FakeComputeApi(FakeGoogleApi):
         for vm in vms:
             if vm.hosts is not None:
                 vm.hosts.stop(grace_s=2.0)
+
+    def rate_limit_error(self, quota: ReadQuota) -> ApiError:
+        """Compute Engine's v1 API answers a rate quota with 403 and the legacy `errors` list, reason
+        rateLimitExceeded (https://cloud.google.com/compute/api-docs/rate-limits): the client raises
+        Forbidden, not TooManyRequests, and no ErrorInfo names the reason."""
+        message = quota_message(self.domain, quota)
+        return ApiError(403, None, message, errors=[{"message": message, "domain": "usageLimits",
+                                                     "reason": "rateLimitExceeded"}])
 
     # --- test hooks ---
 
