@@ -246,14 +246,15 @@ class JobDriver:
 
     def _step_failed(self, exc: Exception) -> None:
         self._failed_in_a_row += 1
+        # Before is_outage, which takes the 429 a RateLimited may carry as its cause for storage's.
         rate_limited = isinstance(exc, RateLimited)
-        prometheus.DRIVER_ERRORS.labels("outage" if is_outage(exc) else "rate_limited" if rate_limited else "error").inc()
-        if is_outage(exc):
-            log.warning("job %s: a service is unreachable (%s); retrying, not counted as a failure",
-                        self.job_id, _describe(exc))
-        elif rate_limited:  # the project's quota, shared by every job: the cloud log says it once per change
+        prometheus.DRIVER_ERRORS.labels("rate_limited" if rate_limited else "outage" if is_outage(exc) else "error").inc()
+        if rate_limited:  # the project's quota, shared by every job: the machine watch logs it once per change
             log.info("job %s: the cloud's rate quota refused a call; retrying, not counted as a failure: %s",
                      self.job_id, exc)
+        elif is_outage(exc):
+            log.warning("job %s: a service is unreachable (%s); retrying, not counted as a failure",
+                        self.job_id, _describe(exc))
         else:
             log.error("job %s: driver step failed", self.job_id, exc_info=exc)
             failures = self._count_failure()

@@ -87,6 +87,11 @@ class FakeComputeApi(FakeGoogleApi):
             vm = next((v for p, v in self.world.vms.items() if p.rsplit("/", 1)[-1] == name), None)
             return json.loads(json.dumps(vm.instance)) if vm else None
 
+    def instance_status(self, name: str) -> str | None:
+        """The VM's status (RUNNING, TERMINATED...), None if there is no such VM; no copy of it made."""
+        with self.world.lock:
+            return next((v.instance["status"] for p, v in self.world.vms.items() if p.rsplit("/", 1)[-1] == name), None)
+
     def guest_attributes(self, name: str) -> dict[str, str]:
         """What the VM has written as guest attributes ("namespace/key" -> value)."""
         with self.world.lock:

@@ -9,8 +9,11 @@ cannot answer: the machine is not in it (created since, or gone), this process c
 after the listing began, or the listing is too old.
 
 Rate limits (any of the provisioner's calls answered 403 rateLimitExceeded / 429) stretch the schedule:
-the interval doubles, up to a cap, with jitter so that workers do not list in step; each listing that
-succeeds halves it again. Meanwhile the last listing keeps answering, so no job fails for it.
+the interval doubles, up to a cap, with jitter so that workers do not list in step; a listing that
+succeeds after two intervals without a refusal halves it again (halving at every success flapped: the
+quota refuses every other listing at the base interval). Meanwhile the last listing keeps answering, so no job fails for it; a job it
+cannot answer for is told RateLimited at once instead of reading its own machine, until a listing
+succeeds: a read per job is what exhausted the quota, and the listing needs what is left of it.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Generic, TypeVar
 
 from worker import prometheus
 from worker.gcp.errors import cloud_message, is_rate_limited
+from worker.ports import RateLimited
 
 log = logging.getLogger("trainjobs.worker")
 T = TypeVar("T")
@@ -56,6 +60,8 @@ class MachineWatch(Generic[T]):
         self._next = -math.inf  # when the next listing is due
         self._interval = config.every_s  # now: longer while backing off from rate limits
         self._escalated_at = -math.inf
+        self._refused_at = -math.inf
+        self._holding = False  # rate-limited since the last listing: jobs do not read their own machines
         self._touched: dict[str, float] = {}  # machine -> when this process last created or deleted it
         prometheus.LISTING_INTERVAL.labels(product).set(self._interval)
 
@@ -64,13 +70,16 @@ class MachineWatch(Generic[T]):
         return self._interval
 
     def find(self, name: str) -> tuple[str, T] | None:
-        """(zone, record) from the shared listing, or None when it cannot answer: then read the machine."""
+        """(zone, record) from the shared listing, or None when it cannot answer: then read the machine.
+        Raises RateLimited when it cannot answer while the product is rate-limited."""
         self._refresh_if_due()
         with self._lock:
-            listing, touched = self._listing, self._touched.get(name, -math.inf)
+            listing, touched, holding = self._listing, self._touched.get(name, -math.inf), self._holding
         answer = None
         if listing is not None and self.clock() - listing.started <= self.config.max_age_s and touched < listing.started:
             answer = listing.machines.get(name)
+        if answer is None and holding:
+            raise RateLimited(f"{self.product} is rate-limited: {name} is looked at in the next listing")
         prometheus.MACHINE_LOOKUPS.labels(self.product, "listing" if answer is not None else "get").inc()
         return answer
 
@@ -94,6 +103,8 @@ class MachineWatch(Generic[T]):
         base interval, however many jobs saw the refusal at once)."""
         now = self.clock()
         with self._lock:
+            self._holding = True
+            self._refused_at = now
             if now - self._escalated_at < self.config.every_s or self._interval >= self.config.max_every_s:
                 return
             self._escalated_at = now
@@ -136,10 +147,11 @@ class MachineWatch(Generic[T]):
 
     def _install(self, listing: Listing[T]) -> None:
         """Under the lock."""
+        self._holding = False
         if self._listing is None or listing.started >= self._listing.started:
             self._listing = listing
             self._touched = {n: t for n, t in self._touched.items() if t >= listing.started}
-        if self._interval > self.config.every_s:
+        if self._interval > self.config.every_s and self.clock() - self._refused_at >= 2 * self._interval:
             self._set_interval(max(self.config.every_s, self._interval / 2), None)
         self._next = listing.started + self._jittered()
 
@@ -148,11 +160,14 @@ class MachineWatch(Generic[T]):
         return self._interval * (0.8 + 0.2 * self.jitter())
 
     def _set_interval(self, interval: float, why: str | None) -> None:
+        """Logged when the backoff starts (a warning, with Google's words), steps, and ends."""
         if interval == self._interval:
             return
         self._interval = interval
         prometheus.LISTING_INTERVAL.labels(self.product).set(interval)
         if why is not None:
             log.warning("%s rate-limited (%s): listing its machines every %.0fs", self.product, why, interval)
+        elif interval > self.config.every_s:
+            log.info("%s: no rate limit for a while: listing its machines every %.0fs", self.product, interval)
         else:
-            log.info("%s: listing its machines every %.0fs again", self.product, interval)
+            log.info("%s: no rate limit for a while: listing its machines every %.0fs again", self.product, interval)
