@@ -63,7 +63,7 @@ def metric(name: str, **labels: str) -> float:
 @pytest.mark.parametrize("product", ["tpu", "gpu"])
 def test_running_jobs_share_one_listing_per_zone_and_never_read_their_own_machine(
         db, database_url: str, tmp_path: Path, product: str) -> None:
-    every = 2.0
+    every = 1.0
     with fleet(database_url, db, product, tmp_path, jobs=10, train_s=600, poll_s=0.2,
                watch=WatchConfig(every_s=every, soon_s=0.5, max_every_s=8, max_age_s=60)) as f:
         ids = f.submit(product, 10)
@@ -75,7 +75,7 @@ def test_running_jobs_share_one_listing_per_zone_and_never_read_their_own_machin
         window = 3 * every
         time.sleep(window)  # deliberately: the window is what is counted; fewer requests on a slow machine, never more
         seen = f.fake.requests[start:]
-        # 10 jobs polled every 0.2 s for 6 s: 300 reads of their own without the watch; none with it.
+        # 10 jobs polled every 0.2 s for 3 s: 150 reads of their own without the watch; none with it.
         assert [r.path for r in seen if one_machine(r)] == []
         # One listing per interval (at 80-100% of it, jittered), one request per zone (TPU: nodes' and queued).
         assert 1 <= len([r for r in seen if listing(r)]) <= window / (0.8 * every) + 1
@@ -93,8 +93,8 @@ def test_running_jobs_share_one_listing_per_zone_and_never_read_their_own_machin
 @pytest.mark.parametrize("product", ["tpu", "gpu"])
 def test_a_preempted_spot_machine_is_noticed_from_the_listing_and_the_job_recovers(
         db, database_url: str, tmp_path: Path, product: str) -> None:
-    with fleet(database_url, db, product, tmp_path, jobs=3, train_s=scaled(4), poll_s=0.2,
-               watch=WatchConfig(every_s=2.0, soon_s=0.5, max_every_s=8, max_age_s=60)) as f:
+    with fleet(database_url, db, product, tmp_path, jobs=3, train_s=scaled(3), poll_s=0.2,
+               watch=WatchConfig(every_s=1.0, soon_s=0.5, max_every_s=4, max_age_s=60)) as f:
         ids = f.submit(product, 3, spot=True)
         eventually(lambda: all_in(f, ids, {S.RUNNING}), 60, "all 3 jobs RUNNING")
         [victim] = [m for m in machines(f) if ids[0].hex[:20] in m]
@@ -114,14 +114,20 @@ def test_jobs_ride_out_the_project_s_read_quota_and_the_backoff_shows_on_metrics
     refused_before = metric("trainjobs_worker_cloud_rate_limited_total", product=kind)
     failed_listings_before = metric("trainjobs_worker_machine_listings_total", product=kind, outcome="rate_limited")
     errors_before = metric("trainjobs_worker_driver_errors_total", kind="error")
-    with fleet(database_url, db, product, tmp_path, jobs=4, train_s=scaled(3), poll_s=0.2,
+    with fleet(database_url, db, product, tmp_path, jobs=4, train_s=scaled(5), poll_s=0.2,
                watch=WatchConfig(every_s=1.0, soon_s=0.5, max_every_s=4, max_age_s=60)) as f:
-        # The watch's own need: a listing a second, 2 reads on Cloud TPU (nodes, queued resources), 1 on
-        # Compute Engine, more while machines are created. The quota serves half of it.
+        ids = f.submit(product, 4)
+        eventually(lambda: all_in(f, ids, {S.RUNNING}), 60, "all 4 jobs RUNNING")
+        # For a while the quota serves half the watch's need (a listing a second: 2 reads on Cloud TPU,
+        # nodes and queued resources; 1 on Compute Engine): until the worker shows it lists less often.
         per_listing = 2 if product == "tpu" else 1
         f.fake.limit_reads(5 * per_listing, window_s=10.0)
-        ids = f.submit(product, 4)
-        eventually(lambda: all_in(f, ids, {S.SUCCEEDED, S.FAILED, S.CANCELLED}), 120,
+        interval = eventually(lambda: metric("trainjobs_worker_machine_listing_interval_seconds", product=kind) > 1.0
+                              and metric("trainjobs_worker_machine_listing_interval_seconds", product=kind), 30,
+                              "the listing interval stretched on /metrics")
+        f.fake.limit_reads(None)
+        assert interval >= 2.0
+        eventually(lambda: all_in(f, ids, {S.SUCCEEDED, S.FAILED, S.CANCELLED}), 60,
                    lambda: f"all ended: {statuses(f, ids)}")
         jobs = statuses(f, ids)
         assert {j.status for j in jobs.values()} == {S.SUCCEEDED}
