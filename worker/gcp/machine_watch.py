@@ -69,6 +69,11 @@ class MachineWatch(Generic[T]):
     def interval_s(self) -> float:
         return self._interval
 
+    @property
+    def latest(self) -> Listing[T] | None:
+        with self._lock:
+            return self._listing
+
     def find(self, name: str) -> tuple[str, T] | None:
         """(zone, record) from the shared listing, or None when it cannot answer: then read the machine.
         Raises RateLimited when it cannot answer while the product is rate-limited."""

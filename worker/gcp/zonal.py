@@ -15,6 +15,7 @@ against the job.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -47,16 +48,24 @@ class ZonalProvisioner:
         self._zone_of: dict[str, str] = {}  # where each machine was last seen: its zone is asked first
         self._token_checks = DueChecks()  # when each VM's published key is read next
         self._listing = listing
+        self._fresh_lock = threading.Lock()
         self.watch: MachineWatch[Any] | None = (
             MachineWatch(self.kind, lambda: listing(self._call_once), watch) if watch is not None else None)
 
     def _fresh_listing(self) -> dict[str, tuple[str, Any]]:
-        """A listing for list(): retried, and offered to the watch, so every job reads from it too."""
-        started = time.monotonic()
-        machines = self._listing(self._call)
-        if self.watch is not None:
+        """A listing begun after this call, for list(): retried, and offered to the watch, so every job
+        reads from it too. With a watch, one at a time: the callers who waited share one begun after they
+        asked (a fleet's jobs cancelled at once tear down on a few listings, not one each)."""
+        if self.watch is None:
+            return self._listing(self._call)
+        asked = time.monotonic()
+        with self._fresh_lock:
+            if (latest := self.watch.latest) is not None and latest.started >= asked:
+                return latest.machines
+            started = time.monotonic()
+            machines = self._listing(self._call)
             self.watch.offer(Listing(started, machines))
-        return machines
+            return machines
 
     def _touch(self, name: str) -> None:
         if self.watch is not None:
