@@ -55,9 +55,10 @@ def test_a_machine_not_in_the_listing_or_touched_since_it_began_is_read_by_its_j
     cloud.machines["old"] = ("zone-a", "RUNNING")
     now[0] += 20
     w.find("old")
-    w.touched("old")  # this process deletes it: the listing cannot say what it is now
+    w.touched("old", soon=False)  # this process deletes it: the listing cannot say what it is now
     assert w.find("old") is None
-    now[0] += 2  # ... and the next listing comes soon, not at the interval
+    w.touched("new")  # ... and creates another: the next listing comes soon, not at the interval
+    now[0] += 2
     cloud.machines.pop("old")
     cloud.machines["new"] = ("zone-a", "STAGING")
     assert w.find("new") == ("zone-a", "STAGING")

@@ -169,7 +169,7 @@ class GceVmProvisioner(ZonalProvisioner):
         """Deletes every VM of the set in every zone and waits until Google confirms."""
         if self.tokens is not None:
             self.tokens.stop(name)
-        self._touch(name)
+        self._touch(name, soon=False)
         for zone in self.config.zones:
             members = self._list(zone, f'labels.{LABEL_MACHINE} = "{name}"')
             for m in members:

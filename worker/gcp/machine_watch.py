@@ -88,13 +88,14 @@ class MachineWatch(Generic[T]):
         prometheus.MACHINE_LOOKUPS.labels(self.product, "listing" if answer is not None else "get").inc()
         return answer
 
-    def touched(self, name: str) -> None:
-        """This process is creating or deleting `name`: listings begun before now cannot answer for it, and
-        the next one comes soon (one for all the creates and deletes of those seconds)."""
+    def touched(self, name: str, *, soon: bool = True) -> None:
+        """This process is creating or deleting `name`: listings begun before now cannot answer for it.
+        After a create (`soon`) the next listing comes within soon_s, one for all the creates of those
+        seconds, so the new machines' jobs stop reading their own; nobody looks at a deleted one again."""
         now = self.clock()
         with self._lock:
             self._touched[name] = now
-            if self._interval <= self.config.every_s:  # not while backing off: the jobs read their own instead
+            if soon and self._interval <= self.config.every_s:  # not while backing off: the jobs read their own
                 self._next = min(self._next, now + self.config.soon_s)
 
     def offer(self, listing: Listing[T]) -> None:

@@ -173,7 +173,7 @@ class TpuVmProvisioner(ZonalProvisioner):
         if self.tokens is not None:
             self.tokens.stop(name)
         self._token_checks.forget(name)
-        self._touch(name)
+        self._touch(name, soon=False)
         for zone in self.config.zones:
             # A queued resource owns its node: `force` deletes both.
             self._delete(f"queued resource {name}", lambda: self.client.delete_queued_resource(

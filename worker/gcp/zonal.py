@@ -67,9 +67,9 @@ class ZonalProvisioner:
             self.watch.offer(Listing(started, machines))
             return machines
 
-    def _touch(self, name: str) -> None:
+    def _touch(self, name: str, *, soon: bool = True) -> None:
         if self.watch is not None:
-            self.watch.touched(name)
+            self.watch.touched(name, soon=soon)
 
     def _zones_for(self, name: str) -> Iterator[str]:
         """The configured zones, the one the machine was last seen in first."""
