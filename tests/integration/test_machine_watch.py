@@ -84,7 +84,8 @@ def test_running_jobs_share_one_listing_per_zone_and_never_read_their_own_machin
         # A cancel still ends at once: the teardown lists afresh, it does not wait for the schedule.
         with transaction(f.factory) as s:
             project = s.get(Job, ids[0]).project_id
-            for i in ids:
+        for i in ids:  # one transaction each, as the API's (one holding every row can deadlock with a driver)
+            with transaction(f.factory) as s:
                 jobdata.request_cancel(s, project, i)
         eventually(lambda: all_in(f, ids, {S.CANCELLED}), 5, "all 10 jobs CANCELLED")
         eventually(lambda: machines(f) == [], 10, lambda: f"machines deleted; left: {machines(f)}")
