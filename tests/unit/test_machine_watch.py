@@ -107,6 +107,20 @@ def test_a_listing_made_for_list_is_every_job_s_and_resets_the_schedule() -> Non
     assert cloud.listings == 1
 
 
+def test_a_listing_begun_before_a_create_leaves_the_soon_listing_due() -> None:
+    cloud = Cloud()
+    w, now = watch(cloud)
+    w.find("m")
+    began = now[0] + 1
+    now[0] += 1.5
+    w.touched("new")  # created while a teardown's listing (begun at `began`) was under way
+    w.offer(Listing(began, {}))
+    now[0] += 2
+    cloud.machines["new"] = ("zone-a", "STAGING")
+    assert w.find("new") == ("zone-a", "STAGING")  # listed 2 s after the create, not 20 s after the offer
+    assert cloud.listings == 2
+
+
 @pytest.mark.parametrize("exc, limited", [
     (COMPUTE_RATE_LIMIT, True),  # Compute Engine v1: 403, errors[].reason
     (gexc.TooManyRequests("Quota exceeded for quota metric 'Read requests' and limit 'Read requests per minute'"), True),

@@ -63,6 +63,7 @@ class MachineWatch(Generic[T]):
         self._refused_at = -math.inf
         self._holding = False  # rate-limited since the last listing: jobs do not read their own machines
         self._touched: dict[str, float] = {}  # machine -> when this process last created or deleted it
+        self._created_at: float | None = None  # the first create since the last listing began: one is due soon
         prometheus.LISTING_INTERVAL.labels(product).set(self._interval)
 
     @property
@@ -96,6 +97,7 @@ class MachineWatch(Generic[T]):
         with self._lock:
             self._touched[name] = now
             if soon and self._interval <= self.config.every_s:  # not while backing off: the jobs read their own
+                self._created_at = now if self._created_at is None else self._created_at
                 self._next = min(self._next, now + self.config.soon_s)
 
     def offer(self, listing: Listing[T]) -> None:
@@ -160,6 +162,11 @@ class MachineWatch(Generic[T]):
         if self._interval > self.config.every_s and self.clock() - self._refused_at >= 2 * self._interval:
             self._set_interval(max(self.config.every_s, self._interval / 2), None)
         self._next = listing.started + self._jittered()
+        # A listing begun before a create (one offered by list()) leaves the create's soon listing due.
+        if self._created_at is not None and listing.started >= self._created_at:
+            self._created_at = None
+        if self._created_at is not None:
+            self._next = min(self._next, self._created_at + self.config.soon_s)
 
     def _jittered(self) -> float:
         # Between 80% and 100% of the interval: workers started together drift apart, none waits longer.
