@@ -95,6 +95,10 @@ def run(url: str, product: str, way: str, jobs: int, seconds: float) -> dict[str
             noticed = s.scalars(select(JobEvent.at).where(
                 JobEvent.job_id == victim, JobEvent.to_status == JobStatus.RECOVERING)).first()
         by_method = Counter(method(r, f.fake.routes) for r in window)
+        # Which machines were read one by one, most first (the preempted job's recovery, in steady state).
+        own = Counter(r.query.get("filter", r.path).rsplit(" ", 1)[-1].strip('"').rsplit("/", 1)[-1]
+                      for r in window if "one job's" in method(r, f.fake.routes) or method(r, f.fake.routes) in (
+                          "GET get_node", "GET get_queued"))
         with transaction(f.factory) as s:
             project = s.get(Job, victim).project_id
         cancelling = time.monotonic()
@@ -109,7 +113,7 @@ def run(url: str, product: str, way: str, jobs: int, seconds: float) -> dict[str
             "reads_per_minute": round(reads * 60 / elapsed), "per_minute_by_method": per_minute,
             "ramp_s": round(ramp_s, 1), "ramp_reads_per_job": round(ramp_reads / jobs, 1),
             "preemption_noticed_s": round((noticed - preempted_at).total_seconds(), 1) if noticed else None,
-            "one_cancel_s": round(one_cancel_s, 2),
+            "most_read_machines": own.most_common(3), "one_cancel_s": round(one_cancel_s, 2),
             "all_cancelled_s": round(cancel_s, 1)}
 
 
