@@ -94,7 +94,7 @@ def build_runtime(kind: str, data_dir: Path, *, local_devices: int = 2, local_sl
         config = GcpConfig.from_env()
         # One listing per zone and product on a schedule shared by the worker's jobs, not a read per job
         # per step: within Google's default read quotas at hundreds of jobs (issue 25, bench/README.md).
-        watch = WatchConfig()
+        watch = WatchConfig(every_s=config.watch_every_s, max_every_s=max(60.0, 3 * config.watch_every_s))
         return WorkerRuntime(GcpProvisioner(TpuVmProvisioner(config, watch=watch), GceVmProvisioner(config, watch=watch)),
                              channel, stager)
     raise ValueError(f"unknown provisioner {kind!r}: memory, local or gcp")
