@@ -10,6 +10,7 @@ import time
 import uuid
 from pathlib import Path
 
+import httpx
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -17,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from service.db import jobs as jobdata
 from service.db.models import Job
 from service.db.session import transaction
+from stack.fakecloud import FakeComputeApi, FakeTpuApi
 from stack.fakecloud.server import RecordedRequest
 from tests.support import eventually, scaled
 from tests.support.fleet import Fleet, fleet
@@ -24,7 +26,11 @@ from tests.support.worker import path
 from trainjobs.states import JobStatus
 from trainjobs.vm_metadata import LABEL_MACHINE
 from worker import prometheus
+from worker.gcp.compute import compute_clients
+from worker.gcp.config import GcpConfig
+from worker.gcp.errors import is_rate_limited
 from worker.gcp.machine_watch import WatchConfig
+from worker.gcp.tpu import tpu_client
 
 PRODUCT = {"tpu": "cloud-tpu", "gpu": "compute-engine"}
 S = JobStatus
@@ -141,7 +147,37 @@ def test_jobs_ride_out_the_project_s_read_quota_and_the_backoff_shows_on_metrics
                for r in caplog.records)
 
 
-def machines(f: Fleet) -> list[str]:
-    from stack.fakecloud import FakeTpuApi
+@pytest.mark.parametrize("product, refusal", [("tpu", "TooManyRequests"), ("gpu", "Forbidden")])
+def test_the_fakes_count_requests_by_method_and_refuse_reads_over_the_quota_as_google_does(
+        tmp_path: Path, product: str, refusal: str) -> None:
+    """Cloud TPU answers a rate quota 429 RESOURCE_EXHAUSTED (ErrorInfo RATE_LIMIT_EXCEEDED), Compute
+    Engine 403 with errors[].reason rateLimitExceeded: through the real clients, one is TooManyRequests,
+    the other Forbidden, and both are rate limits to the worker, not a refusal or a missing permission."""
+    fake: FakeTpuApi | FakeComputeApi = (FakeTpuApi if product == "tpu" else FakeComputeApi)(
+        sandbox=tmp_path, boot=False).start()
+    try:
+        if isinstance(fake, FakeTpuApi):
+            client = tpu_client(GcpConfig("proj", "us-central1-a", tpu_api_endpoint=fake.url))
+            def read() -> object:
+                return list(client.list_nodes(parent="projects/proj/locations/us-central1-a"))
+        else:
+            clients = compute_clients(GcpConfig("proj", "us-central1-a", compute_api_endpoint=fake.url))
+            def read() -> object:
+                return list(clients.instances.list(project="proj", zone="us-central1-a"))
+        fake.limit_reads(2, window_s=60)
+        read(), read()
+        with pytest.raises(Exception) as refused:
+            read()
+        assert type(refused.value).__name__ == refusal and is_rate_limited(refused.value)
+        assert "Read requests per minute" in str(refused.value)
+        key = "GET list_nodes" if product == "tpu" else "GET list"
+        assert fake.request_counts() == {key: 3}
+        assert httpx.get(f"{fake.url}/_fake/requests").json() == {"requests": {key: 3}, "rate_limited": {key: 1}}
+        fake.limit_reads(None)
+        read()
+    finally:
+        fake.stop()
 
+
+def machines(f: Fleet) -> list[str]:
     return f.fake.node_names() if isinstance(f.fake, FakeTpuApi) else f.fake.instance_names()
