@@ -86,6 +86,9 @@ class StandInAgents:
     def artifact_manifest(self, job_id: str) -> list[dict[str, Any]] | None:
         return None
 
+    def history(self, job_id: str) -> Any:
+        return None  # no epochs recorded (JobChannel.history on main since the advice column)
+
 
 @dataclass
 class Fleet:
