@@ -88,8 +88,13 @@ def build_runtime(kind: str, data_dir: Path, *, local_devices: int = 2, local_sl
         from worker.gcp.config import GcpConfig
         from worker.gcp.router import GcpProvisioner
         from worker.gcp.compute import GceVmProvisioner
+        from worker.gcp.machine_watch import WatchConfig
         from worker.gcp.tpu import TpuVmProvisioner
 
         config = GcpConfig.from_env()
-        return WorkerRuntime(GcpProvisioner(TpuVmProvisioner(config), GceVmProvisioner(config)), channel, stager)
+        # One listing per zone and product on a schedule shared by the worker's jobs, not a read per job
+        # per step: within Google's default read quotas at hundreds of jobs (issue 25, bench/README.md).
+        watch = WatchConfig(every_s=config.watch_every_s, max_every_s=max(60.0, 3 * config.watch_every_s))
+        return WorkerRuntime(GcpProvisioner(TpuVmProvisioner(config, watch=watch), GceVmProvisioner(config, watch=watch)),
+                             channel, stager)
     raise ValueError(f"unknown provisioner {kind!r}: memory, local or gcp")

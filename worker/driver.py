@@ -8,7 +8,8 @@ re-reads. A step never holds a database transaction open across a cloud call.
 A step that raises anything else is logged and retried with capped exponential backoff. Consecutive
 failures are counted on the row (jobs.driver_failures), so a worker restart does not reset them;
 after `max_driver_failures` in a row the job ends FAILED with the error, its machines deleted.
-Errors that only say a service is unreachable (service/db/outages.py) are retried but not counted.
+Errors that only say a service is unreachable (service/db/outages.py), and a cloud's refusals for the
+project's API rate quota (RateLimited, issue 25), are retried but not counted.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ from trainjobs.spec.derived import hourly_price_usd
 from trainjobs.states import TERMINAL
 from trainjobs.vm_metadata import LABEL_ATTEMPT, LABEL_JOB
 from worker.ports import (
-    DatasetError, JobChannel, MachineRefused, MachineRequest, MachineState, NoCapacity, ProgramError, Provisioner, Stager,
-    StagingStopped,
+    DatasetError, JobChannel, MachineRefused, MachineRequest, MachineState, NoCapacity, ProgramError, Provisioner,
+    RateLimited, Stager, StagingStopped,
 )
 
 log = logging.getLogger("trainjobs.worker")
@@ -153,6 +154,8 @@ class JobDriver:
             except NoCapacity as exc:
                 log.info("job %s waits for capacity: %s", job.id, exc)
                 return False
+            except RateLimited:  # the project's request quota, not this machine: the next step asks again
+                raise
             except MachineRefused as exc:  # quota, permission, invalid request: retrying cannot help
                 self._delete_machines(job, "the cloud refused the machine")
                 return self._move(job, S.FAILED, "the cloud refused the machine", error=str(exc))
@@ -259,8 +262,13 @@ class JobDriver:
 
     def _step_failed(self, exc: Exception) -> None:
         self._failed_in_a_row += 1
-        prometheus.DRIVER_ERRORS.labels("outage" if is_outage(exc) else "error").inc()
-        if is_outage(exc):
+        # Before is_outage, which takes the 429 a RateLimited may carry as its cause for storage's.
+        rate_limited = isinstance(exc, RateLimited)
+        prometheus.DRIVER_ERRORS.labels("rate_limited" if rate_limited else "outage" if is_outage(exc) else "error").inc()
+        if rate_limited:  # the project's quota, shared by every job: the machine watch logs it once per change
+            log.info("job %s: the cloud's rate quota refused a call; retrying, not counted as a failure: %s",
+                     self.job_id, exc)
+        elif is_outage(exc):
             log.warning("job %s: a service is unreachable (%s); retrying, not counted as a failure",
                         self.job_id, _describe(exc))
         else:

@@ -131,6 +131,12 @@ class NoCapacity(Exception):
     """No machine can be had right now (quota, stockout, local slots busy); try again later."""
 
 
+class RateLimited(Exception):
+    """The cloud refused a call for the project's API rate quota (Compute Engine's 403 rateLimitExceeded,
+    429 RESOURCE_EXHAUSTED per minute), still after the call's retries. Not the job's fault: the driver
+    waits and tries again without counting it as the job's failure (issue 25)."""
+
+
 class DatasetError(Exception):
     """The data is unusable; the message says why, for the user."""
 

@@ -1,5 +1,5 @@
 """Prometheus for the worker (`trainjobs worker --metrics-port P`): claims, time in each phase,
-staging, machines, driver errors. Counters live in this process's own registry; the worker loop,
+staging, machines, driver errors, the clouds' rate limits and the shared machine listings. Counters live in this process's own registry; the worker loop,
 driver, stager and reaper each make one call here where the thing happens.
 
 Jobs by status are the API's to report (one COUNT over all jobs); these are what only a worker sees.
@@ -11,7 +11,7 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from trainjobs.states import JobStatus
 
@@ -39,7 +39,20 @@ MACHINES_DELETED = Counter("trainjobs_worker_machines_deleted_total", "Machines 
 MACHINES_REAPED = Counter("trainjobs_worker_machines_reaped_total", "Orphaned machines deleted by the reaper",
                           registry=REGISTRY)
 DRIVER_ERRORS = Counter("trainjobs_worker_driver_errors_total", "Driver steps that raised; kind: outage (a "
-                        "service unreachable, not counted against the job) or error", ["kind"], registry=REGISTRY)
+                        "service unreachable) or rate_limited (a cloud's API rate quota), neither counted against "
+                        "the job, or error", ["kind"], registry=REGISTRY)
+# The shared machine listings (worker/gcp/machine_watch.py); product: cloud-tpu or compute-engine.
+CLOUD_RATE_LIMITED = Counter("trainjobs_worker_cloud_rate_limited_total", "Google API calls refused for the "
+                             "project's rate quota (403 rateLimitExceeded, 429)", ["product"], registry=REGISTRY)
+MACHINE_LISTINGS = Counter("trainjobs_worker_machine_listings_total", "Listings of a product's machines in every "
+                           "zone, shared by the worker's jobs; outcome: ok, rate_limited, error", ["product", "outcome"],
+                           registry=REGISTRY)
+MACHINE_LOOKUPS = Counter("trainjobs_worker_machine_lookups_total", "A job's look at its machine; answer: listing "
+                          "(the shared listing) or get (the job read its own machine)", ["product", "answer"],
+                          registry=REGISTRY)
+LISTING_INTERVAL = Gauge("trainjobs_worker_machine_listing_interval_seconds", "How often the machines are listed "
+                         "now: the configured interval, longer while backing off from rate limits", ["product"],
+                         registry=REGISTRY)
 
 
 def claimed(takeover: bool) -> None:

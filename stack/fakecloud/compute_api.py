@@ -19,7 +19,7 @@ from typing import Any
 from stack.fakecloud.compute_inventory import ComputeInventory, ComputeTiming, Vm
 from stack.fakecloud.hosts import FakeHosts
 from stack.fakecloud.metadata_server import HostView
-from stack.fakecloud.server import ApiError, FakeGoogleApi, Route
+from stack.fakecloud.server import ApiError, FakeGoogleApi, ReadQuota, Route, quota_message
 from trainjobs.catalogue import bundled_gpus
 from trainjobs.vm_metadata import STARTUP_SCRIPT_KEY
 
@@ -59,6 +59,14 @@ class FakeComputeApi(FakeGoogleApi):
             if vm.hosts is not None:
                 vm.hosts.stop(grace_s=2.0)
 
+    def rate_limit_error(self, quota: ReadQuota) -> ApiError:
+        """Compute Engine's v1 API answers a rate quota with 403 and the legacy `errors` list, reason
+        rateLimitExceeded (https://cloud.google.com/compute/api-docs/rate-limits): the client raises
+        Forbidden, not TooManyRequests, and no ErrorInfo names the reason."""
+        message = quota_message(self.domain, quota)
+        return ApiError(403, None, message, errors=[{"message": message, "domain": "usageLimits",
+                                                     "reason": "rateLimitExceeded"}])
+
     # --- test hooks ---
 
     def stock_out(self, zone: str, out: bool = True) -> None:
@@ -78,6 +86,11 @@ class FakeComputeApi(FakeGoogleApi):
         with self.world.lock:
             vm = next((v for p, v in self.world.vms.items() if p.rsplit("/", 1)[-1] == name), None)
             return json.loads(json.dumps(vm.instance)) if vm else None
+
+    def instance_status(self, name: str) -> str | None:
+        """The VM's status (RUNNING, TERMINATED...), None if there is no such VM; no copy of it made."""
+        with self.world.lock:
+            return next((v.instance["status"] for p, v in self.world.vms.items() if p.rsplit("/", 1)[-1] == name), None)
 
     def guest_attributes(self, name: str) -> dict[str, str]:
         """What the VM has written as guest attributes ("namespace/key" -> value)."""

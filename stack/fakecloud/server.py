@@ -1,6 +1,7 @@
 """What every fake Google API here shares (the TPU API now, Compute Engine next): HTTP serving, a log of
-the requests the real client sent, injected errors, google.rpc error bodies, a clock that moves the
-world along, and a metadata server per fake host (metadata_server.py).
+the requests the real client sent and their counts by method, injected errors, a read-request rate
+quota answered as the product answers it, google.rpc error bodies, a clock that moves the world along,
+and a metadata server per fake host (metadata_server.py).
 
 A subclass names its REST routes and answers them (`dispatch`), moves its world on (`tick`), and says
 what a host's metadata server knows (`host_metadata`). Everything runs under one lock, so a response
@@ -11,9 +12,11 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from abc import ABC, abstractmethod
 import threading
-from dataclasses import dataclass
+from collections import Counter, deque
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, Self
@@ -24,6 +27,8 @@ from stack.fakecloud.metadata_server import Answer, HostView
 
 # Each fake host's metadata server: /metadata/<machine>/<host number>/computeMetadata/v1/<path>.
 METADATA_PATH = re.compile(r"^/metadata/([^/]+)/(\d+)/computeMetadata/v1/(.+)$")
+# The fake's own counters (not a Google path): {"requests": {"GET list_nodes": n, ...}, "rate_limited": {...}}.
+COUNTS_PATH = "/_fake/requests"
 Route = tuple[str, re.Pattern[str], str]  # method, path (group 1: the resource name), action
 
 
@@ -35,11 +40,32 @@ def rfc3339_now() -> str:
 
 
 class ApiError(Exception):
-    """An error response: HTTP status, google.rpc code name, message, optional ErrorInfo reason."""
+    """An error response: HTTP status, google.rpc code name, message, optional ErrorInfo reason and
+    metadata, optional legacy `errors` entries (what Compute Engine's v1 API still sends)."""
 
-    def __init__(self, http: int, status: str, message: str, reason: str | None = None):
+    def __init__(self, http: int, status: str | None, message: str, reason: str | None = None,
+                 errors: list[dict[str, str]] | None = None, info: dict[str, str] | None = None):
         super().__init__(message)
         self.http, self.status, self.message, self.reason = http, status, message, reason
+        self.errors, self.info = errors, info
+
+
+@dataclass
+class ReadQuota:
+    """The project's read-request rate quota (Google's "Read requests per minute"): at most `limit` GETs
+    in any `window_s`; the rest are refused without being served."""
+
+    limit: int
+    window_s: float
+    served: deque[float] = field(default_factory=deque)
+
+    def admits(self, now: float) -> bool:
+        while self.served and self.served[0] <= now - self.window_s:
+            self.served.popleft()
+        if len(self.served) >= self.limit:
+            return False
+        self.served.append(now)
+        return True
 
 
 @dataclass(frozen=True)
@@ -66,7 +92,10 @@ class FakeGoogleApi(ABC):
     def __init__(self, lock: threading.RLock, host: str = "127.0.0.1", port: int = 0):
         self.lock = lock
         self.requests: list[RecordedRequest] = []
+        self.counts: Counter[str] = Counter()  # "METHOD action" -> requests served, errors included
+        self.rate_limited: Counter[str] = Counter()  # "METHOD action" -> requests refused by the read quota
         self._injected: list[_Injected] = []
+        self._read_quota: ReadQuota | None = None
         self._server = ThreadingHTTPServer((host, port), _handler(self))
         self._server.daemon_threads = True
         self._stopping = threading.Event()
@@ -87,6 +116,11 @@ class FakeGoogleApi(ABC):
 
     def on_stop(self) -> None:
         """Shut down whatever the fake machines run."""
+
+    def rate_limit_error(self, quota: ReadQuota) -> ApiError:
+        """What this product answers a read over the project's rate quota."""
+        return ApiError(429, "RESOURCE_EXHAUSTED", quota_message(self.domain, quota), reason="RATE_LIMIT_EXCEEDED",
+                        info=quota_info(self.domain, quota))
 
     # --- lifecycle ---
 
@@ -118,6 +152,17 @@ class FakeGoogleApi(ABC):
         with self.lock:
             self._injected.append(_Injected(method, path_contains, ApiError(http, status, message, reason), times))
 
+    def limit_reads(self, per_window: int | None, window_s: float = 60.0) -> None:
+        """From now on at most `per_window` read requests (GETs) in any `window_s` are served; the rest get
+        the product's rate-limit error (rate_limit_error). None lifts the quota."""
+        with self.lock:
+            self._read_quota = ReadQuota(per_window, window_s) if per_window is not None else None
+
+    def request_counts(self) -> dict[str, int]:
+        """Requests received so far by "METHOD action" (e.g. "GET list_nodes"), refused ones included."""
+        with self.lock:
+            return dict(self.counts)
+
     # --- serving ---
 
     def _tick_loop(self) -> None:
@@ -130,26 +175,39 @@ class FakeGoogleApi(ABC):
         url = urlsplit(raw_path)
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
         with self.lock:
+            if method == "GET" and url.path == COUNTS_PATH:
+                return 200, json.dumps({"requests": dict(self.counts), "rate_limited": dict(self.rate_limited)}).encode()
             self.requests.append(RecordedRequest(method, url.path, query, body))
             try:
                 payload = self._route(method, url.path, query, body or {})
                 return 200, json.dumps(payload).encode()
             except ApiError as exc:
-                error: dict[str, Any] = {"code": exc.http, "message": exc.message, "status": exc.status}
+                error: dict[str, Any] = {"code": exc.http, "message": exc.message}
+                if exc.errors is not None:
+                    error["errors"] = exc.errors
+                if exc.status:
+                    error["status"] = exc.status
                 if exc.reason:
                     error["details"] = [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": exc.reason,
-                                         "domain": self.domain}]
+                                         "domain": self.domain, **({"metadata": exc.info} if exc.info else {})}]
                 return exc.http, json.dumps({"error": error}).encode()
 
     def _route(self, method: str, path: str, query: dict[str, str], body: dict[str, Any]) -> dict[str, Any]:
+        for verb, pattern, action in self.routes:
+            if verb == method and (m := pattern.match(path)):
+                break
+        else:
+            raise ApiError(404, "NOT_FOUND", f"no route for {method} {path}")
+        key = f"{method} {action}"
+        self.counts[key] += 1
+        if method == "GET" and self._read_quota is not None and not self._read_quota.admits(time.monotonic()):
+            self.rate_limited[key] += 1
+            raise self.rate_limit_error(self._read_quota)
         for injected in self._injected:
             if injected.times > 0 and injected.method == method and injected.path_contains in path:
                 injected.times -= 1
                 raise injected.error
-        for verb, pattern, action in self.routes:
-            if verb == method and (m := pattern.match(path)):
-                return self.dispatch(action, m.group(1), query, body)
-        raise ApiError(404, "NOT_FOUND", f"no route for {method} {path}")
+        return self.dispatch(action, m.group(1), query, body)
 
     def metadata(self, machine: str, host: int, method: str, path: str, query: dict[str, str], body: bytes,
                  flavor: str | None) -> Answer:
@@ -159,6 +217,17 @@ class FakeGoogleApi(ABC):
 
     def metadata_url(self, machine: str, host: int) -> str:
         return f"{self.url}/metadata/{machine}/{host}/computeMetadata/v1"
+
+
+def quota_message(service: str, quota: ReadQuota) -> str:
+    # Google's words for a rate quota (the same on every API behind the Service Control quota system).
+    return (f"Quota exceeded for quota metric 'Read requests' and limit 'Read requests per minute' of service "
+            f"'{service}' for consumer 'project_number:123456789012'.")
+
+
+def quota_info(service: str, quota: ReadQuota) -> dict[str, str]:
+    return {"service": service, "consumer": "projects/123456789012", "quota_metric": f"{service}/read_requests",
+            "quota_limit": "ReadRequestsPerMinutePerProject", "quota_limit_value": str(quota.limit)}
 
 
 def _handler(api: FakeGoogleApi) -> type[BaseHTTPRequestHandler]:

@@ -80,6 +80,12 @@ class FakeTpuApi(FakeGoogleApi):
             m = self.world.machines.get(self._node_name(node_id))
             return json.loads(json.dumps(m.node)) if m else None
 
+    def node_state(self, node_id: str) -> str | None:
+        """The node's state (READY, PREEMPTED...), None if there is no such node; no copy of the node made."""
+        with self.world.lock:
+            return next((m.node["state"] for n, m in self.world.machines.items() if n.rsplit("/", 1)[-1] == node_id),
+                        None)
+
     def node_names(self) -> list[str]:
         with self.world.lock:
             return sorted(n.rsplit("/", 1)[-1] for n in self.world.machines)

@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from google.api_core.exceptions import TooManyRequests
 
 from stack.fakecloud import FakeTpuApi
 from stack.fakecloud.tpu_inventory import Timing
@@ -20,7 +19,7 @@ from trainjobs.vm_metadata import (
     JOB_DIR_KEY, LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED, NODE_NAME_KEY, STARTUP_SCRIPT_KEY, TPU_API_KEY)
 from worker.gcp.config import GcpConfig
 from worker.gcp.errors import MachineRefused
-from worker.ports import MachineRequest, MachineState
+from worker.ports import MachineRequest, MachineState, RateLimited
 from worker.gcp.tpu import TpuVmProvisioner
 
 ZONE, FALLBACK = "us-central1-a", "us-central1-b"
@@ -210,5 +209,5 @@ def test_a_gpu_job_is_refused_by_the_tpu_provisioner(fake: FakeTpuApi) -> None:
 def test_a_rate_limit_that_outlasts_the_retries_is_not_a_refusal(fake: FakeTpuApi) -> None:
     fake.fail_next("POST", "/nodes", 429, "RESOURCE_EXHAUSTED", "Quota exceeded for quota metric 'Create requests' "
                    "and limit 'Create requests per minute'", reason="RATE_LIMIT_EXCEEDED", times=100)
-    with pytest.raises(TooManyRequests):  # the job waits for the driver's next step, it does not fail
+    with pytest.raises(RateLimited):  # the job waits for the driver's next step, it does not fail
         provisioner(fake).create(tpu_request())

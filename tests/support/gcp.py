@@ -23,10 +23,14 @@ from worker.driver import DriverConfig
 from worker.gcs_channel import GcsJobChannel
 from worker.loop import Worker, WorkerConfig
 from worker.gcp.compute import GceVmProvisioner
+from worker.gcp.machine_watch import WatchConfig
 from worker.gcp.tpu import TpuVmProvisioner
 from worker.staging_adapter import GcsStager
 
 ZONE, FALLBACK = "us-central1-a", "us-central1-b"
+# The worker's jobs look at their machines through a shared listing, as `trainjobs worker --provisioner
+# gcp` wires it, on a schedule as short as the tests' driver polls (production: WatchConfig()).
+WATCH = WatchConfig(every_s=1.0, soon_s=0.3, max_every_s=4.0, max_age_s=30.0)
 
 
 def tpu_spec(spot: bool = False, **overrides: Any) -> dict[str, Any]:
@@ -69,7 +73,7 @@ def tpu_stacks(tmp_path: Path) -> Iterator[Callable[..., GcpStack]]:
         options = {"boot": False, "timing": Timing(boot_s=0.3, delete_s=0.2), **options}
         fake = FakeTpuApi(sandbox=tmp_path / "vms", **options).start()
         provisioner = TpuVmProvisioner(GcpConfig(project="proj", zone=ZONE, tpu_api_endpoint=fake.url, **(config or {})),
-                                       create_wait_s=0, delete_wait_s=scaled(30), backoff_s=0.01)
+                                       create_wait_s=0, delete_wait_s=scaled(30), backoff_s=0.01, watch=WATCH)
         stacks.append(GcpStack(fake, provisioner))
         return stacks[-1]
 
@@ -114,7 +118,7 @@ def gce_stacks(tmp_path: Path) -> Iterator[Callable[..., GceStack]]:
         config = GcpConfig(project="proj", zone=ZONE, fallback_zones=(FALLBACK,), compute_api_endpoint=fake.url,
                            tf_port=free_port())
         provisioner = GceVmProvisioner(config, create_wait_s=scaled(30), delete_wait_s=scaled(30), backoff_s=0.01,
-                                       poll_s=0.1)
+                                       poll_s=0.1, watch=WATCH)
         stacks.append(GceStack(fake, provisioner))
         return stacks[-1]
 

@@ -37,8 +37,9 @@ from worker.gcp.bootstrap import startup_script, upload_agent_wheel
 from worker.gcp.config import GcpConfig
 from worker.gcp.errors import MachineRefused, cloud_message, is_transient
 from worker.gcp.job_tokens import JobTokens
+from worker.gcp.machine_watch import WatchConfig
 from worker.gcp.token_delivery import create_metadata, published_keys, sealed_value
-from worker.gcp.zonal import ZonalProvisioner, duration
+from worker.gcp.zonal import Call, ZonalProvisioner, duration
 from worker.ports import MachineInfo, MachineRequest, MachineState
 
 log = logging.getLogger("trainjobs.worker")
@@ -106,13 +107,14 @@ class GceVmProvisioner(ZonalProvisioner):
                  delete_wait_s: float = 600.0, backoff_s: float = 0.5, poll_s: float = 1.0,
                  startup: Callable[[MachineRequest], str] = agent_startup_script,
                  clock: Callable[[], float] = time.monotonic, tokens: JobTokens | None = None,
-                 capacity_retry_s: float = 30.0):
+                 capacity_retry_s: float = 30.0, watch: WatchConfig | None = None):
         """create_wait_s: how long create() follows the insert operations (a stockout is only known once
         they end); delete_wait_s: how long delete() waits for Google to confirm; poll_s: between
         operation polls; backoff_s: the first retry's delay; capacity_retry_s: how often a set that no
         zone had capacity for asks again; tokens: per-job storage tokens for the VMs
-        (worker/gcp/job_tokens.py; default: on, unless storage is the emulator)."""
-        super().__init__(config, backoff_s=backoff_s, tokens=tokens)
+        (worker/gcp/job_tokens.py; default: on, unless storage is the emulator); watch: answer get() from
+        one listing per zone on this schedule (machine_watch.py; None: a list call per get)."""
+        super().__init__(config, backoff_s=backoff_s, tokens=tokens, listing=self._list_all, watch=watch)
         self.create_wait_s, self.delete_wait_s, self.poll_s = create_wait_s, delete_wait_s, poll_s
         self.startup, self.clock = startup, clock
         self.clients = clients if clients is not None else compute_clients(config)
@@ -131,6 +133,7 @@ class GceVmProvisioner(ZonalProvisioner):
         if self.clock() - self._last_capacity_try.get(request.name, -math.inf) < self.capacity_retry_s:
             return self._no_capacity(request, asked=False)  # every zone said no moments ago
         hosts = request.spec.workers
+        self._touch(request.name)
         for zone in self.config.zones:
             image = self._image(request)
             operations = [self._insert(zone, self._instance(request, zone, host, image)) for host in range(hosts)]
@@ -151,16 +154,12 @@ class GceVmProvisioner(ZonalProvisioner):
 
     def get(self, request: MachineRequest) -> MachineInfo | None:
         name, seen = request.name, self._zone_of.get(request.name)
+        if self.watch is not None and (listed := self.watch.find(name)) is not None:
+            return self._members_seen(request, *listed)
         for zone in self._zones_for(name):
             members = self._list(zone, f'labels.{LABEL_MACHINE} = "{name}"')
             if members:
-                self._seen(name, zone)
-                info = self._set_info(zone, name, members, request)
-                if self.tokens is not None and info.state in (MachineState.CREATING, MachineState.READY):
-                    self.tokens.keep(request)  # adopted from a dead worker: tokens go on, for the request's boundary
-                    for vm in members:
-                        self._deliver_token(request, zone, vm)
-                return info
+                return self._members_seen(request, zone, members)
         if seen is not None and self._preempted(seen, f"{name}-"):
             # A spot VM preempted with instanceTerminationAction DELETE leaves nothing to find.
             return MachineInfo(name, MachineState.PREEMPTED, {}, f"preempted in {seen} and deleted by Google")
@@ -170,6 +169,7 @@ class GceVmProvisioner(ZonalProvisioner):
         """Deletes every VM of the set in every zone and waits until Google confirms."""
         if self.tokens is not None:
             self.tokens.stop(name)
+        self._touch(name, soon=False)
         for zone in self.config.zones:
             members = self._list(zone, f'labels.{LABEL_MACHINE} = "{name}"')
             for m in members:
@@ -181,15 +181,24 @@ class GceVmProvisioner(ZonalProvisioner):
         self._clustered.discard(name)
 
     def list(self, labels: dict[str, str]) -> builtins.list[MachineInfo]:
-        found: dict[str, MachineInfo] = {}
+        found = []
+        for name, (zone, members) in self._fresh_listing().items():
+            if matching := [vm for vm in members if labels.items() <= dict(vm.labels).items()]:
+                found.append(self._set_info(zone, name, matching))
+        return found
+
+    def _list_all(self, call: Call) -> dict[str, tuple[str, builtins.list[Any]]]:
+        """Our VMs in every zone (one list call each, filtered by our label), as sets: the set's name ->
+        (its zone, its VMs); a set is where its VMs were first found."""
+        found: dict[str, tuple[str, builtins.list[Any]]] = {}
         for zone in self.config.zones:
             sets: dict[str, builtins.list[Any]] = {}
-            for vm in self._list(zone, f'labels.{LABEL_MANAGED} = "true"'):
-                if labels.items() <= dict(vm.labels).items() and (name := vm.labels.get(LABEL_MACHINE)):
+            for vm in self._list(zone, f'labels.{LABEL_MANAGED} = "true"', call):
+                if name := vm.labels.get(LABEL_MACHINE):
                     sets.setdefault(name, []).append(vm)
             for name, members in sets.items():
-                found.setdefault(name, self._set_info(zone, name, members))
-        return builtins.list(found.values())
+                found.setdefault(name, (zone, members))
+        return found
 
     # --- requests ---
 
@@ -322,6 +331,15 @@ class GceVmProvisioner(ZonalProvisioner):
 
     # --- responses ---
 
+    def _members_seen(self, request: MachineRequest, zone: str, members: builtins.list[Any]) -> MachineInfo:
+        self._seen(request.name, zone)
+        info = self._set_info(zone, request.name, members, request)
+        if self.tokens is not None and info.state in (MachineState.CREATING, MachineState.READY):
+            self.tokens.keep(request)  # adopted from a dead worker: tokens go on, for the request's boundary
+            for vm in members:
+                self._deliver_token(request, zone, vm)
+        return info
+
     def _set_info(self, zone: str, name: str, members: builtins.list[Any],
                   request: MachineRequest | None = None) -> MachineInfo:
         """The set's state; with the request (get, not list), a multi-host set's cluster is written."""
@@ -368,9 +386,9 @@ class GceVmProvisioner(ZonalProvisioner):
 
     # --- calls ---
 
-    def _list(self, zone: str, filter_: str) -> builtins.list[Any]:
-        found: builtins.list[Any] = self._call(f"list VMs in {zone}", lambda: builtins.list(self.clients.instances.list(
-            request={"project": self.config.project, "zone": zone, "filter": filter_})))
+    def _list(self, zone: str, filter_: str, call: Call | None = None) -> builtins.list[Any]:
+        found: builtins.list[Any] = (call or self._call)(f"list VMs in {zone}", lambda: builtins.list(
+            self.clients.instances.list(request={"project": self.config.project, "zone": zone, "filter": filter_})))
         return found
 
     def _delete_instance(self, zone: str, name: str) -> Any:

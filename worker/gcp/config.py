@@ -31,6 +31,9 @@ class GcpConfig:
     cpu_image_family: str = "tf-2-17-cpu-ubuntu-2204-py310"
     boot_disk_gb: int = 200
     tf_port: int = 2222  # multi-worker jobs: host i of a job listens on tf_port + i (TF_CONFIG)
+    # How often a worker lists its machines in each zone for all its jobs (worker/gcp/machine_watch.py):
+    # a preemption shows within it; the project's read quota pays 60/watch_every_s listings a minute.
+    watch_every_s: float = 20.0
 
     @property
     def zones(self) -> tuple[str, ...]:
@@ -67,6 +70,7 @@ class GcpConfig:
             gpu_image_family=get("GCP_GPU_IMAGE_FAMILY") or defaults.gpu_image_family,
             cpu_image_family=get("GCP_CPU_IMAGE_FAMILY") or defaults.cpu_image_family,
             boot_disk_gb=number("GCP_BOOT_DISK_GB", defaults.boot_disk_gb), tf_port=number("GCP_TF_PORT", defaults.tf_port),
+            watch_every_s=float(number("GCP_WATCH_SECONDS", int(defaults.watch_every_s))),
             project=required("GCP_PROJECT"), zone=required("GCP_ZONE"), fallback_zones=words("GCP_FALLBACK_ZONES"),
             service_account=get("GCP_SERVICE_ACCOUNT"), network=get("GCP_NETWORK"), subnetwork=get("GCP_SUBNETWORK"),
             tags=words("GCP_TAGS"), capacity_wait_s=capacity_wait_s, tpu_api_endpoint=get("TPU_API_ENDPOINT"),

@@ -3,7 +3,9 @@
 The REST clients raise google.api_core exceptions; long-running operations that fail raise the same
 classes from their google.rpc.Status. Three kinds of 429 / RESOURCE_EXHAUSTED look alike and mean
 different things: a request rate limit (retry soon), a zone out of a machine type (wait or try
-another zone) and a project quota (no amount of waiting helps).
+another zone) and a project quota (no amount of waiting helps). Compute Engine's v1 API reports a
+rate limit as 403 with errors[].reason rateLimitExceeded (https://cloud.google.com/compute/api-docs/rate-limits),
+which the client raises as Forbidden, the same class as a permission it lacks.
 """
 
 from __future__ import annotations
@@ -39,10 +41,17 @@ def _code(exc: BaseException) -> int | None:
     return code if isinstance(code, int) else None
 
 
+# ErrorInfo.reason (google.rpc) and the legacy errors[].reason (Compute Engine v1) of a rate quota.
+RATE_LIMIT_REASONS = frozenset({"RATE_LIMIT_EXCEEDED", "rateLimitExceeded", "userRateLimitExceeded"})
+
+
 def is_rate_limited(exc: BaseException) -> bool:
     # Google reports request-rate limits as "Quota exceeded for quota metric '...' and limit '... per minute'".
-    return _code(exc) == 429 and (getattr(exc, "reason", None) == "RATE_LIMIT_EXCEEDED"
-                                  or "per minute" in cloud_message(exc).lower())
+    if _code(exc) not in (403, 429):
+        return False
+    legacy = getattr(exc, "errors", None) or ()
+    reasons = {getattr(exc, "reason", None), *(e.get("reason") for e in legacy if isinstance(e, dict))}
+    return bool(reasons & RATE_LIMIT_REASONS) or "per minute" in cloud_message(exc).lower()
 
 
 def is_stockout(exc: BaseException) -> bool:
@@ -61,7 +70,7 @@ def is_transient(exc: BaseException) -> bool:
     # requests' ConnectionError and Timeout (what the REST transport raises) are OSErrors, as are the builtins.
     if isinstance(exc, (gexc.ServerError, OSError)):
         return True
-    return isinstance(exc, gexc.TooManyRequests) and is_rate_limited(exc)
+    return isinstance(exc, (gexc.TooManyRequests, gexc.Forbidden)) and is_rate_limited(exc)
 
 
 def with_backoff(call: Callable[[], T], *, what: str, attempts: int = 6, base_s: float = 0.5, max_s: float = 30.0,

@@ -14,19 +14,21 @@ import concurrent.futures
 import logging
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from trainjobs import storage
 from trainjobs.spec import TpuAccelerator
 from trainjobs.vm_metadata import (
-    JOB_DIR_KEY, MACHINE_KEY, NODE_NAME_KEY, PUBLIC_KEY_PATH, SEALED_KEY, STARTUP_SCRIPT_KEY, TPU_API_KEY)
+    JOB_DIR_KEY, LABEL_MANAGED, MACHINE_KEY, NODE_NAME_KEY, PUBLIC_KEY_PATH, SEALED_KEY, STARTUP_SCRIPT_KEY, TPU_API_KEY)
 from worker.gcp.bootstrap import startup_script, upload_agent_wheel
 from worker.gcp.config import GcpConfig
 from worker.gcp.errors import MachineRefused, cloud_message, is_stockout, is_transient
 from worker.gcp.job_tokens import JobTokens
+from worker.gcp.machine_watch import WatchConfig
 from worker.gcp.token_delivery import create_metadata, published_keys, sealed_value
-from worker.gcp.zonal import ZonalProvisioner, duration
+from worker.gcp.zonal import Call, ZonalProvisioner, duration
 from worker.ports import MachineInfo, MachineRequest, MachineState
 
 log = logging.getLogger("trainjobs.worker")
@@ -91,16 +93,26 @@ def agent_startup_script(request: MachineRequest) -> str:
     return startup_script(request.job_dir, upload_agent_wheel(bucket))
 
 
+@dataclass(frozen=True)
+class Listed:
+    """A machine in a listing: its node, its queued resource, or both (a queued resource's node)."""
+
+    node: Any
+    queued: Any
+
+
 class TpuVmProvisioner(ZonalProvisioner):
     kind = "cloud-tpu"
 
     def __init__(self, config: GcpConfig, *, client: Any = None, create_wait_s: float = 60.0,
                  delete_wait_s: float = 600.0, backoff_s: float = 0.5,
-                 startup: Callable[[MachineRequest], str] = agent_startup_script, tokens: JobTokens | None = None):
+                 startup: Callable[[MachineRequest], str] = agent_startup_script, tokens: JobTokens | None = None,
+                 watch: WatchConfig | None = None):
         """create_wait_s: how long create() follows the create operation before leaving it to get();
         delete_wait_s: how long delete() waits for Google to confirm; backoff_s: the first retry's delay;
-        tokens: per-job storage tokens for the VMs (default: on, unless storage is the emulator)."""
-        super().__init__(config, backoff_s=backoff_s, tokens=tokens)
+        tokens: per-job storage tokens for the VMs (default: on, unless storage is the emulator); watch:
+        answer get() from one listing per zone on this schedule (machine_watch.py; None: a read per get)."""
+        super().__init__(config, backoff_s=backoff_s, tokens=tokens, listing=self._list_all, watch=watch)
         self.create_wait_s, self.delete_wait_s, self.startup = create_wait_s, delete_wait_s, startup
         self.client = client if client is not None else tpu_client(config)
 
@@ -114,6 +126,7 @@ class TpuVmProvisioner(ZonalProvisioner):
         if (existing := self.get(request)) is not None:
             return existing
         node = self._node(request)
+        self._touch(request.name)
         for zone in self.config.zones:
             node.metadata[NODE_NAME_KEY] = self._path(zone, "nodes", request.name)
             try:
@@ -139,14 +152,15 @@ class TpuVmProvisioner(ZonalProvisioner):
 
     def get(self, request: MachineRequest) -> MachineInfo | None:
         name = request.name
+        if self.watch is not None and (seen := self.watch.find(name)) is not None:
+            zone, listed = seen
+            self._seen(name, zone)
+            return self._node_seen(request, listed.node) if listed.node is not None else self._queued_info(
+                listed.queued, zone)
         for zone in self._zones_for(name):
             if (node := self._find(lambda: self.client.get_node(name=self._path(zone, "nodes", name)))) is not None:
                 self._seen(name, zone)
-                info = self._node_info(node)
-                if self.tokens is not None and info.state in (MachineState.CREATING, MachineState.READY):
-                    self.tokens.keep(request)  # adopted: tokens go on, for the request's boundary
-                    self._deliver_token(request, node)
-                return info
+                return self._node_seen(request, node)
             queued = self._find(lambda: self.client.get_queued_resource(name=self._path(zone, "queuedResources", name)))
             if queued is not None:
                 self._seen(name, zone)
@@ -159,6 +173,7 @@ class TpuVmProvisioner(ZonalProvisioner):
         if self.tokens is not None:
             self.tokens.stop(name)
         self._token_checks.forget(name)
+        self._touch(name, soon=False)
         for zone in self.config.zones:
             # A queued resource owns its node: `force` deletes both.
             self._delete(f"queued resource {name}", lambda: self.client.delete_queued_resource(
@@ -166,21 +181,36 @@ class TpuVmProvisioner(ZonalProvisioner):
             self._delete(f"TPU node {name}", lambda: self.client.delete_node(name=self._path(zone, "nodes", name)))
 
     def list(self, labels: dict[str, str]) -> builtins.list[MachineInfo]:
-        found: dict[str, MachineInfo] = {}
+        found = []
+        for name, (zone, listed) in self._fresh_listing().items():
+            if listed.node is not None and labels.items() <= dict(listed.node.labels).items():
+                found.append(self._node_info(listed.node))
+            elif listed.node is None and labels.items() <= dict(listed.queued.tpu.node_spec[0].node.labels).items():
+                found.append(self._queued_info(listed.queued, zone))
+        return found
+
+    def _list_all(self, call: Call) -> dict[str, tuple[str, Listed]]:
+        """Our nodes and queued resources in every zone (the TPU API's list takes no filter: by our label
+        here), a zone's node and its queued resource as one machine."""
+        found: dict[str, tuple[str, Listed]] = {}
         for zone in self.config.zones:
-            nodes = self._call(f"list TPU nodes in {zone}", lambda: builtins.list(self.client.list_nodes(
+            nodes = call(f"list TPU nodes in {zone}", lambda: builtins.list(self.client.list_nodes(
                 parent=self._parent(zone))))
-            for node in nodes:
-                if labels.items() <= dict(node.labels).items():
-                    info = self._node_info(node)
-                    found[info.name] = info
-            queued = self._call(f"list queued resources in {zone}", lambda: builtins.list(
+            queued = call(f"list queued resources in {zone}", lambda: builtins.list(
                 self.client.list_queued_resources(parent=self._parent(zone))))
+            for node in nodes:
+                if dict(node.labels).get(LABEL_MANAGED) == "true":
+                    found.setdefault(node.name.rsplit("/", 1)[-1], (zone, Listed(node, None)))
             for qr in queued:
                 spec = qr.tpu.node_spec[0] if qr.tpu.node_spec else None
-                if spec is not None and spec.node_id not in found and labels.items() <= dict(spec.node.labels).items():
-                    found[spec.node_id] = self._queued_info(qr, zone)
-        return builtins.list(found.values())
+                if spec is None or dict(spec.node.labels).get(LABEL_MANAGED) != "true":
+                    continue
+                seen = found.get(spec.node_id)
+                if seen is None:
+                    found[spec.node_id] = (zone, Listed(None, qr))
+                elif seen[0] == zone:
+                    found[spec.node_id] = (zone, Listed(seen[1].node, qr))
+        return found
 
     # --- requests ---
 
@@ -234,6 +264,7 @@ class TpuVmProvisioner(ZonalProvisioner):
         if spot:
             qr.spot = tpu_v2.QueuedResource.Spot()
         try:
+            self._touch(request.name)
             self._call(f"queue TPU node {request.name} in {zone}", lambda: self.client.create_queued_resource(
                 parent=self._parent(zone), queued_resource_id=request.name, queued_resource=qr))
         except gexc.AlreadyExists:
@@ -277,6 +308,13 @@ class TpuVmProvisioner(ZonalProvisioner):
             log.warning("%s: could not deliver the first storage token yet: %s", name, cloud_message(exc))
 
     # --- responses ---
+
+    def _node_seen(self, request: MachineRequest, node: Any) -> MachineInfo:
+        info = self._node_info(node)
+        if self.tokens is not None and info.state in (MachineState.CREATING, MachineState.READY):
+            self.tokens.keep(request)  # adopted: tokens go on, for the request's boundary
+            self._deliver_token(request, node)
+        return info
 
     def _node_info(self, node: Any) -> MachineInfo:
         state = NODE_STATES.get(node.state.name, MachineState.CREATING)
