@@ -196,7 +196,15 @@ def read_bounded_if_changed(uri: str, limit: int, generation: int | None) -> tup
     except NotFound:
         return None, None
     if len(data) > limit:
-        raise ObjectTooLarge(uri, len(data), limit)
+        # The range says only "more than the limit"; the owner is told the object's size (one more
+        # request, on this path alone). Gone or unreadable meanwhile: what arrived is the least it was.
+        size = len(data)
+        try:
+            found.reload()
+            size = max(size, int(found.size or 0))
+        except Exception:  # noqa: BLE001 - the refusal stands whatever the reload says
+            pass
+        raise ObjectTooLarge(uri, size, limit)
     return data, None if found.generation is None else int(found.generation)
 
 
