@@ -139,6 +139,9 @@ def test_a_pruned_student_distils_under_mirrored_bfloat16_and_eight_steps_a_call
     assert all(0.49 <= s <= 0.51 for s in metrics["pruning"]["layers"].values()), metrics["pruning"]
 
 
+@pytest.mark.skipif(os.environ.get("TRAINJOBS_TEST_TASKS") != "all", reason=(
+    "a kill and a resume under distillation are make test's in the pruned student's run (mirrored, bfloat16, "
+    "eight steps a call); this one-device run is the images' (CI's subset selects it: killed and mid)"))
 def test_a_student_killed_mid_training_resumes_and_still_learns_from_its_teacher(school: dict[str, Any],
                                                                                   tmp_path: Path) -> None:
     from agent.checkpoints import LATEST
