@@ -38,8 +38,10 @@ RETURNING m.lister = :me AS mine, m.interval_s,
           EXTRACT(EPOCH FROM now() - m.listed_at)::float8 AS age_s,
           EXTRACT(EPOCH FROM now() - m.refused_at)::float8 AS refused_age_s,
           EXTRACT(EPOCH FROM m.refused_at)::float8 AS refused_epoch,
-          -- The lister lists anyway: it is not sent what it is about to replace.
-          CASE WHEN m.lister = :me THEN NULL ELSE m.machines END AS machines
+          -- The lister lists now unless another worker's listing (a reaper's, a teardown's, a create's)
+          -- began less than fresh_s ago: it is not sent what it is about to replace.
+          CASE WHEN m.lister = :me AND (m.listed_at IS NULL OR m.listed_at <= now() - make_interval(secs => :fresh_s))
+               THEN NULL ELSE m.machines END AS machines
 """)
 
 # A listing replaces the stored one only if it began later: a slow listing (a lister that lost its lease
@@ -50,11 +52,6 @@ UPDATE machine_listings SET listed_at = now() - make_interval(secs => :age_s), m
    AND (listed_at IS NULL OR listed_at < now() - make_interval(secs => :age_s))
 """).bindparams(bindparam("machines", type_=JSONB))
 
-_RELEASE = text("""
-UPDATE machine_listings SET lease_expires_at = now() WHERE product = :product AND scope = :scope AND lister = :me
-""")
-
-
 @dataclass(frozen=True)
 class StoredListing:
     mine: bool  # the caller holds the lease: it lists now
@@ -62,15 +59,15 @@ class StoredListing:
     age_s: float | None  # how long ago the stored listing began; None: none stored yet
     refused_age_s: float | None  # how long ago a worker was last refused for the rate quota
     refused_epoch: float | None  # and when, by the database's clock: the same refusal reads the same
-    machines: dict[str, Any] | None  # the stored listing (name -> the product's record), unless `mine`
+    machines: dict[str, Any] | None  # the stored listing (name -> the product's record); `mine`: only a fresh one
 
 
 def exchange_listing(session: Session, product: str, scope: str, me: str, *, lease_s: float, interval_s: float,
-                     refused: bool) -> StoredListing:
-    """Take or renew the lease if it is free or ours, else read the stored listing; `refused`: this worker
-    was refused for the rate quota since its last exchange."""
+                     fresh_s: float, refused: bool) -> StoredListing:
+    """Take or renew the lease if it is free or ours, else read the stored listing (the lister too, if one
+    began within fresh_s); `refused`: this worker was refused for the rate quota since its last exchange."""
     row = session.execute(_EXCHANGE, {"product": product, "scope": scope, "me": me, "lease_s": lease_s,
-                                      "interval_s": interval_s, "refused": refused}).one()
+                                      "interval_s": interval_s, "fresh_s": fresh_s, "refused": refused}).one()
     return StoredListing(row.mine, row.interval_s, row.age_s, row.refused_age_s, row.refused_epoch, row.machines)
 
 
@@ -79,7 +76,3 @@ def store_listing(session: Session, product: str, scope: str, *, age_s: float, m
     result = session.execute(_STORE, {"product": product, "scope": scope, "age_s": age_s, "machines": machines})
     return bool(result.rowcount)  # type: ignore[attr-defined]
 
-
-def release_listing(session: Session, product: str, scope: str, me: str) -> None:
-    """A stopping lister's lease lapses now: the next worker to look takes it over, not a lease later."""
-    session.execute(_RELEASE, {"product": product, "scope": scope, "me": me})

@@ -1,7 +1,8 @@
 """One listing of a product's machines per fleet, not per worker (issue 25; service/db/machine_listings.py).
 
 Each worker's MachineWatch keeps its schedule, but its fetch goes through the database first: the worker
-holding the row's lease lists the cloud and stores the listing; every other worker's watch reads the
+holding the row's lease lists the cloud and stores the listing (unless another worker's, e.g. its reaper's,
+began within 80% of an interval: then that one is the fleet's); every other worker's watch reads the
 stored one (one small query per interval per worker, whatever its jobs) and answers its jobs from it. So a
 fleet of W workers lists each zone once per interval, not W times. A lister that dies stops renewing its
 lease, and the next worker to look once it lapsed (its watch looks every soon_s while the stored listing
@@ -29,7 +30,7 @@ from typing import Any, Generic, TypeVar
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.db.machine_listings import StoredListing, exchange_listing, release_listing, store_listing
+from service.db.machine_listings import StoredListing, exchange_listing, store_listing
 from service.db.session import transaction
 from worker.gcp.machine_watch import Listing, MachineWatch
 from worker.ports import RateLimited
@@ -37,6 +38,7 @@ from worker.ports import RateLimited
 log = logging.getLogger("trainjobs.worker")
 T = TypeVar("T")
 LEASE_INTERVALS = 1.5  # a lease outlives one interval's jitter and a slow listing, not two intervals
+FRESH_INTERVALS = 0.8  # the lister takes a listing someone else began this recently (at most one interval ago)
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,7 @@ class FleetListing(Generic[T]):
             with transaction(self.factory) as session:
                 stored = exchange_listing(session, self.product, self.scope, self.me,
                                           lease_s=LEASE_INTERVALS * watch.interval_s, interval_s=watch.interval_s,
+                                          fresh_s=FRESH_INTERVALS * watch.interval_s,
                                           refused=refused_at > self._reported)
         except Exception as exc:
             log.warning("%s: the fleet's listing is out of reach (%s); this worker lists for itself", self.product, exc)
@@ -74,14 +77,16 @@ class FleetListing(Generic[T]):
         asked = self.clock()
         stamped = refused_at > self._reported
         self._reported = max(self._reported, refused_at)
-        if stored.mine:
-            self._note_refusal(watch, stored, stamped)
-            return self._list()
-        watch.adopt_interval(stored.interval_s)
         started = asked - stored.age_s if stored.age_s is not None else None
         created = watch.created_at
-        if stored.machines is None or started is None or (created is not None and started < created):
-            return self._list()  # nothing stored yet, or nothing that knows of this worker's create
+        # A stored listing answers unless it predates this worker's create (its new jobs need one after it).
+        usable = stored.machines is not None and started is not None and (created is None or started >= created)
+        if stored.mine:
+            self._note_refusal(watch, stored, stamped)
+        else:
+            watch.adopt_interval(stored.interval_s)
+        if not usable or stored.machines is None or started is None:
+            return self._list()
         return Listing(started, {name: (m["zone"], self.codec.decode(m["record"])) for name, m in stored.machines.items()})
 
     def store(self, started: float, machines: dict[str, tuple[str, T]]) -> None:
@@ -93,11 +98,6 @@ class FleetListing(Generic[T]):
                               machines=record)
         except Exception as exc:
             log.warning("%s: could not store the listing for the fleet: %s", self.product, exc)
-
-    def release(self) -> None:
-        """A stopping worker hands its turn on at once instead of after its lease."""
-        with transaction(self.factory) as session:
-            release_listing(session, self.product, self.scope, self.me)
 
     def _list(self) -> dict[str, tuple[str, T]]:
         started = self.clock()
