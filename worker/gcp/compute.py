@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
+
 from trainjobs import storage
 from trainjobs.catalogue import bundled_gpus
 from trainjobs.job_paths import JobPaths

@@ -20,6 +20,7 @@ from datetime import timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
+
 from trainjobs import storage
 from trainjobs.spec import TpuAccelerator
 from trainjobs.vm_metadata import (

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
+
 from worker.gcp.config import GcpConfig
 from worker.gcp.errors import cloud_message, is_rate_limited, with_backoff
 from worker.gcp.job_tokens import JobTokens, default_job_tokens
