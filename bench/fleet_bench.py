@@ -1,7 +1,8 @@
 """Cloud reads of a fleet of running jobs (issue 25): N jobs on one worker against the fake Cloud TPU and
 Compute Engine APIs, counted by the fakes themselves, with each job reading its own machine every
 driver step ("before": no MachineWatch, the code path of main) and with one shared listing per zone
-("after": WatchConfig's defaults, as `trainjobs worker --provisioner gcp` wires it).
+("after": WatchConfig's defaults, as `trainjobs worker --provisioner gcp` wires it: with --workers 2, one
+listing for the fleet; "per-worker": the same watch, but each worker lists for itself).
 
 Per product and way: the jobs are submitted and driven to RUNNING (the ramp's reads are reported per
 job), then for --seconds the fake's requests are counted by method while one spot job's machine is
@@ -72,10 +73,10 @@ def run(url: str, product: str, way: str, jobs: int, seconds: float, workers: in
     factory = session_factory(get_engine(url))
     with transaction(factory) as s:
         s.execute(text("TRUNCATE jobs, machine_listings CASCADE"))  # the previous run's jobs and listing
-    watch = WatchConfig() if way == "after" else None
+    watch = WatchConfig() if way != "before" else None
     with tempfile.TemporaryDirectory(prefix="fleet-bench-") as sandbox, \
             fleet(url, factory, product, Path(sandbox), jobs=-(-jobs // workers), train_s=10 * 3600, watch=watch,
-                  workers=workers) as f:
+                  workers=workers, share_listing=way == "after") as f:
         ids = f.submit(product, jobs, spot=True)
         ramp_s = wait(f"{jobs} jobs RUNNING", lambda: statuses(f)["RUNNING"] == jobs, 600)
         ramp_reads = f.reads()
@@ -124,7 +125,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=40)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--products", nargs="+", default=["tpu", "gpu"], choices=["tpu", "gpu"])
-    parser.add_argument("--ways", nargs="+", default=["before", "after"], choices=["before", "after"])
+    # per-worker: the watch, but each worker lists for itself (before the fleet's listing, issue 25).
+    parser.add_argument("--ways", nargs="+", default=["before", "after"], choices=["before", "per-worker", "after"])
     # Several workers (a provisioner each, one database): with the watch they share one listing per zone.
     parser.add_argument("--workers", type=int, nargs="+", default=[1])
     args = parser.parse_args()

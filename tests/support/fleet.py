@@ -117,15 +117,17 @@ class Fleet:
 
 @contextmanager
 def fleet(database_url: str, factory: sessionmaker[Session], product: str, sandbox: Path, *, jobs: int,
-          train_s: float, watch: WatchConfig | None, poll_s: float = 1.0, workers: int = 1) -> Iterator[Fleet]:
+          train_s: float, watch: WatchConfig | None, poll_s: float = 1.0, workers: int = 1,
+          share_listing: bool = True) -> Iterator[Fleet]:
     """A fake API for `product` ("tpu" or "gpu"), our provisioner on it, and a worker driving up to
     `jobs` jobs at once, polling each every `poll_s` as DriverConfig does. With `workers` > 1, that many
     workers (a provisioner each, as separate processes have) share the fake, the database and the watch's
-    listing (fleet_listing.py); each drives up to `jobs`. Everything stops on the way out."""
+    listing (fleet_listing.py; `share_listing=False`: each lists for itself, as before issue 25's fleet
+    listing); each drives up to `jobs`. Everything stops on the way out."""
     # Storage is the memory channel's, not GCS: no per-job storage tokens (they would need credentials).
     os.environ.setdefault("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")
     fake: FakeTpuApi | FakeComputeApi
-    shared = factory if workers > 1 else None
+    shared = factory if workers > 1 and share_listing else None
     if product == "tpu":
         tpu = FakeTpuApi(sandbox=sandbox, boot=False, timing=Timing(boot_s=0.3, delete_s=0.2)).start()
 
