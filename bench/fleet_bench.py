@@ -1,7 +1,8 @@
 """Cloud reads of a fleet of running jobs (issue 25): N jobs on one worker against the fake Cloud TPU and
 Compute Engine APIs, counted by the fakes themselves, with each job reading its own machine every
 driver step ("before": no MachineWatch, the code path of main) and with one shared listing per zone
-("after": WatchConfig's defaults, as `trainjobs worker --provisioner gcp` wires it).
+("after": WatchConfig's defaults, as `trainjobs worker --provisioner gcp` wires it: with --workers 2, one
+listing for the fleet; "per-worker": the same watch, but each worker lists for itself).
 
 Per product and way: the jobs are submitted and driven to RUNNING (the ramp's reads are reported per
 job), then for --seconds the fake's requests are counted by method while one spot job's machine is
@@ -12,7 +13,8 @@ once (the time until the last is CANCELLED). The agents are stand-ins
 channel, so the driver's status reads cost no storage requests and the count is the clouds' alone.
 
     TRAINJOBS_TEST_DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres \\
-        .venv/bin/python bench/fleet_bench.py --jobs 40 --seconds 60 [--products tpu gpu] [--ways before after]
+        .venv/bin/python bench/fleet_bench.py --jobs 40 --seconds 60 [--products tpu gpu] [--ways before after] \\
+        [--workers 1 2]
 """
 
 from __future__ import annotations
@@ -67,13 +69,14 @@ def wait(what: str, condition: Any, timeout: float, every: float = 0.5) -> float
     return time.monotonic() - started
 
 
-def run(url: str, product: str, way: str, jobs: int, seconds: float) -> dict[str, Any]:
+def run(url: str, product: str, way: str, jobs: int, seconds: float, workers: int = 1) -> dict[str, Any]:
     factory = session_factory(get_engine(url))
     with transaction(factory) as s:
-        s.execute(text("TRUNCATE jobs CASCADE"))  # the previous run's jobs
-    watch = WatchConfig() if way == "after" else None
+        s.execute(text("TRUNCATE jobs, machine_listings CASCADE"))  # the previous run's jobs and listing
+    watch = WatchConfig() if way != "before" else None
     with tempfile.TemporaryDirectory(prefix="fleet-bench-") as sandbox, \
-            fleet(url, factory, product, Path(sandbox), jobs=jobs, train_s=10 * 3600, watch=watch) as f:
+            fleet(url, factory, product, Path(sandbox), jobs=-(-jobs // workers), train_s=10 * 3600, watch=watch,
+                  workers=workers, share_listing=way == "after") as f:
         ids = f.submit(product, jobs, spot=True)
         ramp_s = wait(f"{jobs} jobs RUNNING", lambda: statuses(f)["RUNNING"] == jobs, 600)
         ramp_reads = f.reads()
@@ -109,7 +112,7 @@ def run(url: str, product: str, way: str, jobs: int, seconds: float) -> dict[str
         cancel_s = time.monotonic() - cancelling  # from the first request
     per_minute = {m: round(n * 60 / elapsed) for m, n in sorted(by_method.items())}
     reads = sum(n for m, n in by_method.items() if m.startswith("GET"))
-    return {"product": product, "way": way, "jobs": jobs, "window_s": round(elapsed, 1),
+    return {"product": product, "way": way, "jobs": jobs, "workers": workers, "window_s": round(elapsed, 1),
             "reads_per_minute": round(reads * 60 / elapsed), "per_minute_by_method": per_minute,
             "ramp_s": round(ramp_s, 1), "ramp_reads_per_job": round(ramp_reads / jobs, 1),
             "preemption_noticed_s": round((noticed - preempted_at).total_seconds(), 1) if noticed else None,
@@ -122,14 +125,18 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=40)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--products", nargs="+", default=["tpu", "gpu"], choices=["tpu", "gpu"])
-    parser.add_argument("--ways", nargs="+", default=["before", "after"], choices=["before", "after"])
+    # per-worker: the watch, but each worker lists for itself (before the fleet's listing, issue 25).
+    parser.add_argument("--ways", nargs="+", default=["before", "after"], choices=["before", "per-worker", "after"])
+    # Several workers (a provisioner each, one database): with the watch they share one listing per zone.
+    parser.add_argument("--workers", type=int, nargs="+", default=[1])
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     url = bench_db.fresh_database("trainjobs_fleet_bench")
     for product in args.products:
         for way in args.ways:
-            result = run(url, product, way, args.jobs, args.seconds)
-            print(json.dumps(result), flush=True)
+            for workers in args.workers:
+                result = run(url, product, way, args.jobs, args.seconds, workers)
+                print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

@@ -250,7 +250,7 @@ def _make_worker(url: str, data_dir: Path, provisioner: str, concurrency: int, d
     from worker.loop import Worker, WorkerConfig
 
     try:
-        rt = build_runtime(provisioner, data_dir, local_devices=devices, local_slots=concurrency)
+        rt = build_runtime(provisioner, data_dir, local_devices=devices, local_slots=concurrency, database_url=url)
     except ValueError as exc:  # a missing or malformed TRAINJOBS_GCP_* variable, named in the message
         raise click.ClickException(str(exc)) from exc
     driver = DriverConfig()

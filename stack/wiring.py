@@ -67,8 +67,10 @@ class WorkerRuntime:
     stager: Stager
 
 
-def build_runtime(kind: str, data_dir: Path, *, local_devices: int = 2, local_slots: int = 2) -> WorkerRuntime:
-    """The provisioner, job channel and stager for a worker of this kind."""
+def build_runtime(kind: str, data_dir: Path, *, local_devices: int = 2, local_slots: int = 2,
+                  database_url: str | None = None) -> WorkerRuntime:
+    """The provisioner, job channel and stager for a worker of this kind. database_url (gcp): the fleet's
+    database, through which its workers share one listing of their machines."""
     if kind == "memory":
         from worker.memory_cloud import MemoryCloud, memory_stager
 
@@ -95,6 +97,12 @@ def build_runtime(kind: str, data_dir: Path, *, local_devices: int = 2, local_sl
         # One listing per zone and product on a schedule shared by the worker's jobs, not a read per job
         # per step: within Google's default read quotas at hundreds of jobs (issue 25, bench/README.md).
         watch = WatchConfig(every_s=config.watch_every_s, max_every_s=max(60.0, 3 * config.watch_every_s))
-        return WorkerRuntime(GcpProvisioner(TpuVmProvisioner(config, watch=watch), GceVmProvisioner(config, watch=watch)),
-                             channel, stager)
+        # And one listing per fleet, not per worker: the workers on one database take turns (fleet_listing.py).
+        fleet = None
+        if database_url is not None:
+            from service.db.session import get_engine, session_factory
+
+            fleet = session_factory(get_engine(database_url, pool_size=2))  # a statement per interval
+        return WorkerRuntime(GcpProvisioner(TpuVmProvisioner(config, watch=watch, fleet=fleet),
+                                            GceVmProvisioner(config, watch=watch, fleet=fleet)), channel, stager)
     raise ValueError(f"unknown provisioner {kind!r}: memory, local or gcp")

@@ -97,6 +97,7 @@ class Fleet:
     agents: StandInAgents
     worker: Worker
     factory: sessionmaker[Session]
+    workers: list[Worker] = field(default_factory=list)  # all of them, `worker` first
 
     def submit(self, product: str, n: int, spot: bool = False) -> list[uuid.UUID]:
         spec = JobSpec.model_validate({"name": "fleet", "dataset": {"source": "sklearn:digits"}, "model": {"name": "mlp"},
@@ -116,32 +117,46 @@ class Fleet:
 
 @contextmanager
 def fleet(database_url: str, factory: sessionmaker[Session], product: str, sandbox: Path, *, jobs: int,
-          train_s: float, watch: WatchConfig | None, poll_s: float = 1.0) -> Iterator[Fleet]:
+          train_s: float, watch: WatchConfig | None, poll_s: float = 1.0, workers: int = 1,
+          share_listing: bool = True) -> Iterator[Fleet]:
     """A fake API for `product` ("tpu" or "gpu"), our provisioner on it, and a worker driving up to
-    `jobs` jobs at once, polling each every `poll_s` as DriverConfig does. Everything stops on the way out."""
+    `jobs` jobs at once, polling each every `poll_s` as DriverConfig does. With `workers` > 1, that many
+    workers (a provisioner each, as separate processes have) share the fake, the database and the watch's
+    listing (fleet_listing.py; `share_listing=False`: each lists for itself, as before issue 25's fleet
+    listing); each drives up to `jobs`. Everything stops on the way out."""
     # Storage is the memory channel's, not GCS: no per-job storage tokens (they would need credentials).
     os.environ.setdefault("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")
     fake: FakeTpuApi | FakeComputeApi
-    provisioner: ZonalProvisioner
+    shared = factory if workers > 1 and share_listing else None
     if product == "tpu":
         tpu = FakeTpuApi(sandbox=sandbox, boot=False, timing=Timing(boot_s=0.3, delete_s=0.2)).start()
-        provisioner = TpuVmProvisioner(GcpConfig(project="proj", zone=ZONE, tpu_api_endpoint=tpu.url), create_wait_s=0,
-                                       delete_wait_s=30, backoff_s=0.05, startup=lambda r: "#!/bin/bash\n", watch=watch)
+
+        def provisioner() -> ZonalProvisioner:
+            return TpuVmProvisioner(GcpConfig(project="proj", zone=ZONE, tpu_api_endpoint=tpu.url), create_wait_s=0,
+                                    delete_wait_s=30, backoff_s=0.05, startup=lambda r: "#!/bin/bash\n", watch=watch,
+                                    fleet=shared)
         fake, running = tpu, (lambda name: tpu.node_state(name) == "READY")
     else:
         gce = FakeComputeApi(sandbox=sandbox, boot=False, timing=ComputeTiming(boot_s=0.3, delete_s=0.2)).start()
-        provisioner = GceVmProvisioner(GcpConfig(project="proj", zone=ZONE, compute_api_endpoint=gce.url),
-                                       create_wait_s=30, delete_wait_s=30, backoff_s=0.05, poll_s=0.1,
-                                       startup=lambda r: "#!/bin/bash\n", watch=watch)
+
+        def provisioner() -> ZonalProvisioner:
+            return GceVmProvisioner(GcpConfig(project="proj", zone=ZONE, compute_api_endpoint=gce.url),
+                                    create_wait_s=30, delete_wait_s=30, backoff_s=0.05, poll_s=0.1,
+                                    startup=lambda r: "#!/bin/bash\n", watch=watch, fleet=shared)
         fake, running = gce, (lambda name: gce.instance_status(f"{name}-0") == "RUNNING")
     agents = StandInAgents(running, train_s)
-    worker = Worker(get_engine(database_url), provisioner, agents, memory_stager,
-                    WorkerConfig(concurrency=jobs, takeover_slots=0, lease_s=30, heartbeat_s=2, poll_s=0.3,
-                                 name=f"fleet-{product}", sweeps=None, sweep_uploads_every_s=None,
-                                 driver=DriverConfig(poll_s=poll_s, retry_backoff_max_s=5)))
-    worker.start()
+    provisioners, started = [provisioner() for _ in range(workers)], []
     try:
-        yield Fleet(fake, provisioner, agents, worker, factory)
+        for i in range(workers):
+            worker = Worker(get_engine(database_url), provisioners[i], agents, memory_stager,
+                            WorkerConfig(concurrency=jobs, takeover_slots=0, lease_s=30, heartbeat_s=2, poll_s=0.3,
+                                         name=f"fleet-{product}" + (f"-{i}" if workers > 1 else ""), sweeps=None,
+                                         sweep_uploads_every_s=None,
+                                         driver=DriverConfig(poll_s=poll_s, retry_backoff_max_s=5)))
+            worker.start()
+            started.append(worker)
+        yield Fleet(fake, provisioners[0], agents, started[0], factory, started)
     finally:
-        worker.shutdown(timeout=10)
+        for worker in started:
+            worker.shutdown(timeout=10)
         fake.stop()

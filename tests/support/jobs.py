@@ -16,7 +16,7 @@ from trainjobs.states import TERMINAL
 TERMINAL_STATUSES = TERMINAL  # the name the tests knew it by
 
 # Every table of the data layer, emptied before each test that uses the `db` fixture.
-TABLES = "sweep_trials, sweeps, job_events, idempotency_keys, jobs, api_keys, projects"
+TABLES = "sweep_trials, sweeps, job_events, idempotency_keys, jobs, api_keys, projects, machine_listings"
 
 
 def make_key(factory, project: str) -> str:  # type: ignore[no-untyped-def]

@@ -18,12 +18,15 @@ ZoneOperationsClient, built with the same endpoint and credentials (`compute_cli
 from __future__ import annotations
 
 import builtins
+import json
 import logging
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
 
 from trainjobs import storage
 from trainjobs.catalogue import bundled_gpus
@@ -37,6 +40,7 @@ from worker.gcp.bootstrap import startup_script, upload_agent_wheel
 from worker.gcp.config import GcpConfig
 from worker.gcp.errors import MachineRefused, cloud_message, is_transient
 from worker.gcp.job_tokens import JobTokens
+from worker.gcp.fleet_listing import Codec
 from worker.gcp.machine_watch import WatchConfig
 from worker.gcp.token_delivery import create_metadata, published_keys, sealed_value
 from worker.gcp.zonal import Call, ZonalProvisioner, duration
@@ -100,6 +104,16 @@ def agent_startup_script(request: MachineRequest) -> str:
     return startup_script(request.job_dir, upload_agent_wheel(bucket), cluster)
 
 
+def _vms(record: Any) -> builtins.list[Any]:
+    from google.cloud import compute_v1
+
+    return [compute_v1.Instance.from_json(json.dumps(vm), ignore_unknown_fields=True) for vm in record]
+
+
+# A listed set as stored for the fleet (fleet_listing.py): its VMs in the API's own JSON.
+VMS_JSON: Codec[builtins.list[Any]] = Codec(lambda vms: [json.loads(type(vm).to_json(vm)) for vm in vms], _vms)
+
+
 class GceVmProvisioner(ZonalProvisioner):
     kind = "compute-engine"  # GPU and CPU VMs
 
@@ -107,14 +121,17 @@ class GceVmProvisioner(ZonalProvisioner):
                  delete_wait_s: float = 600.0, backoff_s: float = 0.5, poll_s: float = 1.0,
                  startup: Callable[[MachineRequest], str] = agent_startup_script,
                  clock: Callable[[], float] = time.monotonic, tokens: JobTokens | None = None,
-                 capacity_retry_s: float = 30.0, watch: WatchConfig | None = None):
+                 capacity_retry_s: float = 30.0, watch: WatchConfig | None = None,
+                 fleet: sessionmaker[Session] | None = None):
         """create_wait_s: how long create() follows the insert operations (a stockout is only known once
         they end); delete_wait_s: how long delete() waits for Google to confirm; poll_s: between
         operation polls; backoff_s: the first retry's delay; capacity_retry_s: how often a set that no
         zone had capacity for asks again; tokens: per-job storage tokens for the VMs
         (worker/gcp/job_tokens.py; default: on, unless storage is the emulator); watch: answer get() from
-        one listing per zone on this schedule (machine_watch.py; None: a list call per get)."""
-        super().__init__(config, backoff_s=backoff_s, tokens=tokens, listing=self._list_all, watch=watch)
+        one listing per zone on this schedule (machine_watch.py; None: a list call per get); fleet: that
+        listing shared by every worker on this database (fleet_listing.py)."""
+        super().__init__(config, backoff_s=backoff_s, tokens=tokens, listing=self._list_all, codec=VMS_JSON,
+                         watch=watch, fleet=fleet)
         self.create_wait_s, self.delete_wait_s, self.poll_s = create_wait_s, delete_wait_s, poll_s
         self.startup, self.clock = startup, clock
         self.clients = clients if clients is not None else compute_clients(config)

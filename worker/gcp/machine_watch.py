@@ -14,6 +14,10 @@ succeeds after two intervals without a refusal halves it again (halving at every
 quota refuses every other listing at the base interval). Meanwhile the last listing keeps answering, so no job fails for it; a job it
 cannot answer for is told RateLimited at once instead of reading its own machine, until a listing
 succeeds: a read per job is what exhausted the quota, and the listing needs what is left of it.
+
+Several workers (fleet_listing.py): `fetch` may return a Listing made elsewhere (another worker's, stored
+in the database) with its own start; then the next look at the store comes just after that listing's
+next one is due, and the store's schedule (interval_s) is this watch's.
 """
 
 from __future__ import annotations
@@ -50,9 +54,10 @@ class Listing(Generic[T]):
 
 
 class MachineWatch(Generic[T]):
-    def __init__(self, product: str, fetch: Callable[[], dict[str, tuple[str, T]]], config: WatchConfig,
+    def __init__(self, product: str, fetch: Callable[[], dict[str, tuple[str, T]] | Listing[T]], config: WatchConfig,
                  clock: Callable[[], float] = time.monotonic, jitter: Callable[[], float] = random.random):
-        """fetch(): every zone's machines of ours, one attempt per request (the schedule is the retry)."""
+        """fetch(): every zone's machines of ours, one attempt per request (the schedule is the retry), or a
+        complete listing made elsewhere."""
         self.product, self.fetch, self.config, self.clock, self.jitter = product, fetch, config, clock, jitter
         self._lock = threading.Lock()
         self._listing: Listing[T] | None = None
@@ -69,6 +74,21 @@ class MachineWatch(Generic[T]):
     @property
     def interval_s(self) -> float:
         return self._interval
+
+    @property
+    def refused_at(self) -> float:
+        """When a call of this product was last refused for the rate quota (-inf: never)."""
+        return self._refused_at
+
+    @property
+    def created_at(self) -> float | None:
+        """The first create since the last listing began: a listing begun after it is wanted soon."""
+        return self._created_at
+
+    def adopt_interval(self, interval: float) -> None:
+        """The fleet's schedule, set by the worker that lists (fleet_listing.py)."""
+        with self._lock:
+            self._set_interval(interval, None)
 
     @property
     def latest(self) -> Listing[T] | None:
@@ -129,13 +149,19 @@ class MachineWatch(Generic[T]):
         try:
             started = self.clock()
             try:
-                machines = self.fetch()
+                fetched = self.fetch()
             except Exception as exc:
                 self._failed(exc)
                 return
+            if isinstance(fetched, Listing):  # made elsewhere: look again just after its next one is due
+                with self._lock:
+                    self._install(fetched, own=False)
+                    self._next = max(fetched.started + self._interval + self.config.soon_s,
+                                     self.clock() + self.config.soon_s)
+                return
             prometheus.MACHINE_LISTINGS.labels(self.product, "ok").inc()
             with self._lock:
-                self._install(Listing(started, machines))
+                self._install(Listing(started, fetched))
         finally:
             with self._lock:
                 self._refreshing = False
@@ -153,13 +179,14 @@ class MachineWatch(Generic[T]):
         with self._lock:
             self._next = self.clock() + self._jittered()
 
-    def _install(self, listing: Listing[T]) -> None:
-        """Under the lock."""
+    def _install(self, listing: Listing[T], own: bool = True) -> None:
+        """Under the lock. `own`: this process listed (or was offered its list()); the schedule of a listing
+        made elsewhere is its lister's, adopted as it is."""
         self._holding = False
         if self._listing is None or listing.started >= self._listing.started:
             self._listing = listing
             self._touched = {n: t for n, t in self._touched.items() if t >= listing.started}
-        if self._interval > self.config.every_s and self.clock() - self._refused_at >= 2 * self._interval:
+        if own and self._interval > self.config.every_s and self.clock() - self._refused_at >= 2 * self._interval:
             self._set_interval(max(self.config.every_s, self._interval / 2), None)
         self._next = listing.started + self._jittered()
         # A listing begun before a create (one offered by list()) leaves the create's soon listing due.

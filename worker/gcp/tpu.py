@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import builtins
 import concurrent.futures
+import json
 import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
 
 from trainjobs import storage
 from trainjobs.spec import TpuAccelerator
@@ -26,6 +29,7 @@ from worker.gcp.bootstrap import startup_script, upload_agent_wheel
 from worker.gcp.config import GcpConfig
 from worker.gcp.errors import MachineRefused, cloud_message, is_stockout, is_transient
 from worker.gcp.job_tokens import JobTokens
+from worker.gcp.fleet_listing import Codec
 from worker.gcp.machine_watch import WatchConfig
 from worker.gcp.token_delivery import create_metadata, published_keys, sealed_value
 from worker.gcp.zonal import Call, ZonalProvisioner, duration
@@ -101,18 +105,37 @@ class Listed:
     queued: Any
 
 
+def _proto(message: Any) -> Any:
+    return None if message is None else json.loads(type(message).to_json(message))
+
+
+def _listed(record: Any) -> Listed:
+    from google.cloud import tpu_v2
+
+    node, queued = record["node"], record["queued"]
+    return Listed(tpu_v2.Node.from_json(json.dumps(node), ignore_unknown_fields=True) if node is not None else None,
+                  tpu_v2.QueuedResource.from_json(json.dumps(queued), ignore_unknown_fields=True)
+                  if queued is not None else None)
+
+
+# A listed machine as stored for the fleet (fleet_listing.py): its messages in the API's own JSON.
+LISTED_JSON: Codec[Listed] = Codec(lambda listed: {"node": _proto(listed.node), "queued": _proto(listed.queued)}, _listed)
+
+
 class TpuVmProvisioner(ZonalProvisioner):
     kind = "cloud-tpu"
 
     def __init__(self, config: GcpConfig, *, client: Any = None, create_wait_s: float = 60.0,
                  delete_wait_s: float = 600.0, backoff_s: float = 0.5,
                  startup: Callable[[MachineRequest], str] = agent_startup_script, tokens: JobTokens | None = None,
-                 watch: WatchConfig | None = None):
+                 watch: WatchConfig | None = None, fleet: sessionmaker[Session] | None = None):
         """create_wait_s: how long create() follows the create operation before leaving it to get();
         delete_wait_s: how long delete() waits for Google to confirm; backoff_s: the first retry's delay;
         tokens: per-job storage tokens for the VMs (default: on, unless storage is the emulator); watch:
-        answer get() from one listing per zone on this schedule (machine_watch.py; None: a read per get)."""
-        super().__init__(config, backoff_s=backoff_s, tokens=tokens, listing=self._list_all, watch=watch)
+        answer get() from one listing per zone on this schedule (machine_watch.py; None: a read per get);
+        fleet: that listing shared by every worker on this database (fleet_listing.py)."""
+        super().__init__(config, backoff_s=backoff_s, tokens=tokens, listing=self._list_all, codec=LISTED_JSON,
+                         watch=watch, fleet=fleet)
         self.create_wait_s, self.delete_wait_s, self.startup = create_wait_s, delete_wait_s, startup
         self.client = client if client is not None else tpu_client(config)
 

@@ -20,9 +20,12 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from sqlalchemy.orm import Session, sessionmaker
+
 from worker.gcp.config import GcpConfig
 from worker.gcp.errors import cloud_message, is_rate_limited, with_backoff
 from worker.gcp.job_tokens import JobTokens, default_job_tokens
+from worker.gcp.fleet_listing import Codec, FleetListing
 from worker.gcp.machine_watch import Listing, MachineWatch, WatchConfig
 from worker.gcp.token_delivery import DueChecks
 from worker import prometheus
@@ -39,18 +42,25 @@ class ZonalProvisioner:
     kind: str
 
     def __init__(self, config: GcpConfig, *, backoff_s: float, tokens: JobTokens | None, listing: ListAll,
-                 watch: WatchConfig | None = None):
+                 codec: Codec[Any], watch: WatchConfig | None = None, fleet: sessionmaker[Session] | None = None):
         """listing(call): every zone's machines of ours, name -> (zone, the product's record), each request
         made through `call` (retried, or once); watch: list them on this schedule for every job (None:
-        each job reads its own machine)."""
+        each job reads its own machine); fleet: with a watch, share one listing with every worker on this
+        database (fleet_listing.py; codec: a record to JSON and back), not one per worker."""
         self.config, self.backoff_s = config, backoff_s
         self.tokens = tokens if tokens is not None else default_job_tokens()
         self._zone_of: dict[str, str] = {}  # where each machine was last seen: its zone is asked first
         self._token_checks = DueChecks()  # when each VM's published key is read next
         self._listing = listing
         self._fresh_lock = threading.Lock()
-        self.watch: MachineWatch[Any] | None = (
-            MachineWatch(self.kind, lambda: listing(self._call_once), watch) if watch is not None else None)
+        self.watch: MachineWatch[Any] | None = None
+        self.fleet: FleetListing[Any] | None = None
+        if watch is not None and fleet is not None:
+            scope = f"{config.project}/{','.join(config.zones)}"
+            self.fleet = FleetListing(fleet, self.kind, scope, lambda: listing(self._call_once), codec)
+            self.watch = self.fleet.watch = MachineWatch(self.kind, self.fleet, watch)
+        elif watch is not None:
+            self.watch = MachineWatch(self.kind, lambda: listing(self._call_once), watch)
 
     def _fresh_listing(self) -> dict[str, tuple[str, Any]]:
         """A listing begun after this call, for list(): retried, and offered to the watch, so every job
@@ -65,6 +75,8 @@ class ZonalProvisioner:
             started = time.monotonic()
             machines = self._listing(self._call)
             self.watch.offer(Listing(started, machines))
+            if self.fleet is not None:  # the reaper's and the teardowns' listings serve the fleet too
+                self.fleet.store(started, machines)
             return machines
 
     def _touch(self, name: str, *, soon: bool = True) -> None:
