@@ -45,7 +45,8 @@ import uuid
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -53,7 +54,6 @@ sys.path.insert(0, str(ROOT))
 from bench import bench_db  # noqa: E402
 from bench.api_bench import start, stop  # noqa: E402
 from bench.fleet_bench import method, wait  # noqa: E402
-from bench.stream_fanout_bench import requests as gcs_requests  # noqa: E402
 from trainjobs.loopback import free_port  # noqa: E402
 
 ZONES = ("us-central1-a", "us-central1-b")
@@ -115,35 +115,28 @@ def report(attempt: int, progress: float) -> dict[str, object]:
 
 
 class Agents:
-    """Every RUNNING job's agent, as far as storage sees one: status.json every 10 s while its machine
-    runs; the `news` jobs also progress and log a line each time."""
+    """Every job's agent, as far as storage sees one: status.json every 10 s while its machine runs
+    (from its first boot, as the agent reports before the job is RUNNING); the `news` jobs also
+    progress and log a line each time. `running()` says which machines run: {job id's first 20 hex
+    digits: attempt}."""
 
-    def __init__(self, factory: Any, running: Any, news: set[uuid.UUID]) -> None:
-        self.factory, self.running, self.news = factory, running, news
+    def __init__(self, ids: list[uuid.UUID], running: Callable[[], dict[str, int]], news: set[uuid.UUID]) -> None:
+        self.ids = {i.hex[:20]: i for i in ids}
+        self.running, self.news = running, news
         self.writes, self.stop = 0, threading.Event()
         self.logs: dict[uuid.UUID, str] = {}
         self.thread = threading.Thread(target=self.loop, daemon=True)
 
     def loop(self) -> None:
-        from sqlalchemy import select
-
-        from service.db.models import Job
-        from service.db.session import transaction
         from trainjobs import storage
         from trainjobs.job_paths import JobPaths
-        from trainjobs.states import JobStatus
 
         beat = 0
         while not self.stop.is_set():
             began = time.monotonic()
-            with transaction(self.factory) as s:
-                jobs = s.execute(select(Job.id, Job.attempt).where(Job.status == JobStatus.RUNNING)).all()
-            live = self.running()
-            for job_id, attempt in jobs:
-                if self.stop.is_set():
-                    return
-                if job_id.hex[:20] not in live:
-                    continue  # a preempted machine's agent is gone: its last status.json stays
+            for tag, attempt in self.running().items():
+                if self.stop.is_set() or (job_id := self.ids.get(tag)) is None:
+                    continue
                 paths = JobPaths.for_job(str(job_id))
                 news = job_id in self.news
                 storage.write_json(paths.status, report(attempt, min(1.0, 0.01 * beat) if news else 0.1))
@@ -162,6 +155,20 @@ def cpu_rss(pid: int) -> tuple[float, int]:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
     return (int(fields[11]) + int(fields[12])) / ticks, int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def gcs_requests(emulator: str, bucket: str) -> Counter[tuple[str, str, str, int]]:
+    """The emulator's count so far by (price class, operation, object kind, HTTP status): the object's
+    kind tells whose request it was (status.json: the workers' status reads; a log or a listing: the
+    API's feeds; spec.json: a worker's prepare)."""
+    from stack.emulator_requests import request_counts
+
+    counts: Counter[tuple[str, str, str, int]] = Counter()
+    for row in request_counts(emulator, bucket):
+        name = row["object"].rsplit("/", 1)[-1]
+        kind = "log" if name.endswith(".log") else name or "(listing)"
+        counts[(row["class"], row["op"], kind, row["status"])] += row["count"]
+    return counts
 
 
 def pg_stats(url: str) -> dict[str, int]:
@@ -188,7 +195,7 @@ def submit(factory: Any, project: Any, product: str, n: int) -> list[uuid.UUID]:
     from service.db.session import transaction
 
     spec = JobSpec.model_validate({"name": f"scale-{product}", "dataset": {"source": "sklearn:digits"},
-                                   "model": {"name": "mlp"}, "accelerator": {**dict(ACCELERATORS[product]), "spot": True},
+                                   "model": {"name": "mlp"}, "accelerator": {**cast(dict[str, Any], ACCELERATORS[product]), "spot": True},
                                    "strategy": "auto", "training": {"epochs": 1}}).model_dump(mode="json")
     with transaction(factory) as s:
         # The project's quotas let the whole fleet run at once (the defaults hold 8 jobs).
@@ -240,7 +247,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 return int(s.scalar(select(func.count()).select_from(Job).where(Job.status == status)) or 0)
 
         followed = ids[: args.followed]
-        agents = Agents(factory, lambda: _running_tags(tpu, gce), set(followed[: args.news]))
+        agents = Agents(ids, lambda: _running(tpu, gce), set(followed[: args.news]))
         agents.thread.start()
         ramp_started = time.monotonic()
         ramp_s = wait(f"{args.jobs} jobs RUNNING", lambda: count(JobStatus.RUNNING) == args.jobs, args.ramp_timeout, 1.0)
@@ -298,9 +305,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     gcs = after["gcs"] - before["gcs"]
     by_class: Counter[str] = Counter()
     by_op: Counter[str] = Counter()
-    for (op, cls, code), n in gcs.items():
+    for (cls, op, kind, code), n in gcs.items():
         by_class[cls] += n
-        by_op[f"{cls} {op} {code}"] += n
+        by_op[f"{cls} {op} {kind} {code}"] += n
+    status_reads = sum(n for (cls, _, kind, _), n in gcs.items() if cls == "B" and kind == "status.json")
     agent_writes = after["writes"] - before["writes"]
     pg = {k: round((after["pg"][k] - before["pg"][k]) * per_min) for k in before["pg"]}
     procs_cpu = {}
@@ -318,7 +326,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "tpu_per_min": rate(after["tpu"] - before["tpu"]), "gce_per_min": rate(after["gce"] - before["gce"]),
         "gcs_per_min_by_class": rate(by_class), "gcs_per_min_by_op": rate(by_op),
         "agent_writes_per_min": round(agent_writes * per_min),
-        "gcs_class_b_per_job_per_10s": round(by_class["B"] * per_min / 6 / running_jobs, 2),
+        "gcs_status_reads_per_job_per_10s": round(status_reads * per_min / 6 / running_jobs, 2),
         "pg_per_min": pg, "processes": procs_cpu,
         "worker_cpu_ms_per_min_per_job": round(workers_cpu * 1000 / running_jobs, 1),
         "preemption_noticed_s": round((noticed - preempted_at).total_seconds(), 1) if noticed else None,
@@ -336,12 +344,12 @@ def _status(factory: Any, job_id: uuid.UUID) -> Any:
         return job.status if job else None
 
 
-def _running_tags(tpu: Any, gce: Any) -> set[str]:
-    """The jobs (first 20 hex digits of the id, as machine names carry them) whose machine the fakes say
-    runs: a preempted machine's agent is gone."""
+def _running(tpu: Any, gce: Any) -> dict[str, int]:
+    """The machines the fakes say run, as {job id's first 20 hex digits: attempt} (MachineRequest.name:
+    tj-<20 hex>-a<attempt>[-<host>]): a preempted machine's agent is gone."""
     names = [m for m in tpu.node_names() if tpu.node_state(m) == "READY"]
     names += gce.instance_names(status="RUNNING")
-    return {part for m in names for part in m.split("-") if len(part) == 20}
+    return {m.split("-")[1]: int(m.split("-")[2][1:]) for m in names}
 
 
 def _zones(tpu: Any, gce: Any) -> dict[str, int]:
@@ -364,6 +372,8 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=20.0)
     parser.add_argument("--ramp-timeout", type=float, default=600.0)
     args = parser.parse_args()
+    # A timeout's SIGTERM unwinds run(), whose finally stops the processes it started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     print(json.dumps(run(args)), flush=True)
 
 
