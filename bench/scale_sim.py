@@ -160,13 +160,13 @@ def cpu_rss(pid: int) -> tuple[float, int]:
 def gcs_requests(emulator: str, bucket: str) -> Counter[tuple[str, str, str, int]]:
     """The emulator's count so far by (price class, operation, object kind, HTTP status): the object's
     kind tells whose request it was (status.json: the workers' status reads; a log or a listing: the
-    API's feeds; spec.json: a worker's prepare)."""
+    API's feeds; spec.json: a worker's prepare; an upload: the agents')."""
     from stack.emulator_requests import request_counts
 
     counts: Counter[tuple[str, str, str, int]] = Counter()
     for row in request_counts(emulator, bucket):
         name = row["object"].rsplit("/", 1)[-1]
-        kind = "log" if name.endswith(".log") else name or "(listing)"
+        kind = "log" if name.endswith(".log") else name or ("(listing)" if row["op"] == "objects.ls" else "(upload)")
         counts[(row["class"], row["op"], kind, row["status"])] += row["count"]
     return counts
 
