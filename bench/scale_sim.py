@@ -105,7 +105,7 @@ for t in threads:
     t.start()
 for t in threads:
     t.join(seconds + 60)
-print(min(lines), max(lines), sum(lines), flush=True)
+print(*lines, flush=True)
 """
 
 
@@ -157,7 +157,7 @@ def cpu_rss(pid: int) -> tuple[float, int]:
     return (int(fields[11]) + int(fields[12])) / ticks, int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def gcs_requests(emulator: str, bucket: str) -> Counter[tuple[str, str, str, int]]:
+def gcs_requests(emulator: str, bucket: str, news: set[str]) -> Counter[tuple[str, str, str, int]]:
     """The emulator's count so far by (price class, operation, object kind, HTTP status): the object's
     kind tells whose request it was (status.json: the workers' status reads; a log or a listing: the
     API's feeds; spec.json: a worker's prepare; an upload: the agents')."""
@@ -167,6 +167,8 @@ def gcs_requests(emulator: str, bucket: str) -> Counter[tuple[str, str, str, int
     for row in request_counts(emulator, bucket):
         name = row["object"].rsplit("/", 1)[-1]
         kind = "log" if name.endswith(".log") else name or ("(listing)" if row["op"] == "objects.ls" else "(upload)")
+        if kind == "status.json" and any(job in row["object"] for job in news):
+            kind = "status.json (news)"  # read soon after each change, by design: not the idle goal's
         counts[(row["class"], row["op"], kind, row["status"])] += row["count"]
     return counts
 
@@ -183,6 +185,19 @@ def pg_stats(url: str) -> dict[str, int]:
     assert row is not None
     names = ("xact_commit", "xact_rollback", "tup_returned", "tup_fetched", "tup_inserted", "tup_updated", "tup_deleted")
     return dict(zip(names, (int(v) for v in row)))
+
+
+def table_stats(url: str) -> dict[str, dict[str, int]]:
+    """Per table: sequential scans and the rows they read, index scans and the rows they fetched."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        rows = conn.execute("SELECT relname, seq_scan, seq_tup_read, coalesce(idx_scan, 0), coalesce(idx_tup_fetch, 0) "
+                            "FROM pg_stat_user_tables").fetchall()
+    return {r[0]: {"seq_scan": r[1], "seq_tup_read": r[2], "idx_scan": r[3], "idx_tup_fetch": r[4]} for r in rows}
 
 
 def submit(factory: Any, project: Any, product: str, n: int) -> list[uuid.UUID]:
@@ -248,6 +263,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         followed = ids[: args.followed]
         agents = Agents(ids, lambda: _running(tpu, gce), set(followed[: args.news]))
+        news = {str(i) for i in followed[: args.news]}
         agents.thread.start()
         ramp_started = time.monotonic()
         ramp_s = wait(f"{args.jobs} jobs RUNNING", lambda: count(JobStatus.RUNNING) == args.jobs, args.ramp_timeout, 1.0)
@@ -267,8 +283,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         def snapshot() -> dict[str, Any]:
             return {"t": time.monotonic(), "tpu": Counter(method(r, tpu.routes) for r in tpu.requests),
-                    "gce": Counter(method(r, gce.routes) for r in gce.requests), "gcs": gcs_requests(emu.url, bucket),
-                    "pg": pg_stats(url), "cpu": {name: cpu_rss(p.pid) for name, p in procs.items()},
+                    "gce": Counter(method(r, gce.routes) for r in gce.requests), "gcs": gcs_requests(emu.url, bucket, news),
+                    "pg": pg_stats(url), "tables": table_stats(url), "cpu": {name: cpu_rss(p.pid) for name, p in procs.items()},
                     "writes": agents.writes if agents else 0}
 
         before = snapshot()
@@ -308,9 +324,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for (cls, op, kind, code), n in gcs.items():
         by_class[cls] += n
         by_op[f"{cls} {op} {kind} {code}"] += n
+    # The idle goal: reads of the jobs whose agent writes nothing but its heartbeat.
     status_reads = sum(n for (cls, _, kind, _), n in gcs.items() if cls == "B" and kind == "status.json")
     agent_writes = after["writes"] - before["writes"]
     pg = {k: round((after["pg"][k] - before["pg"][k]) * per_min) for k in before["pg"]}
+    tables = {t: {k: round((v - before["tables"].get(t, {}).get(k, 0)) * per_min) for k, v in row.items()}
+              for t, row in after["tables"].items()}
+    tables = {t: row for t, row in tables.items() if row["seq_tup_read"] + row["idx_tup_fetch"] > 0}
     procs_cpu = {}
     for name in after["cpu"]:
         cpu = (after["cpu"][name][0] - before["cpu"][name][0]) * per_min
@@ -318,7 +338,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     workers_cpu = sum(v["cpu_s_per_min"] for k, v in procs_cpu.items() if k.startswith("worker"))
     tpu_reads = sum(v for k, v in (after["tpu"] - before["tpu"]).items() if k.startswith("GET"))
     gce_reads = sum(v for k, v in (after["gce"] - before["gce"]).items() if k.startswith("GET"))
-    lines = out.decode().split()
+    lines = [int(n) for n in out.decode().split()]
+    # Streams i with i % followed < news follow the jobs with news (watched is round robin over followed).
+    news_lines = [n for i, n in enumerate(lines) if i % args.followed < args.news]
     return {
         "jobs": args.jobs, "streams": args.streams, "followed": args.followed, "window_s": round(elapsed, 1),
         "ramp_s": round(ramp_s, 1), "ramp_started_to_window_s": round(before["t"] - ramp_started, 1),
@@ -326,12 +348,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "tpu_per_min": rate(after["tpu"] - before["tpu"]), "gce_per_min": rate(after["gce"] - before["gce"]),
         "gcs_per_min_by_class": rate(by_class), "gcs_per_min_by_op": rate(by_op),
         "agent_writes_per_min": round(agent_writes * per_min),
-        "gcs_status_reads_per_job_per_10s": round(status_reads * per_min / 6 / running_jobs, 2),
+        "gcs_status_reads_per_idle_job_per_10s": round(status_reads * per_min / 6 / (running_jobs - args.news), 2),
         "pg_per_min": pg, "processes": procs_cpu,
         "worker_cpu_ms_per_min_per_job": round(workers_cpu * 1000 / running_jobs, 1),
         "preemption_noticed_s": round((noticed - preempted_at).total_seconds(), 1) if noticed else None,
         "one_cancel_s": round(one_cancel_s, 2), "zones": dict(zones),
-        "follower_lines_min_max_sum": lines, "load_avg": os.getloadavg(),
+        "lines_per_stream_of_jobs_with_news_min_max": [min(news_lines), max(news_lines)],
+        "lines_other_streams": sum(lines) - sum(news_lines), "tables_per_min": tables, "load_avg": os.getloadavg(),
     }
 
 
