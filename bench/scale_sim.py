@@ -22,12 +22,14 @@ status reads go through the real GcsJobChannel to the emulator, so that they are
 - Counted per minute over the window: cloud requests by product and method (the fakes' counters),
   GCS operations by class and operation (the emulator's counter, GET /_trainjobs/requests),
   PostgreSQL transactions and row changes (pg_stat_database of the bench database; pg_stat_statements
-  is not preloaded on the shared server), each process's CPU seconds and RSS (psutil, children
+  is not preloaded on the shared server), each process's CPU seconds and RSS (/proc,
   one process each). During the window one TPU job's machine is preempted (time to its RECOVERING event) and,
   half way, one GPU job is cancelled (time from the request to CANCELLED).
 
-    TRAINJOBS_TEST_DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres \\
-        .venv/bin/python bench/scale_sim.py --jobs 100 [--streams 200 --followed 50 --seconds 60]
+    .venv/bin/python bench/scale_sim.py --jobs 500 [--streams 200 --followed 50 --news 5 --seconds 60]
+
+Without TRAINJOBS_TEST_DATABASE_URL it starts an embedded PostgreSQL of its own (bench_db): two
+workers' and the API's connection pools need about 100 connections, more than a shared server had free.
 """
 
 from __future__ import annotations
