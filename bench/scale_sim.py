@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -248,7 +249,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         with transaction(factory) as s:
             project = ensure_project(s, "bench")
             key = create_api_key(s, "bench")
-        # Alternate the products, so each worker gets about half of each.
         tpu_ids = submit(factory, project, "tpu", args.jobs // 2)
         gpu_ids = submit(factory, project, "gpu", args.jobs - args.jobs // 2)
         ids = [i for pair in zip(tpu_ids, gpu_ids) for i in pair] + tpu_ids[len(gpu_ids):] + gpu_ids[len(tpu_ids):]
@@ -263,7 +263,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             with transaction(factory) as s:
                 return int(s.scalar(select(func.count()).select_from(Job).where(Job.status == status)) or 0)
 
-        followed = ids[: args.followed]
+        followed = ids[: args.followed]  # ids alternate the products: followed jobs of both
         agents = Agents(ids, lambda: _running(tpu, gce), set(followed[: args.news]))
         news = {str(i) for i in followed[: args.news]}
         agents.thread.start()
@@ -313,6 +313,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         tpu.stop()
         gce.stop()
         emu.stop()
+        shutil.rmtree(sandbox, ignore_errors=True)
     elapsed = after["t"] - before["t"]
     per_min = 60.0 / elapsed
     running_jobs = args.jobs
