@@ -181,15 +181,14 @@ def _run(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> int:
         # handler, and the agent exited with its status still saying it ran (issue 19).
         _last_words.set()
     except Terminated:
-        log.warning("SIGTERM: writing the last status, then uploading what there is")
-        _finish(reporter, AgentState.TERMINATED)
-        if job.is_chief and work.tensorboard.exists():
-            try:
-                storage.upload_dir(work.tensorboard, job.paths.tensorboard)
-            except Exception as exc:
-                log.warning("could not upload the TensorBoard events: %s", exc)
-        return EXIT_TERMINATED
+        return _terminated(job, work, reporter)
     except Exception as exc:
+        if _terminating.is_set():
+            # SIGTERM raised inside code that reports its own errors its own way: in an extension
+            # module's import, pybind11 turns any error into an ImportError (seen: optree's, which
+            # Keras then called "not installed"). The stop, not that error, is what happened.
+            log.warning("%s: %s, raised while SIGTERM was stopping the agent", type(exc).__name__, exc)
+            return _terminated(job, work, reporter)
         # First: a SIGTERM while the failure is logged (a non-chief failing as the worker deletes the
         # machine) would raise Terminated inside this handler, past the one above, and leave the status
         # saying the agent runs. With it set the SIGTERM lets this last write finish.
@@ -200,6 +199,17 @@ def _run(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> int:
     log.info("job %s attempt %d succeeded", job.job_id, job.attempt)
     _finish(reporter, AgentState.SUCCEEDED)
     return 0
+
+
+def _terminated(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> int:
+    log.warning("SIGTERM: writing the last status, then uploading what there is")
+    _finish(reporter, AgentState.TERMINATED)
+    if job.is_chief and work.tensorboard.exists():
+        try:
+            storage.upload_dir(work.tensorboard, job.paths.tensorboard)
+        except Exception as exc:
+            log.warning("could not upload the TensorBoard events: %s", exc)
+    return EXIT_TERMINATED
 
 
 if __name__ == "__main__":
