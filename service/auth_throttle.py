@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 
-def _env_number(name: str, default: float) -> float:
+def env_number(name: str, default: float) -> float:
+    """A non-negative number from the environment, or the default; a bad value stops the start, naming it."""
     raw = os.environ.get(name, "").strip()
     try:
         value = float(raw) if raw else default
@@ -53,9 +54,9 @@ class AuthThrottleConfig:
     def from_env(cls) -> AuthThrottleConfig:
         """TRAINJOBS_AUTH_MAX_FAILURES, TRAINJOBS_AUTH_WINDOW_S, TRAINJOBS_AUTH_BAD_KEY_TTL_S; a bad value
         stops the API's start, naming the variable."""
-        return cls(max_failures=int(_env_number("TRAINJOBS_AUTH_MAX_FAILURES", cls.max_failures)),
-                   window_s=_env_number("TRAINJOBS_AUTH_WINDOW_S", cls.window_s),
-                   bad_key_ttl_s=_env_number("TRAINJOBS_AUTH_BAD_KEY_TTL_S", cls.bad_key_ttl_s))
+        return cls(max_failures=int(env_number("TRAINJOBS_AUTH_MAX_FAILURES", cls.max_failures)),
+                   window_s=env_number("TRAINJOBS_AUTH_WINDOW_S", cls.window_s),
+                   bad_key_ttl_s=env_number("TRAINJOBS_AUTH_BAD_KEY_TTL_S", cls.bad_key_ttl_s))
 
 
 def trusted_proxies() -> str:

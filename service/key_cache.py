@@ -17,7 +17,6 @@ throttle (service/auth_throttle.py): nothing here lets a guess skip it.
 from __future__ import annotations
 
 import logging
-import os
 import select
 import threading
 import time
@@ -31,6 +30,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DisconnectionError
 
+from service.auth_throttle import env_number
 from service.db.projects import KEY_REVOKED_CHANNEL
 
 log = logging.getLogger("trainjobs.api")
@@ -43,14 +43,7 @@ RECONNECT_S = 1.0
 
 
 def ttl_from_env() -> float:
-    raw = os.environ.get(TTL_ENV, "").strip()
-    try:
-        ttl = float(raw) if raw else DEFAULT_TTL_S
-    except ValueError:
-        raise ValueError(f"{TTL_ENV}={raw!r} is not a number") from None
-    if ttl < 0:
-        raise ValueError(f"{TTL_ENV}={raw!r} must not be negative")
-    return ttl
+    return env_number(TTL_ENV, DEFAULT_TTL_S)
 
 
 @dataclass
