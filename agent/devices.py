@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
 from trainjobs.spec import GpuAccelerator, JobSpec
@@ -44,7 +45,7 @@ def detect_hardware(spec: JobSpec) -> Hardware:
     local = local_device_count()
     if local is not None:
         cc = spec.accelerator.compute_capability if isinstance(spec.accelerator, GpuAccelerator) else None
-        return Hardware(kind, local, cc, local_devices=local)
+        return Hardware(kind, local, cc, local_devices=local, cpu_bfloat16=cpu_bfloat16() if kind == "cpu" else None)
     if kind == "tpu":
         return Hardware("tpu", spec.accelerator.replicas)  # the TPU resolver reports the truth later
     if kind == "gpu":
@@ -54,7 +55,26 @@ def detect_hardware(spec: JobSpec) -> Hardware:
         details = tf.config.experimental.get_device_details(gpus[0])
         major, minor = details.get("compute_capability", (0, 0))
         return Hardware("gpu", len(gpus), float(f"{major}.{minor}"))
-    return Hardware("cpu", 1)
+    return Hardware("cpu", 1, cpu_bfloat16=cpu_bfloat16())
+
+
+# /proc/cpuinfo's flags for the instructions oneDNN runs bfloat16 matmuls and convolutions on, best first.
+BFLOAT16_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+def cpu_bfloat16(cpuinfo: str | None = None) -> str | None:
+    """The first of BFLOAT16_FLAGS this CPU has (None: none, or no /proc/cpuinfo to read)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == "flags":
+            flags.update(value.split())
+    return next((f for f in BFLOAT16_FLAGS if f in flags), None)
 
 
 def build_strategy(name: str, hardware: Hardware) -> Any:

@@ -35,6 +35,7 @@ class Hardware:
     devices: int  # accelerators on this host (logical CPU devices on a stand-in)
     gpu_compute_capability: float | None = None
     local_devices: int | None = None  # TRAINJOBS_LOCAL_DEVICES, when this machine only stands in
+    cpu_bfloat16: str | None = None  # a CPU's bfloat16 instructions (devices.cpu_bfloat16), if it has them
 
 
 @dataclass(frozen=True)

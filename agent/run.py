@@ -15,7 +15,11 @@ from typing import Any
 from trainjobs import storage
 from trainjobs.job_paths import ARTIFACT_HISTORY, ARTIFACT_METRICS
 from trainjobs.spec import TrainingSpec
-from agent import autotune, columns, devices, distillation, export, keras_compat, optimization, pruning, tasks, tuning, variants
+from agent import (
+    autotune, columns, devices, distillation, export, keras_compat, optimization, precision_trial, pruning, tasks, tuning,
+    variants,
+)
+from agent.builtin_models import BUILTIN_BUILDERS
 from agent.checkpoints import CheckpointSchedule, CheckpointStore
 from agent.data import (
     LocalDataset, download_dataset, eval_dataset, input_choice, read_arrays, read_columns, train_dataset,
@@ -117,9 +121,16 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
     if weights is not None:
         log.info("class weights: %s", json.dumps({data.labels[i]: round(w, 6) for i, w in weights.items()}))
     try_xla = spec.jit_compile == "auto" and hardware.kind == "gpu" and hardware.local_devices is None
+    no_bfloat16 = precision_trial.why_not(spec, plan.precision, hardware.cpu_bfloat16,
+                                          builtin=spec.model.module is None and spec.model.name in BUILTIN_BUILDERS,
+                                          replicas=strategy.num_replicas_in_sync)
     plan, train_function, trial = autotune.tune(spec, plan, model, train_function, train, meter, job.paths.checkpoints,
                                                 job.attempt, chief=job.is_chief, may_measure=pruner is None,
-                                                try_xla=try_xla, class_weight=weights)
+                                                try_xla=try_xla, try_bfloat16=hardware.kind == "cpu" and no_bfloat16 is None,
+                                                class_weight=weights)
+    if hardware.kind == "cpu" and spec.precision == "auto" and no_bfloat16 is not None:
+        plan = dataclasses.replace(plan, notes=plan.notes + (f"precision auto: {plan.precision}; mixed_bfloat16 not "
+                                                             f"tried: {no_bfloat16}",))
     plan = dataclasses.replace(plan, jit_compile=bool(model.jit_compile))
     reporter.runtime = plan.as_dict() | {"dataset": data.summary()}
     window = None  # after the trial: it traces fit's calls, at the steps per call the trial chose

@@ -33,8 +33,12 @@ log = logging.getLogger("trainjobs.agent")
 CANDIDATES = (1, 4, 16, 64)
 MEASURED_STEPS = 16  # timed steps per candidate at least (two calls of the larger ones)
 TRIAL_SHARE = 0.5  # of the first epoch's steps, at most, spent trying candidates
-# A larger candidate must beat a smaller one by this much: fewer steps per call mean finer progress,
-# checkpoint steps and a shorter last call, and the timings of a shared machine move by a few percent.
+# Candidates within this much of the fastest are ties, and a tie goes to the most steps per call: each
+# call pays Keras' loop around it (about 2 ms on the bench's CPU, whatever the model: the bench's cnn
+# ran 5.8 ms per step at 1 step per call, 4.0 at 16), which a trial's 16 steps per candidate cannot
+# tell from a shared machine's noise between 4 and 16. Measured that way the cnn chose 4 where 16 was
+# 10% faster in steady state. (It used to go the other way, for finer progress; a call is still short
+# next to a checkpoint's interval.)
 MARGIN = 0.03
 CHOICE_NAME = "tuning.json"
 
@@ -79,10 +83,10 @@ def plan_trial(steps_per_epoch: int) -> TrialPlan | None:
 
 
 def choose(trials: list[Trial]) -> int:
-    """The candidate with the least time per step; a larger one only if it is faster by MARGIN."""
+    """The candidate with the least time per step; of those within MARGIN of it, the largest."""
     best = min(trials, key=lambda t: t.seconds_per_step)
     good_enough = best.seconds_per_step * (1 + MARGIN)
-    return min(t.steps_per_execution for t in trials if t.seconds_per_step <= good_enough)
+    return max(t.steps_per_execution for t in trials if t.seconds_per_step <= good_enough)
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,9 @@ class TuningChoice:
     attempt: int = 1
     jit_compile: bool | None = None  # jit_compile auto's choice (agent/xla_trial.py); None: not tried
     xla_ms_per_step: float | None = None  # at the chosen steps_per_execution
+    precision: str | None = None  # precision auto's choice on a CPU (agent/precision_trial.py); None: not tried
+    bfloat16_ms_per_step: float | None = None  # at the chosen steps_per_execution
+    float32_ms_per_step: float | None = None  # what bfloat16's was compared with (precision_trial)
 
     def note(self) -> str:
         timings = ", ".join(f"{k}: {v:.3f}" for k, v in self.measured_ms_per_step.items())
@@ -104,6 +111,11 @@ class TuningChoice:
                      f"{'kept' if self.jit_compile else 'not kept'}")
         elif self.jit_compile is False:
             note += "; jit_compile auto: the model did not train under XLA (the job's log says why), so it is off"
+        if self.precision is not None and self.bfloat16_ms_per_step is not None and self.float32_ms_per_step is not None:
+            note += (f"; precision auto: {self.bfloat16_ms_per_step:.3f} ms per step in mixed_bfloat16 against "
+                     f"{self.float32_ms_per_step:.3f} in float32, {'kept' if self.precision != 'float32' else 'not kept'}")
+        elif self.precision is not None:
+            note += "; precision auto: the model did not train in mixed_bfloat16 (the job's log says why), so float32"
         return note
 
 
@@ -125,7 +137,8 @@ def stored_choice(checkpoints_uri: str) -> TuningChoice | None:
     if doc is None:
         return None
     return TuningChoice(int(doc["steps_per_execution"]), dict(doc.get("measured_ms_per_step", {})),
-                        int(doc.get("attempt", 1)), doc.get("jit_compile"), doc.get("xla_ms_per_step"))
+                        int(doc.get("attempt", 1)), doc.get("jit_compile"), doc.get("xla_ms_per_step"),
+                        doc.get("precision"), doc.get("bfloat16_ms_per_step"), doc.get("float32_ms_per_step"))
 
 
 def store_choice(checkpoints_uri: str, choice: TuningChoice) -> None:
@@ -223,3 +236,60 @@ def set_steps_per_execution(model: Any, train_function: Any, k: int) -> None:
     model.steps_per_execution = train_function.steps_per_execution = k
     model.train_function = train_function
     model.test_function = make_test_function(model, k)
+
+
+def alternative_plan(steps_per_execution: int) -> TrialPlan:
+    """What trying one more way to run the chosen steps per call takes (try_alternative): one traced
+    call of one step, then MEASURED_STEPS timed steps (two calls at least) of the chosen size."""
+    k = steps_per_execution
+    return TrialPlan(1, ((k, max(2, -(-MEASURED_STEPS // k))),))
+
+
+def try_alternative(result: TrialResult, model: Any, plain: Any, dataset: Any, meter: Any, install: Any, undo: Any,
+                    what: str, class_weight: dict[int, float] | None = None,
+                    rounds: int = 1) -> tuple[Any, TrialResult, float | None, float | None]:
+    """One more way to run the chosen steps per call (agent/xla_trial.py, agent/precision_trial.py),
+    tried as more real steps of the first epoch: `install()` puts it in place and returns its train
+    function, or None where the model refuses it (nothing trains). Each round is alternative_plan's
+    calls of the alternative; with `rounds` > 1 the plain function runs the same calls between them,
+    so a neighbour's burst on a shared machine slows both alike (the plain function is traced already,
+    and the alternative after its first round: the other rounds' first call is only untimed).
+
+    Returns the train function in place now, `result` with the steps trained added, the alternative's
+    seconds per step and the plain function's between its rounds (None where none ran). The first is
+    None where the alternative was refused or raised: then `undo()` has run and the plain function is
+    back. The caller keeps the alternative or undoes it; it checks that the rounds fit the epoch first."""
+    k = result.choice.steps_per_execution
+    before = int(model.optimizer.iterations.numpy())
+    alternative = install()
+    if alternative is None:
+        undo()
+        set_steps_per_execution(model, plain, k)
+        return plain, result, None, None
+    timed: list[TimedFit] = []
+    plain_timed: list[TimedFit] = []
+    try:
+        for i in range(rounds):
+            if i:
+                set_steps_per_execution(model, plain, k)
+                plain_timed.append(timed_fit(model, plain, dataset, meter, alternative_plan(k), class_weight))
+                set_steps_per_execution(model, alternative, k)
+            timed.append(timed_fit(model, alternative, dataset, meter, alternative_plan(k), class_weight))
+    except Exception as exc:  # a compile or a kernel refuses the model: the error is TensorFlow's, of any class
+        log.warning("%s: the model did not train this way: %s", what, str(exc).splitlines()[0][:300])
+        undo()
+        set_steps_per_execution(model, plain, k)
+        # The steps that did train. Not the function's own count: under XLA it is bumped beside the
+        # cluster, which still runs when the cluster fails (seen under MirroredStrategy on a CPU, TF 2.21).
+        trained = int(model.optimizer.iterations.numpy()) - before
+        return plain, replace(result, steps=result.steps + trained), None, None
+    merged = result
+    for t in timed + plain_timed:
+        merged = replace(merged, steps=merged.steps + t.steps, executions=merged.executions + t.executions,
+                         seconds=merged.seconds + t.seconds, waited_s=merged.waited_s + t.waited_s,
+                         inside_seconds=merged.inside_seconds + t.inside_seconds)
+
+    def per_step(runs: list[TimedFit]) -> float | None:
+        return sum(t.trials[0].seconds for t in runs) / sum(t.trials[0].calls * k for t in runs) if runs else None
+
+    return alternative, merged, per_step(timed), per_step(plain_timed)

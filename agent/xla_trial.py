@@ -15,7 +15,7 @@ import dataclasses
 import logging
 from typing import Any
 
-from agent.tuning import MARGIN, MEASURED_STEPS, TrialPlan, TrialResult, set_steps_per_execution, timed_fit
+from agent.tuning import MARGIN, TrialResult, alternative_plan, set_steps_per_execution, try_alternative
 
 log = logging.getLogger("trainjobs.agent")
 
@@ -39,37 +39,25 @@ def try_xla_after(result: TrialResult, model: Any, plain: Any, dataset: Any, met
     """The train function to keep, and `result` with the XLA trial's steps and choice added. `room`: the
     first epoch's steps the trial may still take."""
     k = result.choice.steps_per_execution
-    calls = max(2, -(-MEASURED_STEPS // k))
-    trial = TrialPlan(1, ((k, calls),))
-    if trial.steps > room:
+    if alternative_plan(k).steps > room:
         log.info("jit_compile auto: no XLA trial, %d steps left in the first epoch's trial budget", room)
         return plain, result
-    plain_s = result.choice.measured_ms_per_step[str(k)] / 1000
-    xla = use_xla(model, k)
-    if not model.jit_compile:
-        set_steps_per_execution(model, plain, k)
-        return plain, dataclasses.replace(result, choice=dataclasses.replace(result.choice, jit_compile=False))
-    before = int(model.optimizer.iterations.numpy())
-    try:
-        timed = timed_fit(model, xla, dataset, meter, trial, class_weight)
-    except Exception as exc:  # XLA's compile refuses an op: the error is TensorFlow's, of whichever class
-        log.warning("jit_compile auto: the model did not train under XLA: %s", str(exc).splitlines()[0][:300])
+
+    def install() -> Any:
+        xla = use_xla(model, k)
+        return xla if model.jit_compile else None  # Keras' setter refused XLA for this model
+
+    def undo() -> None:
         model.jit_compile = False
-        set_steps_per_execution(model, plain, k)
-        # The steps that did train. Not the function's own count: it is bumped beside the XLA cluster,
-        # which still runs when the cluster fails (seen under MirroredStrategy on a CPU, TF 2.21).
-        trained = int(model.optimizer.iterations.numpy()) - before
-        return plain, dataclasses.replace(result, steps=result.steps + trained,
-                                          choice=dataclasses.replace(result.choice, jit_compile=False))
-    xla_s = timed.trials[0].seconds_per_step
-    keep = prefer_xla(plain_s, xla_s)
-    choice = dataclasses.replace(result.choice, jit_compile=keep, xla_ms_per_step=round(1000 * xla_s, 4))
-    merged = dataclasses.replace(result, choice=choice, steps=result.steps + timed.steps,
-                                 executions=result.executions + timed.executions,
-                                 seconds=result.seconds + timed.seconds, waited_s=result.waited_s + timed.waited_s,
-                                 inside_seconds=result.inside_seconds + timed.inside_seconds)
+
+    function, tried, xla_s, _ = try_alternative(result, model, plain, dataset, meter, install, undo,
+                                                "jit_compile auto", class_weight)
+    if xla_s is None:
+        return plain, dataclasses.replace(tried, choice=dataclasses.replace(tried.choice, jit_compile=False))
+    keep = prefer_xla(result.choice.measured_ms_per_step[str(k)] / 1000, xla_s)
+    choice = dataclasses.replace(tried.choice, jit_compile=keep, xla_ms_per_step=round(1000 * xla_s, 4))
     if keep:
-        return xla, merged
-    model.jit_compile = False
+        return function, dataclasses.replace(tried, choice=choice)
+    undo()
     set_steps_per_execution(model, plain, k)
-    return plain, merged
+    return plain, dataclasses.replace(tried, choice=choice)

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from agent.checkpoints import LATEST
+from agent.devices import cpu_bfloat16
 from agent.tuning import CHOICE_NAME, TuningChoice, plan_trial
 from tests.support import scaled
 from tests.support.agent import (
@@ -41,23 +42,24 @@ def slow_dataset(gcs_emulator: Any, tmp_path_factory: pytest.TempPathFactory) ->
                  shards=2)
 
 
-def _slow_job(bucket: str, dataset: str, epochs: int, **training: Any) -> tuple[str, dict[str, Any]]:
+def _slow_job(bucket: str, dataset: str, epochs: int, replicas: int = 2, **training: Any) -> tuple[str, dict[str, Any]]:
     """A job on the long-epoch dataset; returns (job_id, spec), the job directory made for attempt 1."""
     job_id = str(uuid.uuid4())
-    s = spec(training={"epochs": epochs, "per_replica_batch_size": 16, "learning_rate": 0.003, **training})
+    s = spec(accelerator={"type": "cpu", "replicas": replicas},
+             training={"epochs": epochs, "per_replica_batch_size": 16, "learning_rate": 0.003, **training})
     make_job(bucket, s, dataset, attempt=1, job_id=job_id)
     return job_id, s
 
 
-@pytest.mark.parametrize(("schedule", "mid_epoch"), [
-    ({}, False),
-    ({"checkpoint_every_steps": 50}, True),
+@pytest.mark.parametrize(("schedule", "mid_epoch", "replicas"), [
+    ({}, False, 1),  # one replica: precision auto's trial runs too, on a CPU with bfloat16 instructions
+    ({"checkpoint_every_steps": 50}, True, 2),
 ], ids=["epoch-end", "mid-epoch"])
-def test_resumes_from_the_last_checkpoint_after_being_killed(bucket: str, slow_dataset: str,
-                                                             schedule: dict[str, Any], mid_epoch: bool) -> None:
+def test_resumes_from_the_last_checkpoint_after_being_killed(bucket: str, slow_dataset: str, schedule: dict[str, Any],
+                                                             mid_epoch: bool, replicas: int) -> None:
     """Killed once a checkpoint of the awaited kind is in GCS, a second attempt goes on from it and
     trains exactly the steps an uninterrupted run would have."""
-    job_id, s = _slow_job(bucket, slow_dataset, epochs=2, **schedule)
+    job_id, s = _slow_job(bucket, slow_dataset, epochs=2, replicas=replicas, **schedule)
     job_dir = JobPaths.for_job(job_id, bucket).root
 
     def awaited_checkpoint_is_in() -> bool:
@@ -107,6 +109,14 @@ def test_resumes_from_the_last_checkpoint_after_being_killed(bucket: str, slow_d
     # jit_compile auto on a CPU: not tried, and the notes say why.
     assert runtime["jit_compile"] is False
     assert any(n.startswith("jit_compile auto: off; XLA is tried on a GPU") for n in runtime["notes"])
+    # precision auto on a CPU: mixed_bfloat16 tried with one replica where the CPU has bfloat16 instructions,
+    # and attempt 2 trains in what attempt 1 kept; else not tried, and the notes say why.
+    if replicas == 1 and cpu_bfloat16() is not None:
+        assert chosen["precision"] in ("mixed_bfloat16", "float32") and chosen["bfloat16_ms_per_step"] > 0
+        assert runtime["precision"] == chosen["precision"]
+    else:
+        assert chosen.get("precision") is None and runtime["precision"] == "float32"
+        assert any(n.startswith("precision auto: float32; mixed_bfloat16 not tried: ") for n in runtime["notes"])
 
 
 def test_two_workers_train_together_and_only_the_chief_writes_artifacts(bucket: str, tmp_path: Path) -> None:

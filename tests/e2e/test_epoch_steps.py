@@ -26,7 +26,7 @@ pytestmark = pytest.mark.tf
 REPO = Path(__file__).resolve().parents[2]
 # (strategy, steps per epoch, steps_per_execution, resumed at step, steps_per_execution auto's trial:
 # (steps per call, calls) after one traced step, then jit_compile auto's XLA trial: "" none, "trains", or
-# "either" where the TensorFlow version decides): none of them divides evenly.
+# "either" where the TensorFlow version decides; or "bf16", precision auto's trial): none of them divides evenly.
 Case = tuple[str, int, int, int, tuple[tuple[int, int], ...], str]
 CASES: list[Case] = [
     ("default", 7, 4, 0, (), ""),
@@ -42,11 +42,16 @@ CASES: list[Case] = [
     # steps that trained count.
     ("default", 40, 4, 0, ((1, 2), (4, 2)), "trains"),
     ("mirrored", 40, 4, 0, ((1, 2), (4, 2)), "either"),
+    # precision auto's trial (agent/precision_trial.py; the agent tries it with one replica on a CPU with
+    # bfloat16 instructions, tried here whatever this CPU has): a model with a hidden layer, whose policy
+    # changes, 3 x (1 + 4 x 4) steps more.
+    ("default", 70, 4, 0, ((1, 2), (4, 2)), "bf16"),
+    ("one_device", 70, 4, 0, ((1, 2), (4, 2)), "bf16"),
 ]
 EPOCHS = 2
 # training.profile's window in each case, (epoch, steps): whole executions from the epoch's first step.
 # The resumed case asks for its first epoch, which the attempt began past: it is not traced.
-PROFILED = [(2, 5), (2, 5), (2, 5), (2, 5), (1, 5), (2, 5), (2, 5), (2, 5), (2, 5), (2, 5)]
+PROFILED = [(2, 5), (2, 5), (2, 5), (2, 5), (1, 5), (2, 5), (2, 5), (2, 5), (2, 5), (2, 5), (2, 5), (2, 5)]
 
 
 def _train(strategy_name: str, steps: int, spe: int, resumed_at: int, trial_calls: tuple[tuple[int, int], ...],
@@ -71,6 +76,7 @@ def _train(strategy_name: str, steps: int, spe: int, resumed_at: int, trial_call
     from agent.train import EpochRecorder, fit
     from agent.tuning import TrialPlan, fit_plan, run_trial, use_steps_per_execution
     from agent.xla_trial import try_xla_after
+    from agent.precision_trial import try_bfloat16_after
 
     job = JobSpec.model_validate({"dataset": {"source": "sklearn:iris"}, "model": {"name": "mlp"},
                                   "training": {"epochs": EPOCHS, "global_batch_size": 4}})
@@ -79,8 +85,9 @@ def _train(strategy_name: str, steps: int, spe: int, resumed_at: int, trial_call
     plan = resolve_plan(job, hardware, strategy_name, strategy.num_replicas_in_sync, train_examples=4 * steps)
     plan = dataclasses.replace(plan, steps_per_execution=spe, initial_step=resumed_at,
                                initial_global_step=resumed_at)
+    hidden = [keras.layers.Dense(8, activation="relu")] if xla == "bf16" else []
     with strategy.scope():
-        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, activation="softmax")])
+        model = keras.Sequential([keras.Input((3,)), *hidden, keras.layers.Dense(2, activation="softmax")])
         model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", steps_per_execution=spe)
     train_function = install_step_functions(model, spe)
     rng = np.random.default_rng(0)
@@ -93,8 +100,8 @@ def _train(strategy_name: str, steps: int, spe: int, resumed_at: int, trial_call
         plan = use_steps_per_execution(plan, model, train_function, spe, "chosen by the test")
         if xla:  # measured against the case's steps_per_execution, whatever the trial chose
             trial = dataclasses.replace(trial, choice=dataclasses.replace(trial.choice, steps_per_execution=spe))
-            train_function, trial = try_xla_after(trial, model, train_function, batches, meter,
-                                                  steps - trial.steps - 1)
+            alternative = try_bfloat16_after if xla == "bf16" else try_xla_after
+            train_function, trial = alternative(trial, model, train_function, batches, meter, steps - trial.steps - 1)
     entries: list[dict[str, Any]] = []
     calls: list[list[int]] = []
     logdir = Path(tempfile.mkdtemp())
@@ -111,9 +118,11 @@ def _train(strategy_name: str, steps: int, spe: int, resumed_at: int, trial_call
     profile = trace.report(entries, 1)
     planes = {name: xspace_planes((logdir / name).read_bytes()) for name in profile.get("files", [])}
     return {"plan_steps": plan.steps_per_epoch, "iterations": int(model.optimizer.iterations.numpy()),
-            # XLA's trial ran on a train function of its own: the one kept counts only its own steps.
+            # XLA's and bfloat16's trials ran on a train function of their own: the one kept counts only its own steps.
             "steps_run": None if xla else train_function.steps_run, "calls": calls,
             "xla_note": trial.choice.note() if xla and trial is not None else None,
+            "precision": trial.choice.precision if trial is not None else None,
+            "policies": [layer.dtype_policy.name for layer in model.layers],
             "epochs": [{"steps": e["steps"], "executions": e["executions"], "resumed_at_step": e.get("resumed_at_step")}
                        for e in entries],
             "entries": entries, "breakdown": step_time_breakdown(entries, 1, spe), "profile": profile,
@@ -160,8 +169,13 @@ def test_every_epoch_runs_all_its_steps(trained: list[dict[str, Any]], index: in
     xla_calls: tuple[tuple[int, int], ...] = ()
     trained_under_xla = bool(xla) and re.search(r"; jit_compile auto: [0-9.]+ ms per step under XLA, (not )?kept$",
                                                 result["xla_note"]) is not None
+    trained_in_bfloat16 = xla == "bf16" and re.search(
+        r"; precision auto: [0-9.]+ ms per step in mixed_bfloat16 against [0-9.]+ in float32, (not )?kept$",
+        result["xla_note"]) is not None
     if trained_under_xla:  # its traced step, then 16 timed steps, kept or not
         xla_calls = ((1, 1), (spe, 4))
+    elif trained_in_bfloat16:  # bfloat16's two rounds with float32's between them, each a traced step and 16 more
+        xla_calls = ((1, 1), (spe, 4)) * 3
     elif xla:
         assert xla == "either", result["xla_note"]
         assert result["xla_note"].endswith("the model did not train under XLA (the job's log says why), so it is off")
@@ -245,6 +259,16 @@ def test_a_profiler_that_cannot_start_is_reported_and_training_goes_on(tmp_path:
     report = window.report([], 1)
     assert report["epoch"] == 2 and "the profiler did not start" in report["error"], report
     assert not (tmp_path / "tb").exists()
+
+
+@pytest.mark.parametrize("index", [i for i, c in enumerate(CASES) if c[5] == "bf16"])
+def test_precision_autos_trial_leaves_the_policy_it_chose(trained: list[dict[str, Any]], index: int) -> None:
+    """Kept: the hidden layer computes in bfloat16, the output layer in float32 (softmax and the loss keep
+    full range); not kept: both in float32 again. Either way the steps above all counted."""
+    result = trained[index]
+    assert result["precision"] in ("mixed_bfloat16", "float32"), result["xla_note"]
+    hidden = "mixed_bfloat16" if result["precision"] == "mixed_bfloat16" else "float32"
+    assert result["policies"] == [hidden, "float32"]
 
 
 if __name__ == "__main__":

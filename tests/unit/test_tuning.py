@@ -36,8 +36,10 @@ def _trials(ms_per_step: dict[int, float]) -> list[Trial]:
 @pytest.mark.parametrize(("measured", "chosen"), [
     ({1: 2.0, 4: 1.2, 16: 1.0, 64: 0.9}, 64),  # the fastest per step
     ({1: 1.0, 4: 1.3, 16: 1.5}, 1),  # more steps per call can be slower (a tf.while_loop of big steps)
-    ({1: 2.0, 4: 1.0, 16: 0.99, 64: 0.98}, 4),  # within 3% of the fastest: the fewest steps per call
+    ({1: 2.0, 4: 1.0, 16: 0.99, 64: 0.98}, 64),  # within 3% of the fastest: the most steps per call
+    ({1: 2.0, 4: 0.98, 16: 1.0, 64: 1.05}, 16),  # 4 is fastest, 16 within 3% of it, 64 not
     ({1: 2.0, 4: 1.1, 16: 1.0, 64: 1.05}, 16),
+    ({1: 1.0, 4: 1.02, 16: 1.2}, 4),
 ])
 def test_the_job_keeps_the_fastest_candidate(measured: dict[int, float], chosen: int) -> None:
     assert choose(_trials(measured)) == chosen
