@@ -37,6 +37,11 @@ MARGIN = 0.10
 # measurement alone, right after its trace, read 4.4 ms per step against float32's 4.3 where the steady
 # state is 3.1 against 3.8 (the bench's cnn).
 ROUNDS = 2
+# A float32 step shorter than this is not tried: it is mostly the per-op work of TensorFlow's executor
+# and matmuls too small for oneDNN's bfloat16 kernels to gain on their casts (the bench's mlp: 0.8-1.0
+# ms, 5-9% slower in bfloat16), while the trial costs the job about a second (a second trace, three
+# more fits); the cnn, 4.0-4.4 ms, gained 19-24%.
+MIN_STEP_MS = 2.0
 
 
 def prefer_bfloat16(float32_s_per_step: float, bfloat16_s_per_step: float) -> bool:
@@ -99,13 +104,21 @@ def use_bfloat16(model: Any, k: int) -> Any:
 
 
 def try_bfloat16_after(result: TrialResult, model: Any, plain: Any, dataset: Any, meter: Any, room: int,
-                       class_weight: dict[int, float] | None = None) -> tuple[Any, TrialResult]:
+                       class_weight: dict[int, float] | None = None,
+                       min_step_ms: float = MIN_STEP_MS) -> tuple[Any, TrialResult]:
     """The train function to keep, and `result` with the trial's steps and choice (`precision`,
     `bfloat16_ms_per_step`) added. `room`: the first epoch's steps the trial may still take."""
     k = result.choice.steps_per_execution
     if (ROUNDS * 2 - 1) * alternative_plan(k).steps > room:
         log.info("precision auto: mixed_bfloat16 not tried, %d steps left in the first epoch's trial budget", room)
         return plain, result
+
+    float32_ms = result.choice.measured_ms_per_step[str(k)]
+    if float32_ms < min_step_ms:
+        log.info("precision auto: mixed_bfloat16 not tried, a float32 step of %.3f ms is under %.1f", float32_ms,
+                 min_step_ms)
+        return plain, dataclasses.replace(result, choice=dataclasses.replace(
+            result.choice, precision="float32", float32_ms_per_step=round(float32_ms, 4)))
 
     def undo() -> None:
         set_compute_policy(model, "float32")

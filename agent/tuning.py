@@ -114,6 +114,9 @@ class TuningChoice:
         if self.precision is not None and self.bfloat16_ms_per_step is not None and self.float32_ms_per_step is not None:
             note += (f"; precision auto: {self.bfloat16_ms_per_step:.3f} ms per step in mixed_bfloat16 against "
                      f"{self.float32_ms_per_step:.3f} in float32, {'kept' if self.precision != 'float32' else 'not kept'}")
+        elif self.precision is not None and self.float32_ms_per_step is not None:
+            note += (f"; precision auto: float32, mixed_bfloat16 not tried: a step of {self.float32_ms_per_step:.3f} ms "
+                     "is too short for it to pay (agent/precision_trial.py)")
         elif self.precision is not None:
             note += "; precision auto: the model did not train in mixed_bfloat16 (the job's log says why), so float32"
         return note

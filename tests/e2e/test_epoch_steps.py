@@ -59,6 +59,7 @@ def _train(strategy_name: str, steps: int, spe: int, resumed_at: int, trial_call
     """Child process only: a tiny model trained with the agent's train function and fit loop, a profiler
     window open (agent/profiling.py)."""
     import dataclasses
+    import functools
     import tempfile
 
     import keras
@@ -100,7 +101,8 @@ def _train(strategy_name: str, steps: int, spe: int, resumed_at: int, trial_call
         plan = use_steps_per_execution(plan, model, train_function, spe, "chosen by the test")
         if xla:  # measured against the case's steps_per_execution, whatever the trial chose
             trial = dataclasses.replace(trial, choice=dataclasses.replace(trial.choice, steps_per_execution=spe))
-            alternative = try_bfloat16_after if xla == "bf16" else try_xla_after
+            # The bf16 trial's model is too small for the agent to try it (MIN_STEP_MS): tried all the same.
+            alternative = functools.partial(try_bfloat16_after, min_step_ms=0.0) if xla == "bf16" else try_xla_after
             train_function, trial = alternative(trial, model, train_function, batches, meter, steps - trial.steps - 1)
     entries: list[dict[str, Any]] = []
     calls: list[list[int]] = []

@@ -68,10 +68,27 @@ def test_bfloat16_is_kept_only_when_clearly_faster(float32_ms: float, bfloat16_m
     ("float32", 4.2, "; precision auto: 4.200 ms per step in mixed_bfloat16 against 3.900 in float32, not kept"),
     ("float32", None, "; precision auto: the model did not train in mixed_bfloat16 (the job's log says why), so float32"),
     (None, None, "; chose 16"),
+    ("float32", "short", "; precision auto: float32, mixed_bfloat16 not tried: a step of 3.900 ms is too short "
+                         "for it to pay (agent/precision_trial.py)"),
 ])
-def test_the_choice_says_what_bfloat16_measured(precision: str | None, bf16_ms: float | None, ending: str) -> None:
-    choice = TuningChoice(16, {"1": 5.8, "16": 3.9}, 1, precision=precision, bfloat16_ms_per_step=bf16_ms,
-                          float32_ms_per_step=3.9 if bf16_ms is not None else None)
+def test_the_choice_says_what_bfloat16_measured(precision: str | None, bf16_ms: float | str | None, ending: str) -> None:
+    measured = isinstance(bf16_ms, float)
+    choice = TuningChoice(16, {"1": 5.8, "16": 3.9}, 1, precision=precision,
+                          bfloat16_ms_per_step=bf16_ms if isinstance(bf16_ms, float) else None,
+                          float32_ms_per_step=3.9 if measured or bf16_ms == "short" else None)
     assert choice.note().endswith(ending)
     # Stored beside the checkpoints and read back by a later attempt as it was.
     assert TuningChoice(**dataclasses.asdict(choice)) == choice
+
+
+def test_a_step_too_short_to_gain_is_not_tried() -> None:
+    """Before anything trains or the model is touched (none is given here): the choice says float32 and why."""
+    from agent.precision_trial import MIN_STEP_MS, try_bfloat16_after
+    from agent.tuning import TrialResult
+
+    result = TrialResult(TuningChoice(64, {"1": 2.1, "64": 0.9}, 1), steps=65, executions=5, seconds=0.2, waited_s=0.0)
+    plain = object()
+    kept, tried = try_bfloat16_after(result, None, plain, None, None, room=500)
+    assert kept is plain and tried.steps == result.steps
+    assert (tried.choice.precision, tried.choice.float32_ms_per_step, tried.choice.bfloat16_ms_per_step) == ("float32", 0.9, None)
+    assert 0.9 < MIN_STEP_MS
