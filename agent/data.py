@@ -16,6 +16,7 @@ from typing import Any
 
 from trainjobs import storage
 from trainjobs.job_paths import dataset_file, dataset_manifest
+from trainjobs.tfrecord import CorruptRecords, split_records
 from agent.input_choice import InputChoice, choose_input, machine_memory_bytes, parsed_bytes
 
 SHUFFLE_BUFFER = 16_384
@@ -340,9 +341,21 @@ def _parsed_split(ds: LocalDataset, split: Split) -> tuple[Any, Any]:
     on the host."""
     import tensorflow as tf
 
+    # The shards' bytes split into records here, then parsed in one call: handing 80,000 records over
+    # through tf.data in batches of 4096 took 0.67-1.3 s on the bench's two cores, this about 0.2 s.
+    # In the shards' order, file after file (the streamed pipeline interleaves them): each epoch's
+    # shuffle is of indices, so the order only decides which seed gives which batches.
+    records: list[bytes] = []
+    for path in split.files:
+        try:
+            records += split_records(path.read_bytes(), path.name)
+        except CorruptRecords as exc:
+            raise DataError(str(exc)) from None
+    if len(records) != split.examples:
+        raise DataError(f"the split holds {len(records)} records where its manifest says {split.examples}")
     with tf.device("/cpu:0"):
-        parts = list(_records(split).batch(4096).map(_parser(ds, standardized=True)))
-        return tf.concat([x for x, _ in parts], 0), tf.concat([y for _, y in parts], 0)
+        x, y = _parser(ds, standardized=True)(tf.constant(records, tf.string))
+        return x, y
 
 
 def read_arrays(ds: LocalDataset, split: Split, limit: int | None = None) -> tuple[Any, Any]:

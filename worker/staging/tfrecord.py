@@ -1,10 +1,5 @@
-"""TFRecord files without TensorFlow: each record is
-
-    uint64 length | uint32 masked_crc32c(length) | data[length] | uint32 masked_crc32c(data)
-
-all little-endian (tensorflow/core/lib/io/record_writer.h). The CRC is Castagnoli, "masked" so that
-a CRC of data that itself holds CRCs stays well distributed.
-"""
+"""TFRecord files without TensorFlow: written, detected and read for staging. The framing itself
+(length, data, masked CRC32C of each) is trainjobs/tfrecord.py's, shared with the agent."""
 
 from __future__ import annotations
 
@@ -16,25 +11,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, cast
 
-import google_crc32c
 import numpy as np
 
+from trainjobs.tfrecord import frame as frame, masked_crc as masked_crc  # re-exported: staging's callers and tests
 from worker.staging.budget import StagingBudget
 from worker.staging.errors import DatasetError
 from worker.staging.example_proto import NotOurSchema, decode_example, encode_examples, with_strings
 
-_MASK_DELTA = 0xA282EAD8
 _WRITE_BATCH = 1024  # examples encoded at once: bounds the byte matrices encode_examples builds
-
-
-def masked_crc(data: bytes) -> int:
-    crc = int(google_crc32c.value(data))
-    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
-
-
-def frame(record: bytes) -> bytes:
-    length = struct.pack("<Q", len(record))
-    return length + struct.pack("<I", masked_crc(length)) + record + struct.pack("<I", masked_crc(record))
 
 
 def write_examples(path: Path, x: np.ndarray, y: np.ndarray, strings: np.ndarray | None = None) -> None:
