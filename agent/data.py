@@ -7,6 +7,7 @@ gs:// filesystem ignores STORAGE_EMULATOR_HOST (and local reads are steadier any
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +21,7 @@ from trainjobs.tfrecord import CorruptRecords, split_records
 from agent.input_choice import InputChoice, choose_input, machine_memory_bytes, parsed_bytes
 
 SHUFFLE_BUFFER = 16_384
+INTERLEAVE_CYCLE = 8  # shards read at once (_records)
 
 
 class DataError(Exception):
@@ -303,8 +305,14 @@ def _records(split: Split) -> Any:
     import tensorflow as tf
 
     files = tf.data.Dataset.from_tensor_slices([str(f) for f in split.files])
-    return files.interleave(tf.data.TFRecordDataset, cycle_length=min(len(split.files), 8),
+    return files.interleave(tf.data.TFRecordDataset, cycle_length=min(len(split.files), INTERLEAVE_CYCLE),
                             num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def interleaved(per_file: list[list[bytes]]) -> list[bytes]:
+    """_records' order for files that all fit in its cycle: one record of each file in turn, a file
+    that has run out skipped (tf.data's deterministic interleave, block length 1)."""
+    return [r for turn in itertools.zip_longest(*per_file) for r in turn if r is not None]
 
 
 def _parsed(ds: LocalDataset, batches: Any, standardized: bool = True, teacher: bool = False) -> Any:
@@ -343,14 +351,19 @@ def _parsed_split(ds: LocalDataset, split: Split) -> tuple[Any, Any]:
 
     # The shards' bytes split into records here, then parsed in one call: handing 80,000 records over
     # through tf.data in batches of 4096 took 0.67-1.3 s on the bench's two cores, this about 0.2 s.
-    # In the shards' order, file after file (the streamed pipeline interleaves them): each epoch's
-    # shuffle is of indices, so the order only decides which seed gives which batches.
-    records: list[bytes] = []
+    # In _records' order, so a seed gives the batches it gave before; past its cycle of files that
+    # order is tf.data's to keep, and tf.data reads them.
+    if len(split.files) > INTERLEAVE_CYCLE:
+        with tf.device("/cpu:0"):
+            parts = list(_records(split).batch(4096).map(_parser(ds, standardized=True)))
+            return tf.concat([x for x, _ in parts], 0), tf.concat([y for _, y in parts], 0)
+    per_file: list[list[bytes]] = []
     for path in split.files:
         try:
-            records += split_records(path.read_bytes(), path.name)
+            per_file.append(split_records(path.read_bytes(), path.name))
         except CorruptRecords as exc:
             raise DataError(str(exc)) from None
+    records = interleaved(per_file)
     if len(records) != split.examples:
         raise DataError(f"the split holds {len(records)} records where its manifest says {split.examples}")
     with tf.device("/cpu:0"):
