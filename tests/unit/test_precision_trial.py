@@ -56,8 +56,8 @@ def test_mixed_bfloat16_is_tried_where_it_can_pay_and_be_measured(fields: dict[s
 @pytest.mark.parametrize(("float32_ms", "bfloat16_ms", "kept"), [
     (3.98, 3.03, True),  # the bench's cnn in steady state: 24% faster
     (0.81, 0.85, False),  # its mlp: slower
-    (1.0, 0.93, False),  # 7%: within what a shared machine moves, and bfloat16 rounds more
-    (1.0, 0.89, True),
+    (1.0, 0.97, False),  # 3%: within what a shared machine moves, and bfloat16 rounds more
+    (1.0, 0.93, True),  # the cnn's 8-9% where the machine ran slow
 ])
 def test_bfloat16_is_kept_only_when_clearly_faster(float32_ms: float, bfloat16_ms: float, kept: bool) -> None:
     assert prefer_bfloat16(float32_ms / 1000, bfloat16_ms / 1000) is kept
