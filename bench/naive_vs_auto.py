@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -162,6 +163,10 @@ def main() -> None:
     ap.add_argument("--workloads", default="mlp,cnn")
     ap.add_argument("--epochs", type=int, default=4)
     args = ap.parse_args()
+    # A SIGTERM (a pkill, a CI timeout) runs the `finally` below: a `trainjobs up` left running kept
+    # polling the next run's database, recreated under the same name, and failed its jobs at staging
+    # against its own, older emulator ("no dataset ... was uploaded by this project").
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     scratch = Path(tempfile.mkdtemp(prefix="naivebench-"))
     print(json.dumps({"device": device(), "load_average": os.getloadavg()}), flush=True)
     emulator = start_gcs_emulator(None, bucket=BUCKET)
