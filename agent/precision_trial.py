@@ -88,8 +88,18 @@ def set_compute_policy(model: Any, policy: str) -> bool:
     layers = [layer for layer in model.layers if id(layer) not in keep]
     if any(getattr(layer, "layers", None) for layer in layers):
         return False
-    for layer in layers:
-        layer.dtype_policy = policy
+    before = [layer.dtype_policy for layer in layers]
+    try:
+        for layer in layers:
+            layer.dtype_policy = policy
+    except Exception as exc:  # a Keras whose layers refuse a new policy once built: whatever it raises
+        log.warning("precision auto: the layers did not take the %s policy: %s", policy, exc)
+        for layer, old in zip(layers, before):
+            try:
+                layer.dtype_policy = old
+            except Exception:  # noqa: BLE001 - as above; the ones that took the new one are put back
+                pass
+        return False
     return True
 
 
