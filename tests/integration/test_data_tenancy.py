@@ -25,9 +25,9 @@ from tests.support import scaled
 from trainjobs import storage
 from trainjobs.source_rules import FETCH_ALLOW_HOSTS_ENV, HOST_DATA_DIRS_ENV, DataAccessRules
 from trainjobs.spec import JobSpec
+from trainjobs.tfrecord import frame
 from worker.ports import DatasetError, StagingStopped
 from worker.staging.budget import StagingLimits
-from worker.staging.tfrecord import frame
 from worker.staging_adapter import GcsStager
 
 CSV = b"a,b,label\n1,2,0\n3,4,1\n5,6,0\n7,8,1\n"

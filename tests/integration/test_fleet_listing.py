@@ -6,14 +6,15 @@ agents are stand-ins (tests/support/fleet.py: two real workers on one database a
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 from sqlalchemy import text
 
 from service.db.session import transaction
-from tests.integration.test_machine_watch import S, all_in, listing, machines, one_machine, statuses
+from tests.integration.test_machine_watch import (
+    S, all_in, listing, machines, one_machine, requests_after_a_listing, statuses,
+)
 from tests.support import eventually, scaled
 from tests.support.fleet import Fleet, fleet
 from tests.support.worker import path
@@ -51,12 +52,8 @@ def test_two_workers_list_each_zone_once_per_interval_between_them(db, database_
         ids = f.submit(product, 6)
         eventually(lambda: all_in(f, ids, {S.RUNNING}), 60, "all 6 jobs RUNNING")
         assert drivers(f, ids) == {w.name for w in f.workers}  # both workers drive jobs: both need the listing
-        settled = len(f.fake.requests)
-        eventually(lambda: any(listing(r) for r in f.fake.requests[settled:]), 30, "a listing after the creates")
-        start = len(f.fake.requests)
         window = 4 * EVERY
-        time.sleep(window)  # deliberately: the window is what is counted; fewer requests on a slow machine, never more
-        seen = f.fake.requests[start:]
+        seen = requests_after_a_listing(f, window)
         assert [r.path for r in seen if one_machine(r)] == []  # every job answered from a listing, either worker's
         # One fleet: at most one listing per 80% of an interval (two workers listing alone: 8 or more).
         assert 1 <= len([r for r in seen if listing(r)]) <= window / (0.8 * EVERY) + 1

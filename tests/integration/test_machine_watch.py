@@ -56,6 +56,16 @@ def listing(r: RecordedRequest) -> bool:
     return r.method == "GET" and r.path.endswith(("/nodes", "/instances")) and LABEL_MACHINE not in r.query.get("filter", "")
 
 
+def requests_after_a_listing(f: Fleet, window: float) -> list[RecordedRequest]:
+    """The cloud requests of `window` seconds, counted from a listing that began after the last create
+    (every machine in it: from then on it answers the jobs)."""
+    settled = len(f.fake.requests)
+    eventually(lambda: any(listing(r) for r in f.fake.requests[settled:]), 30, "a listing after the creates")
+    start = len(f.fake.requests)
+    time.sleep(window)  # deliberately: the window is what is counted; fewer requests on a slow machine, never more
+    return f.fake.requests[start:]
+
+
 def metrics() -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     """The worker's /metrics, parsed as Prometheus would."""
     text = generate_latest(prometheus.REGISTRY).decode()
@@ -74,13 +84,8 @@ def test_running_jobs_share_one_listing_per_zone_and_never_read_their_own_machin
                watch=WatchConfig(every_s=every, soon_s=0.5, max_every_s=8, max_age_s=60)) as f:
         ids = f.submit(product, 10)
         eventually(lambda: all_in(f, ids, {S.RUNNING}), 60, "all 10 jobs RUNNING")
-        # A listing that began after the last create (all machines in it): from then on it answers.
-        settled = len(f.fake.requests)
-        eventually(lambda: any(listing(r) for r in f.fake.requests[settled:]), 30, "a listing after the creates")
-        start = len(f.fake.requests)
         window = 3 * every
-        time.sleep(window)  # deliberately: the window is what is counted; fewer requests on a slow machine, never more
-        seen = f.fake.requests[start:]
+        seen = requests_after_a_listing(f, window)
         # 10 jobs polled every 0.2 s for 3 s: 150 reads of their own without the watch; none with it.
         assert [r.path for r in seen if one_machine(r)] == []
         # One listing per interval (at 80-100% of it, jittered), one request per zone (TPU: nodes' and queued).

@@ -18,9 +18,10 @@ from tests.support.staging import PROJECT, operators_folder, read_split, save_pn
 from tests.support.staging import operator_allows_test_files  # noqa: F401 - an autouse fixture
 from trainjobs import storage
 from trainjobs.job_paths import dataset_manifest, dataset_uri
+from trainjobs.tfrecord import frame
 from trainjobs.uploads import store_upload, upload_prefix
 from worker.staging import DatasetError
-from worker.staging.tfrecord import frame, write_examples
+from worker.staging.tfrecord import write_examples
 
 def objects(bucket: str) -> list[str]:
     return sorted(storage.list_uris(f"gs://{bucket}/"))

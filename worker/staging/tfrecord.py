@@ -13,7 +13,7 @@ from typing import BinaryIO, cast
 
 import numpy as np
 
-from trainjobs.tfrecord import frame as frame, masked_crc as masked_crc  # re-exported: staging's callers and tests
+from trainjobs.tfrecord import frame, masked_crc
 from worker.staging.budget import StagingBudget
 from worker.staging.errors import DatasetError
 from worker.staging.example_proto import NotOurSchema, decode_example, encode_examples, with_strings
