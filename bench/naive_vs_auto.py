@@ -20,7 +20,14 @@ start -> SUCCEEDED), their ratios, and test accuracy of
 both on 10,000 held-out examples neither side saw (the product's from its downloaded SavedModel).
 Goals (issue 24), first submission: throughput >= 1.5x, wall <= 0.8x, accuracy within 0.01.
 
-Usage: python bench/naive_vs_auto.py [--workloads mlp,cnn] [--epochs 4]
+Rounds (`--rounds`, default 3): a 2-core cloud VM runs the same process at very different speeds from
+one minute to the next (the script's cnn took 5.7k and 12.2k examples/s in two runs four minutes
+apart), so one round's ratio says little. Each round is the script, the product's two jobs, the
+script again; each round's data is the same examples in another order (round 1: as generated), so its
+first submission is a new upload that staging has not seen. Every round is printed, then a summary
+line per workload and submission with the median of the rounds' ratios.
+
+Usage: python bench/naive_vs_auto.py [--workloads mlp,cnn] [--epochs 4] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -53,8 +60,9 @@ LOG_TIME = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO trainjobs\.agent: "
 SEED, BATCH, TEST_EXAMPLES = 7, 128, 10_000
 
 
-def make_data(workload: str, into: Path) -> tuple[Path, Path]:
-    """The uploaded .npz (train + validation) and the held-out test .npz."""
+def make_data(workload: str, into: Path, round_: int = 1) -> tuple[Path, Path]:
+    """The uploaded .npz (train + validation) and the held-out test .npz. A later round's upload holds
+    the same examples in another order (a new file to stage); the test set is the same in every round."""
     rng = np.random.default_rng(0)
     if workload == "mlp":
         from sklearn.datasets import make_classification
@@ -74,7 +82,10 @@ def make_data(workload: str, into: Path) -> tuple[Path, Path]:
         y = digits.target[pick]
     x, y = x.astype("float32"), y.astype("int64")
     data, test = into / f"{workload}.npz", into / f"{workload}-test.npz"
-    np.savez(data, x=x[TEST_EXAMPLES:], y=y[TEST_EXAMPLES:])
+    order = np.arange(TEST_EXAMPLES, len(x))
+    if round_ > 1:
+        order = np.random.default_rng(round_).permutation(order)
+    np.savez(data, x=x[order], y=y[order])
     np.savez(test, x=x[:TEST_EXAMPLES], y=y[:TEST_EXAMPLES])
     return data, test
 
@@ -162,6 +173,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workloads", default="mlp,cnn")
     ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     # A SIGTERM (a pkill, a CI timeout) runs the `finally` below: a `trainjobs up` left running kept
     # polling the next run's database, recreated under the same name, and failed its jobs at staging
@@ -170,28 +182,37 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="naivebench-"))
     print(json.dumps({"device": device(), "load_average": os.getloadavg()}), flush=True)
     emulator = start_gcs_emulator(None, bucket=BUCKET)
-    use_emulator(emulator, BUCKET)
-    os.environ["TRAINJOBS_BUCKET"] = BUCKET
-    stack = TrainjobsUp(empty_database("trainjobs_naivebench"), scratch, concurrency=1)
+    stack = None
     try:
+        use_emulator(emulator, BUCKET)
+        os.environ["TRAINJOBS_BUCKET"] = BUCKET
+        stack = TrainjobsUp(empty_database("trainjobs_naivebench"), scratch, concurrency=1)
+        ratios: dict[tuple[str, str], list[dict[str, float]]] = {}
         for workload in args.workloads.split(","):
-            out = Path(tempfile.mkdtemp(dir=scratch))
-            data, test = make_data(workload, out)
-            # The script before and after the product's two jobs: a shared machine's speed drifts over minutes.
-            before = run_script(workload, data, test, args.epochs, out)
-            first = run_product(stack, workload, data, test, args.epochs, out / "first")
-            again = run_product(stack, workload, data, test, args.epochs, out / "again")
-            after = run_script(workload, data, test, args.epochs, out)
-            naive = {k: round((before[k] + after[k]) / 2, 4) for k in before} | {"runs": [before, after]}
-            for name, product in (("first submission", first), ("resubmission", again)):
-                print(json.dumps({
-                    "workload": workload, "product": name, "naive": naive, "auto": product,
-                    "throughput_ratio": round(product["examples_per_sec"] / naive["examples_per_sec"], 3),
-                    "wall_ratio": round(product["wall_s"] / naive["wall_s"], 3),
-                    "accuracy_difference": round(product["test_accuracy"] - naive["test_accuracy"], 4),
-                    "load_average": os.getloadavg()}), flush=True)
+            for round_ in range(1, args.rounds + 1):
+                out = Path(tempfile.mkdtemp(dir=scratch))
+                data, test = make_data(workload, out, round_)
+                # The script before and after the product's two jobs: a shared machine's speed drifts over minutes.
+                before = run_script(workload, data, test, args.epochs, out)
+                first = run_product(stack, workload, data, test, args.epochs, out / "first")
+                again = run_product(stack, workload, data, test, args.epochs, out / "again")
+                after = run_script(workload, data, test, args.epochs, out)
+                naive = {k: round((before[k] + after[k]) / 2, 4) for k in before} | {"runs": [before, after]}
+                for name, product in (("first submission", first), ("resubmission", again)):
+                    row = {"throughput_ratio": round(product["examples_per_sec"] / naive["examples_per_sec"], 3),
+                           "wall_ratio": round(product["wall_s"] / naive["wall_s"], 3),
+                           "accuracy_difference": round(product["test_accuracy"] - naive["test_accuracy"], 4)}
+                    ratios.setdefault((workload, name), []).append(row)
+                    print(json.dumps({"workload": workload, "round": round_, "product": name, "naive": naive,
+                                      "auto": product, **row, "load_average": os.getloadavg()}), flush=True)
+        for (workload, name), rows in ratios.items():
+            print(json.dumps({"summary": workload, "product": name, "rounds": len(rows),
+                              **{f"median_{k}": round(statistics.median(r[k] for r in rows), 3) for k in rows[0]},
+                              **{f"{k}s": [r[k] for r in rows] for k in ("throughput_ratio", "wall_ratio")}}),
+                  flush=True)
     finally:
-        stack.stop()
+        if stack is not None:
+            stack.stop()
         emulator.stop()
 
 
