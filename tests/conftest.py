@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -81,6 +82,16 @@ def temp_dir_of_this_run() -> Iterator[Path]:
         os.environ["TMPDIR"] = before[0]
     tempfile.tempdir = before[1]
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_agent_zygote(temp_dir_of_this_run: Path) -> Iterator[None]:
+    """Ends this process's agent zygote, if a local stack started one (tests/support/local.py), before
+    its TMPDIR goes."""
+    yield
+    # Only where a stack ran: the images' agent venvs have none of the worker's packages to import.
+    if (local := sys.modules.get("tests.support.local")) is not None:
+        local.close_shared_zygote()
 
 
 @pytest.fixture(scope="session")

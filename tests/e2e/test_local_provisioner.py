@@ -92,6 +92,24 @@ def test_an_agent_starts_as_a_process_of_its_own_when_the_zygote_is_gone(tmp_pat
     assert zygote.forked == 0
 
 
+
+def test_a_zygote_handed_to_a_provisioner_outlives_it(tmp_path: Path) -> None:
+    """The test suite shares one zygote across its stacks (tests/support/local.py): a provisioner
+    that did not start it neither closes it nor counts another's agents as its own."""
+    from worker.local.zygote_client import Zygote
+
+    zygote = Zygote({"PATH": "/usr/bin:/bin"}, tmp_path / "zygote.log")
+    try:
+        provisioner = LocalProvisioner(tmp_path / "machines", zygote=zygote)
+        assert provisioner.start_zygote() is zygote and provisioner.forked_agents == 0
+        provisioner.close()
+        assert zygote.usable and zygote.pid == provisioner.start_zygote().pid
+        os.kill(zygote.pid, signal.SIGKILL)
+        eventually(lambda: not zygote.usable, scaled(10), "the killed zygote seen as unusable")
+    finally:
+        zygote.close()
+
+
 # --- a machine outlives the worker that started it: the record names it from the first instant -----
 
 # A worker that starts one machine; the test kills it while the machine is half started.

@@ -3,6 +3,8 @@ TensorFlow agent (forked from the agent zygote). The `local_stack` fixture (test
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -11,7 +13,8 @@ from service.db.session import get_engine
 from tests.support import scaled
 from worker.driver import DriverConfig
 from worker.gcs_channel import GcsJobChannel
-from worker.local.provisioner import LocalProvisioner
+from worker.local.provisioner import LocalProvisioner, agent_environment
+from worker.local.zygote_client import Zygote
 from worker.loop import Worker, WorkerConfig
 from worker.staging_adapter import GcsStager
 from worker.sweeps import SweepConfig
@@ -21,11 +24,40 @@ from worker.sweeps import SweepConfig
 AGENT_JOB_S = 300
 
 
+_zygote: Zygote | None = None
+
+
+def shared_zygote() -> Zygote | None:
+    """This test process's agent zygote, which every local stack in it forks its agents from. Each stack
+    used to start its own, and each paid TensorFlow's import again (about 6 CPU-s on two cores, for
+    some twenty stacks a run). A new one if the last stopped serving; None with TRAINJOBS_LOCAL_ZYGOTE=0.
+    Started as the local provisioner starts its own, from this process's environment when first needed
+    (what the agents get is each machine's own environment, in its spawn request)."""
+    global _zygote
+    if os.environ.get("TRAINJOBS_LOCAL_ZYGOTE", "1") == "0":
+        return None
+    if _zygote is None or not _zygote.usable:
+        if _zygote is not None:
+            _zygote.close()
+        # This process's TMPDIR (tests/conftest.py: temp_dir_of_this_run), which outlives every stack.
+        _zygote = Zygote(agent_environment(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2",
+                                           TRAINJOBS_METADATA_URL="off"), Path(tempfile.gettempdir()) / "zygote.log")
+    return _zygote
+
+
+def close_shared_zygote() -> None:
+    global _zygote
+    if _zygote is not None:
+        _zygote.close()
+        _zygote = None
+
+
 @contextmanager
 def local_stack_running(database_url: str, tmp_path: Path, slots: int = 2) -> Iterator[LocalProvisioner]:
     """A worker with a local provisioner of two devices and `slots` machines at once (as many jobs
     driven), for the whole block; on the way out the worker stops and every machine left is deleted."""
-    provisioner = LocalProvisioner(tmp_path / "machines", devices=2, slots=slots)
+    provisioner = LocalProvisioner(tmp_path / "machines", devices=2, slots=slots,
+                                   zygote=shared_zygote())
     worker = Worker(get_engine(database_url), provisioner, GcsJobChannel(), GcsStager(tmp_path / "staging"),
                     WorkerConfig(concurrency=slots, lease_s=30, heartbeat_s=1, poll_s=0.5, name="e2e",
                                  driver=DriverConfig(poll_s=0.5, agent_stale_s=scaled(120)),

@@ -77,12 +77,16 @@ def agent_environment(worker_env: Mapping[str, str], **settings: str) -> dict[st
 class LocalProvisioner:
     kind = "local"
 
-    def __init__(self, root: Path, devices: int = 8, slots: int = 2):
+    def __init__(self, root: Path, devices: int = 8, slots: int = 2, zygote: Zygote | None = None):
+        """`zygote`: one that outlives this provisioner, which then neither starts one nor closes it (the
+        test suite's processes share one across their stacks); by default each provisioner has its own."""
         self.root, self.devices, self.slots = root, devices, slots
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._tokens: dict[str, TokenFileRefresher] = {}  # machine name -> its token file's refresher
-        self._zygote: Zygote | None = None  # started by start_zygote, or with the first machine
+        self._zygote: Zygote | None = zygote  # started by start_zygote, or with the first machine
+        self._owns_zygote = zygote is None
+        self._forked = 0
         self._refusals = RefusalForwarder()  # the guards' refusals, into this worker's log
 
     def create(self, request: MachineRequest) -> MachineInfo:
@@ -149,9 +153,11 @@ class LocalProvisioner:
         if (zygote := self.start_zygote()) is None:
             return None
         try:
-            return zygote.spawn(args, env, log_path)
+            pid = zygote.spawn(args, env, log_path)
         except ZygoteUnavailable:
             return None
+        self._forked += 1
+        return pid
 
     def start_zygote(self) -> Zygote | None:
         """The zygote, started now if it is not yet (it imports in the background; the first spawn waits
@@ -164,13 +170,13 @@ class LocalProvisioner:
 
     @property
     def forked_agents(self) -> int:
-        """How many agents the zygote started (the rest started as processes of their own)."""
-        return self._zygote.forked if self._zygote is not None else 0
+        """How many of this provisioner's agents the zygote started (the rest started as processes of their own)."""
+        return self._forked
 
     def close(self) -> None:
-        """Ends the zygote, if one was started; machines and their agents are left as they are."""
+        """Ends the zygote, if it started one; machines and their agents are left as they are."""
         self._refusals.close()
-        if self._zygote is not None:
+        if self._zygote is not None and self._owns_zygote:
             self._zygote.close()
 
     def _storage_access(self, name: str, boundary: JobBoundary, machine_dir: Path, record: dict) -> dict[str, str]:

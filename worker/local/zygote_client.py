@@ -60,6 +60,11 @@ class Zygote:
         return self._proc.pid
 
     @property
+    def usable(self) -> bool:
+        """Whether it may still serve: not broken, its process not ended."""
+        return self._broken is None and self._proc.poll() is None
+
+    @property
     def request_fd(self) -> int:
         """The descriptor, in this process, that requests are written to."""
         return self._channel.fileno()
