@@ -86,12 +86,15 @@ def temp_dir_of_this_run() -> Iterator[Path]:
 
 @pytest.fixture(scope="session", autouse=True)
 def shared_agent_zygote(temp_dir_of_this_run: Path) -> Iterator[None]:
-    """Ends this process's agent zygote, if a local stack started one (tests/support/local.py), before
-    its TMPDIR goes."""
+    """Ends this process's agent zygote, if a local stack started one (tests/support/local.py), and its
+    agent fork server, if a test started an agent of its own (tests/support/agent.py), before its
+    TMPDIR goes."""
     yield
     # Only where a stack ran: the images' agent venvs have none of the worker's packages to import.
     if (local := sys.modules.get("tests.support.local")) is not None:
         local.close_shared_zygote()
+    if (agent := sys.modules.get("tests.support.agent")) is not None:
+        agent.close_shared_forker()
 
 
 @pytest.fixture(scope="session")

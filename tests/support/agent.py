@@ -1,13 +1,18 @@
 """An agent run as the worker and staging would set it up, without them: a staged dataset, a job
-directory, and `python -m agent` in its own process with TRAINJOBS_LOCAL_DEVICES=2, exactly as the local
-provisioner starts it."""
+directory, and `python -m agent` in its own process with TRAINJOBS_LOCAL_DEVICES=2, forked as the
+local provisioner forks it (from a process that has imported TensorFlow: tests/support/agent_forker.py;
+TRAINJOBS_TEST_AGENT_FORK=0 starts each as a process of its own)."""
 
 from __future__ import annotations
 
 import json
 import os
+import queue
+import signal
+import socket
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -94,15 +99,191 @@ def agent_env() -> dict[str, str]:
     return {**os.environ, "TRAINJOBS_LOCAL_DEVICES": "2", "TRAINJOBS_HEARTBEAT_S": "1", "PYTHONPATH": str(REPO)}
 
 
-def start_agent(job_dir: str, **env: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "agent", "--job-dir", job_dir], cwd=REPO,
-                            env={**agent_env(), **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+def start_agent(job_dir: str, **env: str) -> subprocess.Popen[bytes] | ForkedAgent:
+    """`python -m agent --job-dir JOB_DIR`, its output (stdout and stderr) on `.stdout`."""
+    args, full_env = ["--job-dir", job_dir], {**agent_env(), **env}
+    if (forker := _shared_forker()) is not None:
+        try:
+            return forker.spawn(args, full_env, str(REPO))
+        except ForkerUnavailable:
+            pass
+    return subprocess.Popen([sys.executable, "-m", "agent", *args], cwd=REPO, env=full_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
 def run_agent(job_dir: str) -> tuple[int, str]:
     proc = start_agent(job_dir)
     out, _ = proc.communicate(timeout=AGENT_TIMEOUT_S)
+    assert proc.returncode is not None
     return proc.returncode, out.decode(errors="replace")
+
+
+class ForkerUnavailable(RuntimeError):
+    pass
+
+
+class ForkedAgent:
+    """What start_agent hands back for an agent the fork server started: the part of subprocess.Popen
+    the tests use. Its output is drained as it comes (into `output`), so an agent never blocks on a
+    full pipe; `communicate` returns all of it."""
+
+    def __init__(self, pid: int, output: int, ended: threading.Event, status: list[int]):
+        self.pid, self.args = pid, ["agent", f"pid {pid}"]
+        self.returncode: int | None = None
+        self._ended, self._status = ended, status
+        self._chunks: list[bytes] = []
+        self._reader = threading.Thread(target=self._drain, args=(output,), daemon=True)
+        self._reader.start()
+
+    def _drain(self, fd: int) -> None:
+        with os.fdopen(fd, "rb", buffering=0) as pipe:
+            while chunk := pipe.read(65536):
+                self._chunks.append(chunk)
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self._ended.is_set():
+            self.returncode = self._status[0]
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._ended.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        return self.poll()  # type: ignore[return-value]
+
+    def communicate(self, timeout: float | None = None) -> tuple[bytes, None]:
+        self.wait(timeout)
+        self._reader.join(timeout)  # EOF once the agent and whatever it started have closed the pipe
+        if self._reader.is_alive():
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        return b"".join(self._chunks), None
+
+    @property
+    def output(self) -> bytes:
+        return b"".join(self._chunks)
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:  # as Popen: never signal a pid that may name another process by now
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class AgentForker:
+    """The test process's side of tests/support/agent_forker.py: start it, ask it for agents, hear of
+    their ends. Thread-safe."""
+
+    def __init__(self, log_path: Path):
+        self._lock = threading.Lock()
+        self._replies: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._ends: dict[int, tuple[threading.Event, list[int]]] = {}
+        self._ready = False
+        self._broken: str | None = None
+        self._channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with log_path.open("ab") as log:
+            try:
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-m", "tests.support.agent_forker"], cwd=REPO,
+                    env={**agent_env(), "OPENBLAS_NUM_THREADS": "1"}, stdin=theirs.fileno(), stdout=log, stderr=log)
+            finally:
+                theirs.close()
+        threading.Thread(target=self._listen, daemon=True).start()
+
+    @property
+    def usable(self) -> bool:
+        return self._broken is None and self._proc.poll() is None
+
+    def _listen(self) -> None:
+        while True:
+            try:
+                data = self._channel.recv(1 << 16)
+            except OSError:
+                data = b""
+            if not data:
+                self._replies.put({"error": "the agent fork server closed its channel"})
+                return
+            message = json.loads(data)
+            if "exit" in message:  # always after its "pid": the server answers a fork before it reaps
+                ended, status = self._ends[message["exit"]]
+                status.append(int(message["rc"]))
+                ended.set()
+            else:
+                if "pid" in message:  # new, even where the pid names an agent that ended before
+                    self._ends[message["pid"]] = (threading.Event(), [])
+                self._replies.put(message)
+
+    def _reply(self, timeout: float) -> dict[str, Any]:
+        try:
+            return self._replies.get(timeout=timeout)
+        except queue.Empty:
+            raise ForkerUnavailable(f"no answer within {timeout:.0f}s") from None
+
+    def spawn(self, args: list[str], env: dict[str, str], cwd: str) -> ForkedAgent:
+        with self._lock:
+            if not self.usable:
+                raise ForkerUnavailable(self._broken or "the agent fork server exited")
+            try:
+                if not self._ready:
+                    if "ready" not in (first := self._reply(AGENT_TIMEOUT_S)):
+                        raise ForkerUnavailable(f"the agent fork server did not start: {first}")
+                    self._ready = True
+                read, write = os.pipe()
+                try:
+                    socket.send_fds(self._channel, [json.dumps({"args": args, "env": env, "cwd": cwd}).encode()],
+                                    [write])
+                finally:
+                    os.close(write)
+                reply = self._reply(60.0)
+            except (OSError, ForkerUnavailable) as exc:
+                self._broken = str(exc)
+                raise ForkerUnavailable(self._broken) from exc
+            if "pid" not in reply:
+                os.close(read)
+                raise ForkerUnavailable(f"the agent fork server could not fork: {reply.get('error')}")
+            ended, status = self._ends[reply["pid"]]
+            return ForkedAgent(reply["pid"], read, ended, status)
+
+    def close(self) -> None:
+        try:
+            self._channel.shutdown(socket.SHUT_RDWR)  # the server's EOF; its agents run on
+        except OSError:
+            pass
+        try:
+            self._proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._channel.close()
+
+
+_forker: AgentForker | None = None
+_forker_lock = threading.Lock()
+
+
+def _shared_forker() -> AgentForker | None:
+    """This test process's fork server, started at its first agent; a new one if the last broke."""
+    global _forker
+    if os.environ.get("TRAINJOBS_TEST_AGENT_FORK", "1") == "0":
+        return None
+    import tempfile
+
+    with _forker_lock:
+        if _forker is None or not _forker.usable:
+            if _forker is not None:
+                _forker.close()
+            _forker = AgentForker(Path(tempfile.gettempdir()) / "agent-forker.log")
+        return _forker
+
+
+def close_shared_forker() -> None:
+    global _forker
+    with _forker_lock:
+        if _forker is not None:
+            _forker.close()
+            _forker = None
 
 
 def read(uri: str) -> Any:
