@@ -22,6 +22,15 @@ from agent.input_choice import InputChoice, choose_input, machine_memory_bytes, 
 
 SHUFFLE_BUFFER = 16_384
 INTERLEAVE_CYCLE = 8  # shards read at once (_records)
+# A split held in memory (mode "memory") is fed without tf.data's autotuning: each batch is one gather
+# or slice, so a fixed few in parallel and a few batches ahead keep the steps fed. With autotuning on,
+# an iterator's destructor waits for the autotuner's thread to finish an optimization pass, and when
+# fit ended during one, the job stalled there for 2.0-2.9 s (seen in 3 of 6 bench jobs; py-spy put the
+# agent's main thread in RootDataset::Iterator::~Iterator, waiting on that thread). The one-pass reads
+# of a split (read_arrays, read_columns) go without it too: export's read stalled the same way. A
+# streamed split keeps autotuning, which sizes its parsing to the host.
+MEMORY_PARALLEL_BATCHES = 4
+MEMORY_PREFETCH_BATCHES = 8
 
 
 class DataError(Exception):
@@ -259,7 +268,7 @@ def served_inputs(ds: LocalDataset) -> Any:
     return lambda serialized: parse(serialized)[0]
 
 
-def _options() -> Any:
+def _options(autotune: bool = True) -> Any:
     import tensorflow as tf
 
     options = tf.data.Options()
@@ -267,6 +276,8 @@ def _options() -> Any:
     # DATA: every worker reads every shard and keeps its share of the elements, so any shard count
     # works with any worker count (FILE sharding would leave workers idle with few shards).
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    if not autotune:  # MEMORY_PARALLEL_BATCHES says why
+        options.autotune.enabled = False
     return options
 
 
@@ -290,8 +301,8 @@ def train_dataset(ds: LocalDataset, global_batch: int, seed: int, mode: str) -> 
         # the repeat), and a batch is one gather.
         indices = tf.data.Dataset.range(n).shuffle(n, seed=seed, reshuffle_each_iteration=True).repeat()
         batches = indices.batch(global_batch, drop_remainder=True)
-        return batches.map(lambda i: (tf.gather(x, i), tf.gather(y, i)), num_parallel_calls=tf.data.AUTOTUNE) \
-            .prefetch(tf.data.AUTOTUNE).with_options(_options())
+        return batches.map(lambda i: (tf.gather(x, i), tf.gather(y, i)), num_parallel_calls=MEMORY_PARALLEL_BATCHES) \
+            .prefetch(MEMORY_PREFETCH_BATCHES).with_options(_options(autotune=False))
     records = _records(ds.train)
     if mode == "stream_cached":
         records = records.cache()
@@ -333,8 +344,8 @@ def eval_dataset(ds: LocalDataset, global_batch: int, static_shapes: bool, mode:
     if mode == "memory":
         x, y = _parsed_split(ds, ds.validation)
         starts = tf.data.Dataset.range(0, steps * global_batch, global_batch)
-        return starts.map(lambda i: (x[i:i + global_batch], y[i:i + global_batch])).prefetch(tf.data.AUTOTUNE) \
-            .with_options(_options())
+        return starts.map(lambda i: (x[i:i + global_batch], y[i:i + global_batch])) \
+            .prefetch(MEMORY_PREFETCH_BATCHES).with_options(_options(autotune=False))
     records = tf.data.TFRecordDataset([str(f) for f in ds.validation.files])
     if mode == "stream_cached":
         records = records.cache()
@@ -355,7 +366,8 @@ def _parsed_split(ds: LocalDataset, split: Split) -> tuple[Any, Any]:
     # order is tf.data's to keep, and tf.data reads them.
     if len(split.files) > INTERLEAVE_CYCLE:
         with tf.device("/cpu:0"):
-            parts = list(_records(split).batch(4096).map(_parser(ds, standardized=True)))
+            parts = list(_records(split).batch(4096).map(_parser(ds, standardized=True))
+                         .with_options(_options(autotune=False)))
             return tf.concat([x for x, _ in parts], 0), tf.concat([y for _, y in parts], 0)
     per_file: list[list[bytes]] = []
     for path in split.files:
@@ -380,7 +392,7 @@ def read_arrays(ds: LocalDataset, split: Split, limit: int | None = None) -> tup
     if limit is not None:
         records = records.take(limit)
     xs, ys = [], []
-    for x, y in records.batch(1024).map(_parser(ds)):
+    for x, y in records.batch(1024).map(_parser(ds)).with_options(_options(autotune=False)):
         xs.append(x.numpy())
         ys.append(y.numpy())
     if not xs:
@@ -399,7 +411,7 @@ def read_columns(ds: LocalDataset, split: Split, limit: int | None = None) -> tu
         records = records.take(limit)
     parts: dict[str, list[Any]] = {}
     ys = []
-    for x, y in records.batch(1024).map(_parser(ds, encoded=False)):
+    for x, y in records.batch(1024).map(_parser(ds, encoded=False)).with_options(_options(autotune=False)):
         for name, value in x.items():
             parts.setdefault(name, []).append(value.numpy())
         ys.append(y.numpy())

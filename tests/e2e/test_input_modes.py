@@ -49,3 +49,17 @@ def test_every_input_mode_feeds_each_training_example_once_an_epoch(bucket: str,
         val = [(xb.numpy(), yb.numpy()) for xb, yb in eval_dataset(ds, BATCH, static_shapes=False, mode=mode)]
         assert [len(xb) for xb, _ in val] == [16, 16, 8], mode
         np.testing.assert_array_equal(np.concatenate([xb for xb, _ in val]), x[-40:], err_msg=mode)
+
+
+def test_a_split_in_memory_is_fed_without_the_autotuner_and_a_streamed_one_keeps_it(bucket: str, tmp_path: Path) -> None:
+    """With tf.data's autotuner on, an iterator's destructor waits for the autotuner's thread to finish
+    an optimization pass: a fit that ended during one stalled its job 2-3 s (agent/data.py,
+    MEMORY_PARALLEL_BATCHES). A split in memory has nothing for it to tune (a gather per batch)."""
+    from agent.data import download_dataset, eval_dataset, train_dataset
+
+    x, y = digits()
+    ds = download_dataset(write_dataset(bucket, tmp_path / "staged", x[:200], y[:200], 10, val=40),
+                          tmp_path / "local")
+    for mode, tuned in (("memory", False), ("stream", True), ("stream_cached", True)):
+        for dataset in (train_dataset(ds, BATCH, seed=3, mode=mode), eval_dataset(ds, BATCH, static_shapes=False, mode=mode)):
+            assert (dataset.options().autotune.enabled is not False) == tuned, mode
