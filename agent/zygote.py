@@ -40,7 +40,8 @@ import signal
 import sys
 import time
 import traceback
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 # What the zygote imports before it says it is ready: what every agent imports before its first step.
 PRELOAD = ("tensorflow", "keras", "agent.__main__", "agent.run")
@@ -60,30 +61,33 @@ def _set_dumpable(on: bool) -> None:
         pass
 
 
-def _child(request: dict[str, Any]) -> None:
-    """In the forked child: become the agent. Never returns."""
+def become_agent(args: list[str], env: dict[str, str], output: Callable[[], int],
+                 prepare: Callable[[], None] = lambda: None) -> NoReturn:
+    """In a forked child: run `python -m agent ARGS`'s main with `env` as the whole environment, stdin
+    at /dev/null (it was the parent's request channel) and stdout and stderr on the descriptor `output()`
+    gives; `prepare` first. Never returns: whatever happens, the child must not return into its
+    parent's loop. Also tests/support/agent_forker.py's."""
     code = 1
     try:
-        os.setsid()
-        _set_dumpable(True)
+        prepare()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        out = output()
         null = os.open(os.devnull, os.O_RDONLY)
-        out = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        os.dup2(null, 0)  # was the zygote's request pipe
-        os.dup2(out, 1)  # was its reply pipe
+        os.dup2(null, 0)  # was the parent's request channel
+        os.dup2(out, 1)  # was its reply channel, in the zygote
         os.dup2(out, 2)
         os.close(null)
         os.close(out)
         os.environ.clear()
-        os.environ.update(request["env"])
-        sys.argv = ["agent", *request["args"]]
+        os.environ.update(env)
+        sys.argv = ["agent", *args]
         from agent.__main__ import main
 
-        code = main(request["args"])
+        code = main(args)
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:  # noqa: BLE001 - whatever happens, the child must not return into the zygote's loop
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 - whatever happens, the child must not return into its parent's loop
         traceback.print_exc()
     finally:
         try:
@@ -91,6 +95,17 @@ def _child(request: dict[str, Any]) -> None:
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _child(request: dict[str, Any]) -> NoReturn:
+    """In the forked child: a session of its own, dumpable again, its output appended to the machine's log."""
+
+    def detach() -> None:
+        os.setsid()
+        _set_dumpable(True)
+
+    become_agent(request["args"], request["env"],
+                 lambda: os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644), detach)
 
 
 def main() -> int:

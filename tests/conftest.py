@@ -85,7 +85,7 @@ def temp_dir_of_this_run() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def shared_agent_zygote(temp_dir_of_this_run: Path) -> Iterator[None]:
+def shared_agent_servers(temp_dir_of_this_run: Path) -> Iterator[None]:
     """Ends this process's agent zygote, if a local stack started one (tests/support/local.py), and its
     agent fork server, if a test started an agent of its own (tests/support/agent.py), before its
     TMPDIR goes."""

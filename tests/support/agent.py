@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import uuid
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from tests.support import eventually, scaled
 from trainjobs import storage
 from trainjobs.job_paths import DATASET_SHARDS, JobPaths, dataset_file, dataset_manifest, dataset_uri
 from trainjobs.spec import JobSpec
+from worker.local.zygote_client import end_server
 
 REPO = Path(__file__).resolve().parents[2]
 AGENT_S = 240  # how long one agent run may take, before scaling
@@ -124,7 +126,7 @@ class ForkerUnavailable(RuntimeError):
 
 class ForkedAgent:
     """What start_agent hands back for an agent the fork server started: the part of subprocess.Popen
-    the tests use. Its output is drained as it comes (into `output`), so an agent never blocks on a
+    the tests use. Its output is drained as it comes, so an agent never blocks on a
     full pipe; `communicate` returns all of it."""
 
     def __init__(self, pid: int, output: int, ended: threading.Event, status: list[int]):
@@ -156,10 +158,6 @@ class ForkedAgent:
         if self._reader.is_alive():
             raise subprocess.TimeoutExpired(self.args, timeout or 0)
         return b"".join(self._chunks), None
-
-    @property
-    def output(self) -> bytes:
-        return b"".join(self._chunks)
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:  # as Popen: never signal a pid that may name another process by now
@@ -247,15 +245,7 @@ class AgentForker:
             return ForkedAgent(reply["pid"], read, ended, status)
 
     def close(self) -> None:
-        try:
-            self._channel.shutdown(socket.SHUT_RDWR)  # the server's EOF; its agents run on
-        except OSError:
-            pass
-        try:
-            self._proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+        end_server(self._channel, self._proc, socket.SHUT_RDWR)  # its agents run on
         self._channel.close()
 
 
@@ -268,8 +258,6 @@ def _shared_forker() -> AgentForker | None:
     global _forker
     if os.environ.get("TRAINJOBS_TEST_AGENT_FORK", "1") == "0":
         return None
-    import tempfile
-
     with _forker_lock:
         if _forker is None or not _forker.usable:
             if _forker is not None:

@@ -33,42 +33,21 @@ import selectors
 import signal
 import socket
 import sys
-import traceback
-from typing import Any
+from typing import Any, NoReturn
 
-from agent.zygote import PRELOAD
+from agent.zygote import PRELOAD, become_agent
 
 
-def _child(request: dict[str, Any], out: int, closing: list[int]) -> None:
-    """In the forked child: become `python -m agent ARGS`. Never returns."""
-    code = 1
-    try:
+def _child(request: dict[str, Any], out: int, closing: list[int]) -> NoReturn:
+    """In the forked child: become `python -m agent ARGS` in the request's directory, its output on `out`."""
+
+    def prepare() -> None:
         signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)  # was the server's channel
-        os.dup2(out, 1)
-        os.dup2(out, 2)
-        for fd in (null, out, *closing):
+        for fd in closing:
             os.close(fd)
         os.chdir(request["cwd"])
-        os.environ.clear()
-        os.environ.update(request["env"])
-        sys.argv = ["agent", *request["args"]]
-        from agent.__main__ import main
 
-        code = main(request["args"])
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:  # noqa: BLE001 - the child must never return into the server's loop
-        traceback.print_exc()
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+    become_agent(request["args"], request["env"], lambda: out, prepare)
 
 
 def _send(channel: socket.socket, message: dict[str, Any]) -> None:

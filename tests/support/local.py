@@ -13,7 +13,7 @@ from service.db.session import get_engine
 from tests.support import scaled
 from worker.driver import DriverConfig
 from worker.gcs_channel import GcsJobChannel
-from worker.local.provisioner import LocalProvisioner, agent_environment
+from worker.local.provisioner import LocalProvisioner, start_agent_zygote
 from worker.local.zygote_client import Zygote
 from worker.loop import Worker, WorkerConfig
 from worker.staging_adapter import GcsStager
@@ -31,8 +31,7 @@ def shared_zygote() -> Zygote | None:
     """This test process's agent zygote, which every local stack in it forks its agents from. Each stack
     used to start its own, and each paid TensorFlow's import again (about 6 CPU-s on two cores, for
     some twenty stacks a run). A new one if the last stopped serving; None with TRAINJOBS_LOCAL_ZYGOTE=0.
-    Started as the local provisioner starts its own, from this process's environment when first needed
-    (what the agents get is each machine's own environment, in its spawn request)."""
+    Started as the local provisioner starts its own, when first needed."""
     global _zygote
     if os.environ.get("TRAINJOBS_LOCAL_ZYGOTE", "1") == "0":
         return None
@@ -40,8 +39,7 @@ def shared_zygote() -> Zygote | None:
         if _zygote is not None:
             _zygote.close()
         # This process's TMPDIR (tests/conftest.py: temp_dir_of_this_run), which outlives every stack.
-        _zygote = Zygote(agent_environment(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2",
-                                           TRAINJOBS_METADATA_URL="off"), Path(tempfile.gettempdir()) / "zygote.log")
+        _zygote = start_agent_zygote(Path(tempfile.gettempdir()) / "zygote.log")
     return _zygote
 
 

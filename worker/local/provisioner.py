@@ -74,6 +74,13 @@ def agent_environment(worker_env: Mapping[str, str], **settings: str) -> dict[st
     return {**env, **settings}
 
 
+def start_agent_zygote(log_path: Path) -> Zygote:
+    """A zygote for local agents, from this process's allow-listed environment (each agent gets its
+    machine's own in its spawn request)."""
+    return Zygote(agent_environment(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2",
+                                    TRAINJOBS_METADATA_URL="off"), log_path)
+
+
 class LocalProvisioner:
     kind = "local"
 
@@ -164,8 +171,7 @@ class LocalProvisioner:
         for it). `trainjobs up` and `worker` call this at start (issue 24): the imports then overlap the
         wait for a first job, its upload and staging, instead of adding 4-6 CPU-s to its machine's start."""
         if self._zygote is None and os.environ.get("TRAINJOBS_LOCAL_ZYGOTE", "1") != "0":
-            self._zygote = Zygote(agent_environment(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2",
-                                                    TRAINJOBS_METADATA_URL="off"), self.root / "zygote.log")
+            self._zygote = start_agent_zygote(self.root / "zygote.log")
         return self._zygote
 
     @property

@@ -114,15 +114,21 @@ class Zygote:
 
     def close(self) -> None:
         """Ends the zygote (not the agents it forked)."""
-        try:
-            self._channel.shutdown(socket.SHUT_WR)  # the zygote's EOF
-        except OSError:
-            pass
-        try:
-            self._proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+        end_server(self._channel, self._proc, socket.SHUT_WR)
         self._replies.close()
         self._channel.close()
         self._log.close()
+
+
+def end_server(channel: socket.socket, proc: subprocess.Popen[bytes], how: int) -> None:
+    """Ends a server whose requests come over `channel` (the zygote, or the test suite's agent fork
+    server): EOF on its end, then at most 10 s for it to exit before SIGKILL. What it forked runs on."""
+    try:
+        channel.shutdown(how)
+    except OSError:
+        pass
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
