@@ -22,15 +22,20 @@ from agent.input_choice import InputChoice, choose_input, machine_memory_bytes, 
 
 SHUFFLE_BUFFER = 16_384
 INTERLEAVE_CYCLE = 8  # shards read at once (_records)
-# A split held in memory (mode "memory") is fed without tf.data's autotuning: each batch is one gather
-# or slice, so a fixed few in parallel and a few batches ahead keep the steps fed. With autotuning on,
+# A split held in memory (mode "memory") is fed without tf.data's autotuning: its batches are gathers
+# from tensors, which a fixed few in parallel and a few batches ahead keep fed. With autotuning on,
 # an iterator's destructor waits for the autotuner's thread to finish an optimization pass, and when
 # fit ended during one, the job stalled there for 2.0-2.9 s (seen in 3 of 6 bench jobs; py-spy put the
 # agent's main thread in RootDataset::Iterator::~Iterator, waiting on that thread). The one-pass reads
 # of a split (read_arrays, read_columns) go without it too: export's read stalled the same way. A
 # streamed split keeps autotuning, which sizes its parsing to the host.
-MEMORY_PARALLEL_BATCHES = 4
+MEMORY_PARALLEL_GATHERS = 2
 MEMORY_PREFETCH_BATCHES = 8
+# A split in memory is gathered up to this many batches, and this many bytes, at a time (train_dataset):
+# tf.data's cost is per element, so the pipeline's work per batch (about 0.3 ms of CPU on the bench's
+# host, shuffling indices one by one and a gather per batch) shrinks to a slice.
+MEMORY_GATHER_BATCHES = 32
+MEMORY_GATHER_BYTES = 16 << 20
 
 
 class DataError(Exception):
@@ -276,7 +281,7 @@ def _options(autotune: bool = True) -> Any:
     # DATA: every worker reads every shard and keeps its share of the elements, so any shard count
     # works with any worker count (FILE sharding would leave workers idle with few shards).
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    if not autotune:  # MEMORY_PARALLEL_BATCHES says why
+    if not autotune:  # MEMORY_PARALLEL_GATHERS says why
         options.autotune.enabled = False
     return options
 
@@ -296,12 +301,11 @@ def train_dataset(ds: LocalDataset, global_batch: int, seed: int, mode: str) -> 
 
     if mode == "memory":
         x, y = _parsed_split(ds, ds.train)
-        n = ds.train.examples
-        # Indices shuffled, not examples: each epoch is a permutation of the split (one per pass of
-        # the repeat), and a batch is one gather.
-        indices = tf.data.Dataset.range(n).shuffle(n, seed=seed, reshuffle_each_iteration=True).repeat()
-        batches = indices.batch(global_batch, drop_remainder=True)
-        return batches.map(lambda i: (tf.gather(x, i), tf.gather(y, i)), num_parallel_calls=MEMORY_PARALLEL_BATCHES) \
+        example_bytes = sum(t.dtype.size * math.prod(int(d) for d in t.shape[1:]) for t in (x, y))
+        per_gather = max(1, min(MEMORY_GATHER_BATCHES, MEMORY_GATHER_BYTES // max(1, global_batch * example_bytes)))
+        rows = memory_batch_indices(ds.train.examples, global_batch, seed)
+        return rows.batch(per_gather).map(lambda i: (tf.gather(x, i), tf.gather(y, i)),
+                                          num_parallel_calls=MEMORY_PARALLEL_GATHERS).unbatch() \
             .prefetch(MEMORY_PREFETCH_BATCHES).with_options(_options(autotune=False))
     records = _records(ds.train)
     if mode == "stream_cached":
@@ -309,6 +313,28 @@ def train_dataset(ds: LocalDataset, global_batch: int, seed: int, mode: str) -> 
     records = records.shuffle(min(ds.train.examples, SHUFFLE_BUFFER), seed=seed, reshuffle_each_iteration=True)
     # drop_remainder keeps every batch the same shape, which a TPU needs and no one else minds.
     return _parsed(ds, records.repeat().batch(global_batch, drop_remainder=True), teacher=ds.teacher_width > 0)
+
+
+def memory_batch_indices(n: int, global_batch: int, seed: int) -> Any:
+    """Endless batches of indices into a split of n examples held in memory: each pass over the split
+    is one permutation of it, the passes follow one another, and the batches are cut from that stream
+    (a batch may hold the end of one pass and the start of the next, so every example is trained on as
+    often as any other). A pass's permutation is one stateless shuffle keyed by the seed and the pass's
+    number: the same seed gives the same batches on every attempt, and shuffling costs one op a pass
+    instead of tf.data's work per example."""
+    import tensorflow as tf
+
+    key = tf.constant(seed, tf.int64)
+
+    def one_pass(number: Any) -> Any:
+        return tf.random.experimental.stateless_shuffle(tf.range(n, dtype=tf.int64), seed=tf.stack([key, number]))
+
+    def cut(left: Any, order: Any) -> tuple[Any, Any]:
+        joined = tf.concat([left, order], 0)
+        whole = tf.shape(joined, out_type=tf.int64)[0] // global_batch * global_batch
+        return joined[whole:], tf.reshape(joined[:whole], [-1, global_batch])
+
+    return tf.data.Dataset.counter().map(one_pass).scan(tf.zeros([0], tf.int64), cut).unbatch()
 
 
 def _records(split: Split) -> Any:

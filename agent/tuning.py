@@ -40,6 +40,10 @@ TRIAL_SHARE = 0.5  # of the first epoch's steps, at most, spent trying candidate
 # 10% faster in steady state. (It used to go the other way, for finer progress; a call is still short
 # next to a checkpoint's interval.)
 MARGIN = 0.03
+# Where the trial's two rounds of a candidate disagree by more than that, the machine's own noise is the
+# margin (half the largest relative spread between rounds), up to this: on a shared 2-core host the same
+# calls ran 10-30% apart a round later, and the cnn kept 4 steps per call in 2 of 6 bench jobs that way.
+MAX_MARGIN = 0.25
 CHOICE_NAME = "tuning.json"
 
 
@@ -50,10 +54,19 @@ class Trial:
     steps_per_execution: int
     calls: int
     seconds: float
+    rounds: tuple[tuple[int, float], ...] = ()  # (calls, seconds) of each round, where the calls were split
 
     @property
     def seconds_per_step(self) -> float:
         return self.seconds / (self.calls * self.steps_per_execution)
+
+    @property
+    def spread(self) -> float:
+        """Half the relative difference between its rounds' times per step (0 with fewer than two)."""
+        per_step = [s / (n * self.steps_per_execution) for n, s in self.rounds if n]
+        if len(per_step) < 2 or min(per_step) <= 0:
+            return 0.0
+        return (max(per_step) - min(per_step)) / (max(per_step) + min(per_step))
 
 
 @dataclass(frozen=True)
@@ -82,10 +95,16 @@ def plan_trial(steps_per_epoch: int) -> TrialPlan | None:
     return TrialPlan(1, tuple(calls)) if len(calls) >= 2 else None
 
 
+def margin(trials: list[Trial]) -> float:
+    """How close to the fastest a candidate must be to tie: MARGIN, or the trial's own noise (the largest
+    spread between a candidate's rounds), up to MAX_MARGIN."""
+    return min(MAX_MARGIN, max([MARGIN, *(t.spread for t in trials)]))
+
+
 def choose(trials: list[Trial]) -> int:
-    """The candidate with the least time per step; of those within MARGIN of it, the largest."""
+    """The candidate with the least time per step; of those within `margin` of it, the largest."""
     best = min(trials, key=lambda t: t.seconds_per_step)
-    good_enough = best.seconds_per_step * (1 + MARGIN)
+    good_enough = best.seconds_per_step * (1 + margin(trials))
     return max(t.steps_per_execution for t in trials if t.seconds_per_step <= good_enough)
 
 
@@ -101,11 +120,15 @@ class TuningChoice:
     precision: str | None = None  # precision auto's choice on a CPU (agent/precision_trial.py); None: not tried
     bfloat16_ms_per_step: float | None = None  # at the chosen steps_per_execution
     float32_ms_per_step: float | None = None  # what bfloat16's was compared with (precision_trial)
+    tie_margin: float | None = None  # `margin` of the measurements, where the trial's noise set it above MARGIN
 
     def note(self) -> str:
         timings = ", ".join(f"{k}: {v:.3f}" for k, v in self.measured_ms_per_step.items())
         note = (f"steps_per_execution auto: measured ms per step by steps per call ({timings}) on the first "
                 f"steps of attempt {self.attempt}; chose {self.steps_per_execution}")
+        if self.tie_margin is not None:
+            note += (f" (candidates within {100 * self.tie_margin:.0f}% of the fastest, the spread between the "
+                     f"trial's two rounds, counted as ties, and a tie goes to the most steps per call)")
         if self.jit_compile is not None and self.xla_ms_per_step is not None:
             note += (f"; jit_compile auto: {self.xla_ms_per_step:.3f} ms per step under XLA, "
                      f"{'kept' if self.jit_compile else 'not kept'}")
@@ -141,7 +164,8 @@ def stored_choice(checkpoints_uri: str) -> TuningChoice | None:
         return None
     return TuningChoice(int(doc["steps_per_execution"]), dict(doc.get("measured_ms_per_step", {})),
                         int(doc.get("attempt", 1)), doc.get("jit_compile"), doc.get("xla_ms_per_step"),
-                        doc.get("precision"), doc.get("bfloat16_ms_per_step"), doc.get("float32_ms_per_step"))
+                        doc.get("precision"), doc.get("bfloat16_ms_per_step"), doc.get("float32_ms_per_step"),
+                        doc.get("tie_margin"))
 
 
 def store_choice(checkpoints_uri: str, choice: TuningChoice) -> None:
@@ -201,7 +225,8 @@ def timed_fit(model: Any, train_function: Any, dataset: Any, meter: Any, trial: 
         train_function.schedule_calls([])
     spent = [stamps[i + 1] - stamps[i] for i in range(len(blocks))]
     half = len(trial.calls)
-    trials = [Trial(k, n, spent[i] + spent[half + i]) for i, (k, n) in enumerate(trial.calls)]
+    trials = [Trial(k, n, spent[i] + spent[half + i], ((blocks[i][1], spent[i]), (blocks[half + i][1], spent[half + i])))
+              for i, (k, n) in enumerate(trial.calls)]
     first_call = train_function.first_call_seconds if calls_before == 0 else 0.0
     return TimedFit(trials, trial.steps, len(schedule), time.perf_counter() - began, meter.waited_s,
                     train_function.seconds - inside_before, first_call)
@@ -211,8 +236,10 @@ def run_trial(model: Any, train_function: Any, dataset: Any, meter: Any, trial: 
               class_weight: dict[int, float] | None = None) -> TrialResult:
     """steps_per_execution's trial: the candidates' calls (timed_fit), and the choice."""
     timed = timed_fit(model, train_function, dataset, meter, trial, class_weight)
+    noise = margin(timed.trials)
     choice = TuningChoice(choose(timed.trials), {str(t.steps_per_execution): round(1000 * t.seconds_per_step, 4)
-                                                 for t in timed.trials}, attempt)
+                                                 for t in timed.trials}, attempt,
+                          tie_margin=round(noise, 3) if noise > MARGIN else None)
     log.info("%s", choice.note())
     return TrialResult(choice, timed.steps, timed.executions, timed.seconds, timed.waited_s, timed.inside_seconds,
                        timed.first_call_seconds)

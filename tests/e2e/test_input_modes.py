@@ -54,7 +54,7 @@ def test_every_input_mode_feeds_each_training_example_once_an_epoch(bucket: str,
 def test_a_split_in_memory_is_fed_without_the_autotuner_and_a_streamed_one_keeps_it(bucket: str, tmp_path: Path) -> None:
     """With tf.data's autotuner on, an iterator's destructor waits for the autotuner's thread to finish
     an optimization pass: a fit that ended during one stalled its job 2-3 s (agent/data.py,
-    MEMORY_PARALLEL_BATCHES). A split in memory has nothing for it to tune (a gather per batch)."""
+    MEMORY_PARALLEL_GATHERS). A split in memory has nothing for it to tune (gathers from tensors)."""
     from agent.data import download_dataset, eval_dataset, train_dataset
 
     x, y = digits()
@@ -63,3 +63,21 @@ def test_a_split_in_memory_is_fed_without_the_autotuner_and_a_streamed_one_keeps
     for mode, tuned in (("memory", False), ("stream", True), ("stream_cached", True)):
         for dataset in (train_dataset(ds, BATCH, seed=3, mode=mode), eval_dataset(ds, BATCH, static_shapes=False, mode=mode)):
             assert (dataset.options().autotune.enabled is not False) == tuned, mode
+
+
+def test_a_split_in_memory_is_fed_as_one_permutation_after_another_cut_into_batches() -> None:
+    """Batches may straddle two passes (10 examples in batches of 4), so every example is trained on as
+    often as any other; each pass is its own permutation, and a seed always gives the same stream."""
+    from agent.data import memory_batch_indices
+
+    def stream(seed: int) -> np.ndarray:
+        return np.concatenate([b.numpy() for b in memory_batch_indices(10, 4, seed).take(15)])
+
+    indices = stream(3)
+    assert indices.shape == (60,)
+    passes = indices.reshape(6, 10)
+    for one in passes:
+        assert sorted(one) == list(range(10))
+    assert len({tuple(p) for p in passes}) > 1  # reshuffled every pass
+    np.testing.assert_array_equal(indices, stream(3))
+    assert not np.array_equal(indices, stream(4))

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from agent.tuning import MEASURED_STEPS, TRIAL_SHARE, Trial, TrialPlan, TuningChoice, choose, plan_trial
+from agent.tuning import (
+    MAX_MARGIN, MEASURED_STEPS, TRIAL_SHARE, Trial, TrialPlan, TuningChoice, choose, margin, plan_trial,
+)
 
 
 @pytest.mark.parametrize(("steps_per_epoch", "tried"), [
@@ -43,6 +45,34 @@ def _trials(ms_per_step: dict[int, float]) -> list[Trial]:
 ])
 def test_the_job_keeps_the_fastest_candidate(measured: dict[int, float], chosen: int) -> None:
     assert choose(_trials(measured)) == chosen
+
+
+def _rounds(k: int, first_ms: float, second_ms: float) -> Trial:
+    """A candidate measured in two rounds of 2 calls each, at these ms per step."""
+    first, second = 2 * k * first_ms / 1000, 2 * k * second_ms / 1000
+    return Trial(k, 4, first + second, ((2, first), (2, second)))
+
+
+def test_a_noisy_trial_counts_its_own_spread_as_a_tie() -> None:
+    """The cnn's trial in a bench job: 4 steps per call looked 12% faster than 16, but 16's own two rounds
+    were 30% apart. Within that noise the two tie, and a tie goes to the most steps per call."""
+    trials = [_rounds(1, 12.0, 13.2), _rounds(4, 8.8, 9.1), _rounds(16, 8.6, 11.7)]
+    assert margin(trials) == pytest.approx((11.7 - 8.6) / (11.7 + 8.6))
+    assert choose(trials) == 16
+    # Rounds that agree leave the margin at 3%, and the faster candidate wins.
+    steady = [_rounds(1, 12.0, 12.1), _rounds(4, 8.8, 8.9), _rounds(16, 10.0, 10.1)]
+    assert margin(steady) == 0.03
+    assert choose(steady) == 4
+    # However noisy, a candidate more than MAX_MARGIN slower than the fastest is not kept.
+    wild = [_rounds(1, 5.0, 5.0), _rounds(4, 7.0, 7.0), _rounds(16, 4.0, 40.0)]
+    assert margin(wild) == MAX_MARGIN
+    assert choose(wild) == 1
+
+
+def test_the_choice_says_when_the_trial_s_noise_set_the_margin() -> None:
+    note = TuningChoice(16, {"1": 2.0, "4": 1.25, "16": 1.3}, attempt=1, tie_margin=0.15).note()
+    assert note.endswith("chose 16 (candidates within 15% of the fastest, the spread between the trial's two "
+                         "rounds, counted as ties, and a tie goes to the most steps per call)")
 
 
 def test_the_choice_says_what_was_measured() -> None:
