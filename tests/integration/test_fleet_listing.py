@@ -93,9 +93,13 @@ def test_a_rate_limit_stretches_the_fleet_s_schedule_for_every_worker(db, databa
     with fleet(database_url, db, "gpu", tmp_path, jobs=2, train_s=600, poll_s=0.2, watch=WATCH, workers=2) as f:
         ids = f.submit("gpu", 4)
         eventually(lambda: all_in(f, ids, {S.RUNNING}), 60, "all 4 jobs RUNNING")
-        # Half of what a listing a second needs: the lister is refused, stretches its interval and stores
-        # it with the listing; the worker that does not list adopts it (its own calls were never refused).
-        f.fake.limit_reads(5, window_s=10.0)
+        # Under a third of what a listing a second needs: the lister is refused, stretches its interval and
+        # stores it with the listing; the worker that does not list adopts it (its own calls were never
+        # refused). The lister's probes back down (half the interval after two without a refusal) are
+        # refused too, so the schedule stays stretched. At 5 a window, a listing every 2 s was just within
+        # it: the schedule went back to 1 s between refusals, and under a loaded suite the test once missed
+        # every moment when both workers and the stored schedule stood at 2 s.
+        f.fake.limit_reads(3, window_s=10.0)
         eventually(lambda: schedule(f) > EVERY and all(i >= schedule(f) for i in intervals(f)), 30,
                    lambda: f"every worker on the stretched schedule: {schedule(f)}, {intervals(f)}")
         f.fake.limit_reads(None)
