@@ -1,23 +1,19 @@
-"""How long training waits for its input, measured inside tf.data where the wait happens.
+"""How long training waits for its input, measured where training asks for each batch.
 
-Keras pulls batches inside its compiled train function, so Python never sees the wait. The meter
-therefore wraps the finished pipeline (after its prefetch) in a zip whose first input is a clock:
+Keras pulls batches inside its compiled train function, so Python never sees the wait. The agent's
+train function (agent/step_functions.py, CountingTrainFunction) asks for every batch through
+`InputWaitMeter.next`, which reads the clock before the fetch and again once the batch is there,
+inside the graph, and adds the difference to a host variable: the time the steps were blocked on
+input. Summed over an epoch's training steps and divided by their wall time, that is
+`input_wait_fraction`: near 0 when the prefetch buffer is always full, near 1 when the accelerator
+idles on input. Under MirroredStrategy and TPUStrategy the fetch is the distributed iterator's, so
+the wait is the one the replicas' steps see.
 
-    zip(clock, pipeline).map(record)
-
-Zip asks its inputs in order, and neither the clock nor the final map runs ahead of the consumer,
-so the clock reads the time the consumer asked for a batch, the map reads the time the batch was
-handed over, and the difference is the time the consumer was blocked on input. Summed over an
-epoch's training steps and divided by their wall time, that is `input_wait_fraction`: near 0 when
-the prefetch buffer is always full, near 1 when the accelerator idles on input.
-
-The sum lives in a host variable that `record` adds to inside the graph, so no Python runs in the
-pipeline. The first version handed each wait to Python through tf.numpy_function, which took the
-GIL on a tf.data thread while Keras' loop runs Python; the whole meter then cost ~0.15-0.2 ms of
-CPU per batch, now ~0.1 ms (bench/README.md, "Trainer throughput").
-
-Under MirroredStrategy and TPUStrategy the consumer is the distributed iterator's own buffer,
-which feeds the devices; in steady state it waits exactly as long as the steps it feeds.
+The first version handed each wait to Python through tf.numpy_function, about 0.15-0.2 ms of CPU per
+batch. The second timed the pipeline from inside tf.data, a zip with a clock and a map that added
+to the variable: about 0.1 ms per batch by itself, and 0.17-0.21 ms of the mlp's 0.7 ms step on the
+AMD bench host, where three more stages of tf.data ran per batch (bench/README.md, 2026-12-07). Timed
+in the graph, the clock and the sum are three small ops of the step loop.
 """
 
 from __future__ import annotations
@@ -42,20 +38,15 @@ class InputWaitMeter:
     def waited_s(self) -> float:
         return float(self._waited_s.numpy())
 
-    def wrap(self, dataset: Any) -> Any:
+    def next(self, iterator: Any) -> Any:
+        """`next(iterator)` inside a train function's graph, its wait added to the sum. The clock is read
+        before the fetch starts and after every tensor of the batch is there."""
         import tensorflow as tf
 
-        # tf.timestamp is stateful, so tf.data neither caches nor reorders the clock.
-        clock = tf.data.Dataset.from_tensors(0).repeat().map(lambda _: tf.timestamp())
-        waited_s = self._waited_s
-
-        def record(asked_at: Any, batch: Any) -> Any:
-            added = waited_s.assign_add(tf.timestamp() - asked_at)
-            with tf.control_dependencies([added]):
-                return tf.nest.map_structure(tf.identity, batch)
-
-        options = tf.data.Options()
-        # Either rewrite would run `record` ahead of the consumer and time a background thread instead.
-        options.experimental_optimization.map_parallelization = False
-        options.experimental_optimization.inject_prefetch = False
-        return tf.data.Dataset.zip((clock, dataset)).map(record).with_options(options)
+        with tf.device("/cpu:0"):
+            asked = tf.timestamp()
+        with tf.control_dependencies([asked]):
+            batch = next(iterator)
+        with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)), tf.device("/cpu:0"):
+            self._waited_s.assign_add(tf.timestamp() - asked)  # stateful: the function runs it before it returns
+        return batch

@@ -78,7 +78,8 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
     variants.check_quantizable(model, spec.export)  # before training: export.variants' saved_model_int8
     if strategy_name == "multi_worker_mirrored":
         repairs += keras_compat.repair_multi_worker_fit(model, strategy)
-    train_function = install_step_functions(model, plan.steps_per_execution)
+    meter = InputWaitMeter()
+    train_function = install_step_functions(model, plan.steps_per_execution, meter)
     plan = resume_from(plan, saved_at)
     plan = dataclasses.replace(
         plan, jit_compile=bool(model.jit_compile), notes=data.staging_notes + plan.notes + tuple(repairs) + jit_notes,
@@ -109,10 +110,9 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
             tb.write(epoch, entry)
             publisher.put("tensorboard", tb.upload)
 
-    meter = InputWaitMeter()
     feeding = input_choice(data, spec.training.cache_dataset)
     plan = dataclasses.replace(plan, notes=plan.notes + (feeding.note,))
-    train = meter.wrap(train_dataset(data, plan.global_batch_size, spec.training.seed, feeding.mode))
+    train = train_dataset(data, plan.global_batch_size, spec.training.seed, feeding.mode)
     val = None
     if data.validation is not None:
         val = eval_dataset(data, plan.global_batch_size, plan.static_shapes, feeding.mode)

@@ -33,9 +33,12 @@ class CountingTrainFunction:
     `start_epochs(steps)` (before each model.fit) says how many steps each epoch of that fit has;
     every call runs min(steps_per_execution, the steps left in the epoch)."""
 
-    def __init__(self, model: Any, steps_per_execution: int):
+    def __init__(self, model: Any, steps_per_execution: int, meter: Any = None):
+        """meter: an agent.input_wait.InputWaitMeter that every batch is fetched through (None: plain fetches)."""
         import tensorflow as tf
 
+        self.meter = meter
+        fetch = meter.next if meter is not None else next
         self.calls = 0
         self.steps_called = 0  # the steps the calls so far were asked to run, counted on the host
         # Wall time inside the calls, and the first call's alone (tracing and compilation): an eager call
@@ -52,10 +55,10 @@ class CountingTrainFunction:
 
         def execution(iterator: Any, steps: Any) -> Any:
             # The first step outside the loop gives the loop its outputs' structure.
-            outputs = one_step(next(iterator))
+            outputs = one_step(fetch(iterator))
             self._steps.assign_add(1)
             for _ in tf.range(steps - 1):
-                outputs = one_step(next(iterator))
+                outputs = one_step(fetch(iterator))
                 self._steps.assign_add(1)
             return outputs
 
@@ -139,11 +142,15 @@ def _fetch_ahead_function(model: Any, step_fn: Any, steps_per_execution: int) ->
     return tf.function(execution, reduce_retracing=True)
 
 
-def install_step_functions(model: Any, steps_per_execution: int) -> CountingTrainFunction:
-    """After compile (which resets the model's functions), before fit."""
+def install_step_functions(model: Any, steps_per_execution: int, meter: Any = None) -> CountingTrainFunction:
+    """After compile (which resets the model's functions), before fit. `meter`: what times the training
+    input (agent/input_wait.py); without one, a train function that replaces one of these keeps its meter
+    (XLA's and bfloat16's trials install their own)."""
     if steps_per_execution < 1:
         raise ValueError(f"steps_per_execution must be >= 1, got {steps_per_execution}")
-    train = CountingTrainFunction(model, steps_per_execution)
+    if meter is None and isinstance(getattr(model, "train_function", None), CountingTrainFunction):
+        meter = model.train_function.meter
+    train = CountingTrainFunction(model, steps_per_execution, meter)
     model.train_function = train
     model.test_function = make_test_function(model, steps_per_execution)
     return train

@@ -90,11 +90,11 @@ def _train(strategy_name: str, steps: int, spe: int, resumed_at: int, trial_call
     with strategy.scope():
         model = keras.Sequential([keras.Input((3,)), *hidden, keras.layers.Dense(2, activation="softmax")])
         model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", steps_per_execution=spe)
-    train_function = install_step_functions(model, spe)
+    meter = InputWaitMeter()
+    train_function = install_step_functions(model, spe, meter)
     rng = np.random.default_rng(0)
     data = tf.data.Dataset.from_tensor_slices((rng.random((40, 3), np.float32), rng.integers(0, 2, 40))).repeat()
-    meter = InputWaitMeter()
-    batches = meter.wrap(data.batch(4, drop_remainder=True))
+    batches = data.batch(4, drop_remainder=True)
     trial = None
     if trial_calls:  # as agent/tuning.py runs it, then the case's steps_per_execution whatever was measured
         trial = run_trial(model, train_function, batches, meter, TrialPlan(1, trial_calls), attempt=1)
