@@ -7,7 +7,7 @@ It reads `<job-dir>/spec.json`, trains, and reports only through GCS (see trainj
     plan.py            the runtime plan (pure: strategy, precision, batch, lr, steps per execution)
     devices.py         hardware detection and the tf.distribute strategy
     data.py            staged dataset download and tf.data pipelines
-    input_wait.py      input_wait_fraction, measured inside tf.data
+    input_wait.py      input_wait_fraction, timed at each fetch inside the train function
     models.py          model builders: keras.applications and the user's module
     builtin_models.py  mlp, cnn, resnet
     optimizer.py       optimizer and warmup schedule

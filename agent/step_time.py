@@ -2,8 +2,8 @@
 over its epochs' history entries (agent/train.py, EpochRecorder).
 
 The training part of each epoch is split exactly: host (Keras' loop and callbacks, outside the train
-function) + the time inside train-function calls, which is input wait (measured inside tf.data,
-agent/input_wait.py) + compile (the first call's excess over a steady call of as many steps) +
+function) + the time inside train-function calls, which is input wait (timed at each fetch inside
+the train function, agent/input_wait.py) + compile (the first call's excess over a steady call of as many steps) +
 device (the rest). "Device" is what the steps' compiled function took, whatever ran it: the TPU or
 GPUs, or on a CPU this host's own cores. Pauses (checkpoints, status, uploads, the profiler's start
 and stop) and validation come on top of the training part.
@@ -22,9 +22,9 @@ def step_time_breakdown(history: list[dict[str, Any]], attempt: int, steps_per_e
     train = sum(e["train_seconds"] for e in ours)
     host = sum(e["host_seconds"] for e in ours)
     inside = train - host
-    # The wait is measured where tf.data hands a batch over; under a distributed iterator that is its
-    # prefetch thread, which can also wait while the host runs between calls: only what fits in the
-    # calls is counted in them.
+    # The wait is timed inside the calls; a record written before it was (in tf.data, where a distributed
+    # iterator's prefetch thread also waited between calls) may hold more: only what fits in the calls
+    # is counted in them.
     waited = sum(min(e["input_wait_fraction"] * e["train_seconds"], e["train_seconds"] - e["host_seconds"])
                  for e in ours)
     compile_s = _compile_seconds(ours, steps_per_execution)
