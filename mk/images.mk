@@ -24,7 +24,8 @@ IMAGE_TEST_PACKAGES := pytest gcp-storage-emulator
 # control plane (API, worker, PostgreSQL, staging), whose packages a VM, and so these venvs, lack.
 IMAGE_TESTS := tests/e2e/test_agent.py tests/e2e/test_agent_runs.py tests/e2e/test_epoch_steps.py \
 	tests/e2e/test_agent_watchdog.py tests/e2e/test_keras_compat.py tests/e2e/test_program_runs.py \
-	tests/e2e/test_pruning.py tests/e2e/test_distillation.py tests/e2e/test_optimization.py
+	tests/e2e/test_pruning.py tests/e2e/test_distillation.py tests/e2e/test_optimization.py \
+	tests/e2e/test_input_wait.py
 # ... less the one that stages its dataset with the worker's stager.
 IMAGE_TESTS_SKIP := tests/e2e/test_agent_watchdog.py::test_a_sigterm_as_a_finished_agent_reports_still_leaves_a_final_status
 # CI's subset (`IMAGES_SUBSET=ci`): a job trained, exported and served (one agent run answers the
@@ -35,10 +36,11 @@ IMAGE_TESTS_SKIP := tests/e2e/test_agent_watchdog.py::test_a_sigterm_as_a_finish
 # pruning and distillation on two workers (issue 23: Keras 3.4 takes only Constraint instances as a variable's
 # constraint; a student's loss is its model's own compute_loss, replaced, which each Keras must look up),
 # and every export variant compared (`report_lists`: TF 2.18's TFLite crashed timing a dynamic-range model
-# whose input grew on one interpreter; model.quantize of Keras 3.4 and 3.6).
+# whose input grew on one interpreter; model.quantize of Keras 3.4 and 3.6), and the input-wait meter's
+# clock around each fetch in the train function's graph (`slow_input`).
 IMAGE_TESTS_ci := digits_cnn or downloaded_saved_model or stand_in_plan or two_workers or mixed_float16 \
 	or (killed and mid) or every_epoch or every_replicas or control_plane_asks or (stopped_program and sigterm) \
-	or report_lists
+	or report_lists or slow_input
 IMAGES_SUBSET ?= all
 $(if $(filter-out all ci,$(IMAGES_SUBSET)),$(error IMAGES_SUBSET is all or ci, not $(IMAGES_SUBSET)))
 
