@@ -1,6 +1,14 @@
 """The GCS emulator's process, as stack/embedded.py starts it: gcp-storage-emulator's own main, with
-two changes to how it runs, and what stack/emulator_requests.py adds (GCS's read preconditions, where
+three changes to how it runs, and what stack/emulator_requests.py adds (GCS's read preconditions, where
 the emulator ignored them, and a count of the requests served).
+
+- Each connection has a thread, and the requests are served one at a time (a lock around the
+  emulator's router). It used to serve one connection at a time: a client that opened a connection
+  and did not send its request held every other client off. A two-worker agent did just that (a
+  storage client's background thread had connected when TensorFlow's cluster set-up took the GIL),
+  so its peer could not read its spec and both waited for each other until the test's timeout (seen
+  once, in an image run of stop 33). GCS serves connections in parallel; the lock keeps the
+  emulator's own storage, which is not thread-safe, serving one request at a time, as before.
 
 - A listen backlog of 128, not http.server's 5: the emulator serves one connection at a time, and once
   5 wait the kernel drops new ones, whose clients resend after 1, 3, 7... s. Every local agent, guard
@@ -18,11 +26,28 @@ from __future__ import annotations
 
 import http.server
 import runpy
+import socketserver
 import sys
+import threading
+from typing import Any
+
+
+class _ConnectionThreads(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True  # a connection left open does not keep the process from stopping
 
 
 def main() -> None:
     http.server.HTTPServer.request_queue_size = 128
+    from gcp_storage_emulator import server
+
+    server.server.HTTPServer = _ConnectionThreads  # what APIThread.run builds (the module's `from http import server`)
+    handle, one_at_a_time = server.Router.handle, threading.Lock()
+
+    def serialized(router: Any, method: str) -> None:
+        with one_at_a_time:
+            handle(router, method)
+
+    server.Router.handle = serialized
     from stack import emulator_requests
 
     emulator_requests.install()

@@ -1,9 +1,11 @@
 """The GCS emulator the local stack and the tests start (stack/embedded.py) queues a burst of
-connections instead of dropping them.
+connections instead of dropping them, and a connection that sends nothing holds no one else off.
 
-It serves one connection at a time. With http.server's listen backlog of 5, the kernel dropped every
-connection past the fifth waiting one, and each such client sent again only 1, 3, 7... s later: on a
-loaded machine, an agent's status writes landed seconds late (issue 19)."""
+With http.server's listen backlog of 5, the kernel dropped every connection past the fifth waiting
+one, and each such client sent again only 1, 3, 7... s later: on a loaded machine, an agent's status
+writes landed seconds late (issue 19). And it served one connection at a time: a two-worker agent
+whose storage client had connected but not sent (TensorFlow's cluster set-up held the GIL) kept its
+peer from reading its spec, and both waited for each other (stack/emulator_process.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import select
 import signal
 import socket
 import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 from stack.embedded import start_gcs_emulator
 from tests.support import scaled
@@ -44,4 +48,29 @@ def test_a_burst_of_connections_waits_for_a_busy_emulator_instead_of_being_dropp
         os.kill(emu.process.pid, signal.SIGCONT)
         for s in sockets:
             s.close()
+        emu.stop()
+
+
+def test_a_connection_that_sends_nothing_does_not_hold_off_other_clients() -> None:
+    emu = start_gcs_emulator(None, bucket="idle-test")
+    host, port = emu.url.removeprefix("http://").rsplit(":", 1)
+    idle = socket.create_connection((host, int(port)))
+    try:
+        time.sleep(scaled(0.2))  # accepted: an emulator serving one connection at a time now reads only it
+        # Writes and reads from many clients at once still come out whole: the emulator's storage
+        # serves them one at a time.
+        def put_and_get(i: int) -> bytes:
+            body = f"object {i}".encode() * 1000
+            put = urllib.request.Request(
+                f"{emu.url}/upload/storage/v1/b/idle-test/o?uploadType=media&name=o{i}", data=body, method="POST",
+                headers={"Content-Type": "application/octet-stream"})
+            urllib.request.urlopen(put, timeout=scaled(10)).read()
+            got = urllib.request.urlopen(f"{emu.url}/download/storage/v1/b/idle-test/o/o{i}?alt=media",
+                                         timeout=scaled(10)).read()
+            return got if got == body else b"mismatch"
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(put_and_get, range(16)))
+        assert results == [f"object {i}".encode() * 1000 for i in range(16)]
+    finally:
+        idle.close()
         emu.stop()
