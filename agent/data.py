@@ -297,22 +297,28 @@ def input_choice(ds: LocalDataset, cache_dataset: bool | str) -> InputChoice:
 def train_dataset(ds: LocalDataset, global_batch: int, seed: int, mode: str) -> Any:
     """Endless: the plan's steps_per_epoch decides where an epoch ends. With a teacher, each batch's labels
     come with its outputs (the parser's `teacher`). `mode`: input_choice's."""
-    import tensorflow as tf
-
     if mode == "memory":
-        x, y = _parsed_split(ds, ds.train)
-        example_bytes = sum(t.dtype.size * math.prod(int(d) for d in t.shape[1:]) for t in (x, y))
-        per_gather = max(1, min(MEMORY_GATHER_BATCHES, MEMORY_GATHER_BYTES // max(1, global_batch * example_bytes)))
-        rows = memory_batch_indices(ds.train.examples, global_batch, seed)
-        return rows.batch(per_gather).map(lambda i: (tf.gather(x, i), tf.gather(y, i)),
-                                          num_parallel_calls=MEMORY_PARALLEL_GATHERS).unbatch() \
-            .prefetch(MEMORY_PREFETCH_BATCHES).with_options(_options(autotune=False))
+        return memory_batches(*_parsed_split(ds, ds.train), global_batch, seed)
     records = _records(ds.train)
     if mode == "stream_cached":
         records = records.cache()
     records = records.shuffle(min(ds.train.examples, SHUFFLE_BUFFER), seed=seed, reshuffle_each_iteration=True)
     # drop_remainder keeps every batch the same shape, which a TPU needs and no one else minds.
     return _parsed(ds, records.repeat().batch(global_batch, drop_remainder=True), teacher=ds.teacher_width > 0)
+
+
+def memory_batches(x: Any, y: Any, global_batch: int, seed: int) -> Any:
+    """Endless training batches of a split held as two tensors (features, labels): memory_batch_indices'
+    batches, the examples of up to MEMORY_GATHER_BATCHES of them (and MEMORY_GATHER_BYTES) gathered by
+    one op, then handed on a batch at a time."""
+    import tensorflow as tf
+
+    example_bytes = sum(t.dtype.size * math.prod(int(d) for d in t.shape[1:]) for t in (x, y))
+    per_gather = max(1, min(MEMORY_GATHER_BATCHES, MEMORY_GATHER_BYTES // max(1, global_batch * example_bytes)))
+    rows = memory_batch_indices(int(x.shape[0]), global_batch, seed)
+    return rows.batch(per_gather).map(lambda i: (tf.gather(x, i), tf.gather(y, i)),
+                                      num_parallel_calls=MEMORY_PARALLEL_GATHERS).unbatch() \
+        .prefetch(MEMORY_PREFETCH_BATCHES).with_options(_options(autotune=False))
 
 
 def memory_batch_indices(n: int, global_batch: int, seed: int) -> Any:

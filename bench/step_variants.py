@@ -55,7 +55,7 @@ def child(variant: dict) -> None:
     import keras
 
     from agent.builtin_models import BUILTIN_BUILDERS
-    from agent.data import memory_batch_indices
+    from agent.data import memory_batches
     from agent.input_wait import InputWaitMeter
     from agent.models import ModelInputs
     from agent.step_functions import install_step_functions
@@ -82,16 +82,16 @@ def child(variant: dict) -> None:
             data = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH, drop_remainder=True).cache().repeat()
         else:
             xt, yt = tf.constant(x), tf.constant(y)
-            if feed == "memory":
-                data = memory_batch_indices(len(x), BATCH, 7).batch(32).map(
-                    lambda i: (tf.gather(xt, i), tf.gather(yt, i)), num_parallel_calls=2).unbatch()
+            if feed == "memory":  # the job's own pipeline, its prefetch and options included
+                data = memory_batches(xt, yt, BATCH, 7)
             elif feed == "per_batch":
                 data = tf.data.Dataset.range(len(x)).shuffle(len(x), seed=7, reshuffle_each_iteration=True).repeat() \
                     .batch(BATCH, drop_remainder=True).map(lambda i: (tf.gather(xt, i), tf.gather(yt, i)),
                                                            num_parallel_calls=4)
             else:
                 raise SystemExit(f"unknown feed {feed!r}")
-        data = data.prefetch(8).with_options(options)
+        if feed != "memory":
+            data = data.prefetch(8).with_options(options)
         meter = variant.get("meter", "graph" if feed in ("memory", "per_batch") else False)
         train_function = None
         if meter:
