@@ -166,7 +166,12 @@ def device() -> str:
         # asks for (worker/local/provisioner.py), so here the two sides do not train on the same device.
         return (f"{gpus} GPU(s) seen by the script, which trains on them; the product's local provisioner "
                 f"trains on CPU stand-ins, so this is not a like-for-like comparison")
-    return f"CPU only ({os.cpu_count()} cores): both sides train on the CPU, precision auto is float32"
+    from agent.devices import cpu_bfloat16
+
+    flag = cpu_bfloat16()
+    precision = (f"precision auto measures mixed_bfloat16 against float32 (this CPU has {flag})" if flag
+                 else "precision auto is float32 (no bfloat16 instructions on this CPU)")
+    return f"CPU only ({os.cpu_count()} cores): both sides train on the CPU, {precision}"
 
 
 def main() -> None:
