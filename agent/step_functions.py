@@ -145,7 +145,7 @@ def _fetch_ahead_function(model: Any, step_fn: Any, steps_per_execution: int) ->
 def install_step_functions(model: Any, steps_per_execution: int, meter: Any = None) -> CountingTrainFunction:
     """After compile (which resets the model's functions), before fit. `meter`: what times the training
     input (agent/input_wait.py); without one, a train function that replaces one of these keeps its meter
-    (XLA's and bfloat16's trials install their own)."""
+    (XLA's and bfloat16's trials install their own train functions and call this without one)."""
     if steps_per_execution < 1:
         raise ValueError(f"steps_per_execution must be >= 1, got {steps_per_execution}")
     if meter is None and isinstance(getattr(model, "train_function", None), CountingTrainFunction):

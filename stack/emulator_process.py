@@ -10,10 +10,11 @@ the emulator ignored them, and a count of the requests served).
   once, in an image run of stop 33). GCS serves connections in parallel; the lock keeps the
   emulator's own storage, which is not thread-safe, serving one request at a time, as before.
 
-- A listen backlog of 128, not http.server's 5: the emulator serves one connection at a time, and once
-  5 wait the kernel drops new ones, whose clients resend after 1, 3, 7... s. Every local agent, guard
-  and worker talks to it, so a loaded machine saw status writes seconds late (issue 19; 40 requests at
-  once: half over 1 s before, none after).
+- A listen backlog of 128, not http.server's 5: once 5 connections wait to be accepted the kernel
+  drops new ones, whose clients resend after 1, 3, 7... s. Every local agent, guard and worker talks
+  to it, and on a loaded machine its accepting thread falls behind a burst: status writes landed
+  seconds late (issue 19, when it served one connection at a time; 40 requests at once: half over 1 s
+  before, none after).
 - In memory (`--in-memory`), no metadata file. The emulator rewrites one JSON document of every
   object's metadata after each write or delete, so a write costs time in proportion to what the
   emulator holds (8 ms with an empty store, 53 ms with 3,000 objects, measured on this 2-core machine),
