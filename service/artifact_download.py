@@ -50,7 +50,9 @@ def verified_download(blob: Any, expected: dict[str, Any], filename: str) -> Res
     if blob.size != expected["size"]:
         _refuse(where, f"it is {blob.size} bytes where the job's manifest recorded {expected['size']}")
     headers = {"Content-Disposition": content_disposition(filename), "Content-Length": str(expected["size"])}
-    reader = blob.open("rb", chunk_size=CHUNK)
+    # raw_download: the stored bytes, as sized and hashed. A job could store an artifact gzip-encoded,
+    # and the client would inflate it: a small object could be a large answer (issue 36, finding 2).
+    reader = blob.open("rb", chunk_size=CHUNK, raw_download=True)
     if expected["size"] <= CHUNK:
         with reader:
             content = reader.read()

@@ -12,6 +12,12 @@
   where a request arrives, not by our own code's bookkeeping. Class A (writes and lists) and class B
   (reads, 304s included: GCS bills a request whatever it answers) as GCS prices them; deletes are free.
   https://cloud.google.com/storage/pricing#operations-by-class
+- Transcoding, as GCS does it (issue 36, finding 2): an object stored with `contentEncoding: gzip` is
+  sent as stored, with `Content-Encoding: gzip`, to a client that accepts gzip (the client library asks
+  for it on every download, and inflates what it is sent unless told `raw_download`), and inflated by
+  the server for one that does not. gcp-storage-emulator sent the stored bytes with no header, so a
+  reader that inflates could not be told from one that reads raw.
+  https://cloud.google.com/storage/docs/transcoding
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ def install() -> None:
     conditional = {objects.get, objects.download}
     for _, handlers in server.HANDLERS:
         for method, handler in list(handlers.items()):
-            wrapped = _preconditions(handler) if handler in conditional else handler
+            wrapped = _transcoded(_preconditions(handler)) if handler in conditional else handler
             handlers[method] = _counted(wrapped, _operation(method, handler), counts, lock)
 
     def report(request: Any, response: Any, storage: Any) -> None:
@@ -91,6 +97,34 @@ def _preconditions(handler: Handler) -> Handler:
         response["x-goog-generation"] = str(obj["generation"])
         response["x-goog-metageneration"] = str(obj["metageneration"])
         return handler(request, response, storage, *args, **kwargs)
+    return serve
+
+
+def _transcoded(handler: Handler) -> Handler:
+    def serve(request: Any, response: Any, storage: Any, *args: Any, **kwargs: Any) -> Any:
+        import gzip
+
+        from gcp_storage_emulator.exceptions import NotFound
+
+        answer = handler(request, response, storage, *args, **kwargs)
+        media = request.query.get("alt") == ["media"] or "/download/" in request.path
+        if not media or response.status not in (HTTPStatus.OK, HTTPStatus.PARTIAL_CONTENT):
+            return answer
+        try:
+            obj = storage.get_file_obj(request.params["bucket_name"], request.params["object_id"])
+        except NotFound:
+            return answer
+        if obj.get("contentEncoding") != "gzip":
+            return answer
+        response["x-goog-stored-content-encoding"] = "gzip"
+        if "gzip" in (request.get_header("accept-encoding") or ""):
+            response["Content-Encoding"] = "gzip"
+        else:  # decompressive transcoding: the whole object, inflated (GCS ignores a range then)
+            response._content = gzip.decompress(storage.get_file(request.params["bucket_name"],
+                                                                 request.params["object_id"]))
+            response.status = HTTPStatus.OK
+            response._headers.pop("Content-Range", None)
+        return answer
     return serve
 
 

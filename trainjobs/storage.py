@@ -128,8 +128,9 @@ LOG_PAGE_MAX_BYTES = 1 << 20  # one page of GET /logs, one poll of a log stream
 class ObjectTooLarge(Exception):
     """An object is larger than its reader takes into memory; the message is for the job's owner."""
 
-    def __init__(self, uri: str, size: int, limit: int):
+    def __init__(self, uri: str, size: int, limit: int, generation: int | None = None):
         self.uri, self.size, self.limit = uri, size, limit
+        self.generation = generation  # the generation refused, where the reader learnt it
         super().__init__(f"{_within_job(uri)} is {_mib(size)}, over the {_mib(limit)} trainjobs reads of it")
 
 
@@ -195,6 +196,7 @@ def read_bounded_if_changed(uri: str, limit: int, generation: int | None) -> tup
         return UNCHANGED
     except NotFound:
         return None, None
+    sent = None if found.generation is None else int(found.generation)
     if len(data) > limit:
         # The range says only "more than the limit"; the owner is told the object's size (one more
         # request, on this path alone). Gone or unreadable meanwhile: what arrived is the least it was.
@@ -204,8 +206,9 @@ def read_bounded_if_changed(uri: str, limit: int, generation: int | None) -> tup
             size = max(size, int(found.size or 0))
         except Exception:  # noqa: BLE001 - the refusal stands whatever the reload says
             pass
-        raise ObjectTooLarge(uri, size, limit)
-    return data, None if found.generation is None else int(found.generation)
+        # The generation the download sent (x-goog-generation), not the reload's: the one refused.
+        raise ObjectTooLarge(uri, size, limit, sent)
+    return data, sent
 
 
 def read_json_bounded(uri: str, limit: int, *, found: Any | None = None) -> Any | None:

@@ -1,12 +1,15 @@
 """The sweep engine (issue 22): drives each active sweep from one place, with Optuna's ask-and-tell.
 
-Per sweep, each tick, under the sweep's lease (one worker drives a sweep; a worker that stops renewing
-loses it to the next):
+Each tick a worker leases the most overdue active sweeps, in turns across projects (service/db/sweeps.py
+LEASE_SQL), steps each in a thread of a small pool, in a transaction of its own, and releases its lease
+when the step ends: any worker takes the most overdue next, a slow step holds only its own sweep, and a
+sweep whose trials only wait holds no worker's place (issue 36, findings 2 and 4). Per sweep, each step:
 1. a trial Optuna holds as running but no job runs for (the worker stopped between asking and
    submitting) gets its job now, with the parameters Optuna gave it: no trial lost, none run twice
    (its job is created with an idempotency key of the sweep and the trial's number);
-2. each running trial is followed: every epoch's objective its job wrote (metrics.json) is reported to
-   the study as an intermediate value; when the pruner says so, the job is cancelled with the reason
+2. each running trial is followed: every epoch's objective its job wrote (metrics.json, read at a bounded
+   cost: worker/sweep_curves.py) is reported to the study as an intermediate value, up to the job's last
+   epoch and a bounded number a step; when the pruner says so, the job is cancelled with the reason
    "pruned by the sweep" and the trial told PRUNED; a job that ended is told COMPLETE with its final
    value of the objective, or FAIL;
 3. while fewer than parallel_trials run, more are asked for, up to the sweep's trials and within
@@ -17,7 +20,7 @@ loses it to the next):
 
 Optuna's own state is the truth about a trial: when it says a trial ended and our row does not yet
 (the worker stopped between the two), the row follows it. Optuna's heartbeats do not work with
-ask-and-tell; the sweep's lease and the jobs' own leases are the liveness.
+ask-and-tell; the sweep's lease (one step long) and the jobs' own leases are the liveness.
 
 Samplers are rebuilt for each ask, seeded with the sweep's seed plus the trials asked so far, so a
 restarted worker asks on as the first would have, never repeating the first random draws.
@@ -28,9 +31,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import threading
 import uuid
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -43,7 +47,6 @@ from service.db import jobs as job_data
 from service.db import sweeps as data
 from service.db.models import Job, Sweep, SweepTrial
 from service.db.session import transaction
-from trainjobs import storage
 from trainjobs.job_paths import JobPaths
 from trainjobs.spec import parse_stored
 from trainjobs.spec.derived import hourly_price_usd, job_accelerators
@@ -51,6 +54,7 @@ from trainjobs.spec.job import JobSpec
 from trainjobs.spec.sweep import SweepSpec, first_reason, trial_spec
 from trainjobs.states import JobStatus, SweepStatus, TrialState
 from trainjobs.storage_limits import WORKER_LIMITS, limited_calls
+from worker.sweep_curves import is_number, last_epoch, read_new_epochs
 
 log = logging.getLogger("trainjobs.worker.sweeps")
 
@@ -63,8 +67,15 @@ OPTUNA_SCHEMA = "optuna"
 @dataclass
 class SweepConfig:
     poll_s: float = 2.0  # a tick when no notification wakes the loop sooner
-    lease_s: float = 30.0
-    max_sweeps: int = 32  # sweeps one worker drives at once
+    lease_s: float = 30.0  # a leased sweep not stepped by then (its worker stopped) is anyone's again
+    max_sweeps: int = 32  # sweeps one worker leases a tick (and has leased, not yet stepped, at most)
+    step_threads: int = 4  # sweeps stepped at once, each in its own transaction
+    # A tick waits this long for its steps; one still running then ends on its own while the next tick
+    # leases and steps other sweeps (its sweep stays locked, so no worker steps it twice at once).
+    tick_wait_s: float = 10.0
+
+
+SPECS_KEPT = 1024  # parsed sweep specs a worker keeps (any worker may step any sweep)
 
 
 def startup_trials(trials: int) -> int:
@@ -79,7 +90,11 @@ class SweepEngine:
         self.config = config or SweepConfig()
         self.wake = threading.Event()
         self._storage: Any = None
-        self._specs: dict[uuid.UUID, SweepSpec] = {}
+        self._storage_lock = threading.Lock()
+        self._specs: OrderedDict[uuid.UUID, SweepSpec] = OrderedDict()
+        self._specs_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(self.config.step_threads, thread_name_prefix="sweep-step")
+        self._in_flight: dict[uuid.UUID, Future[None]] = {}  # leased by this worker, stepping or queued
 
     # --- the loop ---
 
@@ -93,106 +108,135 @@ class SweepEngine:
             self.wake.clear()
 
     def tick(self) -> None:
+        """Lease the most overdue sweeps, as many as this worker has room for, and step them in the pool."""
+        self._in_flight = {k: f for k, f in self._in_flight.items() if not f.done()}
+        room = self.config.max_sweeps - len(self._in_flight)
+        if room <= 0 or self.stopping.is_set():
+            return
         with transaction(self.factory) as session:
-            leased = data.lease_sweeps(session, self.owner, self.config.lease_s, self.config.max_sweeps)
-        for sweep_id in leased:
-            if self.stopping.is_set():
-                return
-            try:
-                with limited_calls(WORKER_LIMITS):
-                    self.step(sweep_id)
+            leased = data.lease_sweeps(session, self.owner, self.config.lease_s, room)
+        started = {sweep_id: self._pool.submit(self._step_leased, sweep_id) for sweep_id in leased}
+        self._in_flight.update(started)
+        wait(started.values(), timeout=self.config.tick_wait_s)
+
+    def _step_leased(self, sweep_id: uuid.UUID) -> None:
+        if self.stopping.is_set():  # release_all gives its lease back
+            return
+        try:
+            with limited_calls(WORKER_LIMITS):
+                self.step(sweep_id)
+        except Exception:
+            log.exception("sweep %s: step failed; it is tried again in its next turn", sweep_id)
+            try:  # its turn passes all the same: a sweep that fails every step must not hold the first place
+                with transaction(self.factory) as session:
+                    data.release_stepped(session, sweep_id, self.owner, _now())
             except Exception:
-                log.exception("sweep %s: step failed; it is tried again next tick", sweep_id)
+                log.warning("sweep %s: could not release its lease; it expires in %.0fs", sweep_id,
+                            self.config.lease_s)
 
     def release_all(self) -> None:
-        """On shutdown: our sweeps' leases lapse at once, so the next worker drives them now."""
+        """On shutdown: sweeps leased and not yet stepped are anyone's at once, so the next worker drives them now."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
         try:
             with transaction(self.factory) as session:
-                for sweep_id in list(self._specs):
-                    data.release_sweep(session, sweep_id, self.owner)
+                data.release_sweeps(session, self.owner)
         except Exception:
             log.warning("could not release sweep leases; they expire in %.0fs", self.config.lease_s)
 
     # --- one sweep ---
 
     def step(self, sweep_id: uuid.UUID) -> None:
+        """One step of a sweep this worker leased, which gives the lease back in the step's own transaction."""
         with transaction(self.factory) as session:
             sweep = data.leased_sweep(session, sweep_id, self.owner)
-            if sweep is None or SweepStatus(sweep.status).terminal:
+            if sweep is None:  # its lease lapsed while the step waited, and another worker has it
                 return
-            spec = self._spec(sweep)
-            study = self._study(sweep, spec)
-            rows = {t.number: (t, job) for t, job in data.trials_with_jobs(session, sweep.id)}
-            import optuna
+            if not SweepStatus(sweep.status).terminal:
+                self._advance(session, sweep)
+            data.release_stepped(session, sweep.id, self.owner, _now())
 
-            for frozen in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-                if frozen.number not in rows:  # asked, then the worker stopped before its job was made
-                    log.info("sweep %s: trial %d had no job; submitting it", sweep.id, frozen.number)
-                    rows[frozen.number] = self._submit(session, sweep, spec, frozen.number, frozen._trial_id,
-                                                       frozen.params, rows)
+    def _advance(self, session: Session, sweep: Sweep) -> None:
+        spec = self._spec(sweep)
+        study = self._study(sweep, spec)
+        rows = {t.number: (t, job) for t, job in data.trials_with_jobs(session, sweep.id)}
+        import optuna
+
+        for frozen in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            if frozen.number not in rows:  # asked, then the worker stopped before its job was made
+                log.info("sweep %s: trial %d had no job; submitting it", sweep.id, frozen.number)
+                rows[frozen.number] = self._submit(session, sweep, spec, frozen.number, frozen._trial_id,
+                                                   frozen.params, rows)
+        for trial, job in rows.values():
+            if trial.state == TrialState.RUNNING:
+                self._follow(session, study, sweep, spec, trial, job)
+            elif not JobStatus(job.status).terminal:  # a pruned trial's job tearing down: still spending
+                _account(trial, job)
+        running = sum(1 for t, _ in rows.values() if t.state == TrialState.RUNNING)
+        # Every trial's job has ended: nothing of the sweep holds a machine any more.
+        settled = all(JobStatus(j.status).terminal for _, j in rows.values())
+        if sweep.status == SweepStatus.CANCELLING:
             for trial, job in rows.values():
                 if trial.state == TrialState.RUNNING:
-                    self._follow(session, study, sweep, spec, trial, job)
-                elif not JobStatus(job.status).terminal:  # a pruned trial's job tearing down: still spending
-                    _account(trial, job)
-            running = sum(1 for t, _ in rows.values() if t.state == TrialState.RUNNING)
-            # Every trial's job has ended: nothing of the sweep holds a machine any more.
-            settled = all(JobStatus(j.status).terminal for _, j in rows.values())
-            if sweep.status == SweepStatus.CANCELLING:
-                for trial, job in rows.values():
-                    if trial.state == TrialState.RUNNING:
-                        self._end(session, study, trial, job, TrialState.FAIL, cancel=CANCELLED_REASON)
-                if settled:
-                    self._finish(session, sweep, SweepStatus.CANCELLED, sweep.note or "cancel requested by user")
-                return
-            note = None
-            # Asked so far: every trial Optuna handed out (a grid's queued cells not yet), one refused as a
-            # job included, so a refusal counts against max_trials instead of being asked again forever.
-            asked = sum(1 for t in study.get_trials(deepcopy=False) if t.state != optuna.trial.TrialState.WAITING)
-            while running < spec.parallel_trials and asked < spec.trials:
-                cap = self._budget_left(spec, rows)
-                if cap is not None and cap < 0.01:
-                    note = SPENT
-                    break
-                number, trial_id, params = self._ask(study, spec, asked)
-                asked += 1
-                try:
-                    rows[number] = self._submit(session, sweep, spec, number, trial_id, params, rows, cap)
-                except ValidationError as exc:  # a value between those checked at submit: no job, told FAIL
-                    study.tell(number, state=optuna.trial.TrialState.FAIL)
-                    sweep.note = f"trial {number} {params} is not a valid job: {first_reason(exc)}"
-                    log.warning("sweep %s: %s", sweep.id, sweep.note)
-                    continue
-                running += 1
-                if sweep.note == SPENT:  # it had waited for running trials to leave some of the budget
-                    sweep.note = None
-            if running == 0 and settled and (asked >= spec.trials or note is not None):
-                completed = [t for t, _ in rows.values() if t.state == TrialState.COMPLETE]
-                note = note or sweep.note  # what an earlier tick had to say stays said
-                if completed:
-                    self._finish(session, sweep, SweepStatus.SUCCEEDED, note)
-                else:
-                    self._finish(session, sweep, SweepStatus.FAILED, note or "no trial completed")
+                    self._end(session, study, trial, job, TrialState.FAIL, cancel=CANCELLED_REASON)
+            if settled:
+                self._finish(session, sweep, SweepStatus.CANCELLED, sweep.note or "cancel requested by user")
+            return
+        note = None
+        # Asked so far: every trial Optuna handed out (a grid's queued cells not yet), one refused as a
+        # job included, so a refusal counts against max_trials instead of being asked again forever.
+        asked = sum(1 for t in study.get_trials(deepcopy=False) if t.state != optuna.trial.TrialState.WAITING)
+        while running < spec.parallel_trials and asked < spec.trials:
+            cap = self._budget_left(spec, rows)
+            if cap is not None and cap < 0.01:
+                note = SPENT
+                break
+            number, trial_id, params = self._ask(study, spec, asked)
+            asked += 1
+            try:
+                rows[number] = self._submit(session, sweep, spec, number, trial_id, params, rows, cap)
+            except ValidationError as exc:  # a value between those checked at submit: no job, told FAIL
+                study.tell(number, state=optuna.trial.TrialState.FAIL)
+                sweep.note = f"trial {number} {params} is not a valid job: {first_reason(exc)}"
+                log.warning("sweep %s: %s", sweep.id, sweep.note)
+                continue
+            running += 1
+            if sweep.note == SPENT:  # it had waited for running trials to leave some of the budget
+                sweep.note = None
+        if running == 0 and settled and (asked >= spec.trials or note is not None):
+            completed = [t for t, _ in rows.values() if t.state == TrialState.COMPLETE]
+            note = note or sweep.note  # what an earlier tick had to say stays said
+            if completed:
+                self._finish(session, sweep, SweepStatus.SUCCEEDED, note)
             else:
-                sweep.updated_at = _now()
-                if note is not None:
-                    sweep.note = note
+                self._finish(session, sweep, SweepStatus.FAILED, note or "no trial completed")
+        else:
+            sweep.updated_at = _now()
+            if note is not None:
+                sweep.note = note
 
     def _spec(self, sweep: Sweep) -> SweepSpec:
         # Parsed once per sweep: its spec never changes, and checking every trial's spec is not free.
-        if (spec := self._specs.get(sweep.id)) is None:
-            spec = self._specs[sweep.id] = SweepSpec.model_validate(sweep.spec)
+        with self._specs_lock:
+            if (spec := self._specs.get(sweep.id)) is not None:
+                self._specs.move_to_end(sweep.id)
+                return spec
+        spec = SweepSpec.model_validate(sweep.spec)
+        with self._specs_lock:
+            self._specs[sweep.id] = spec
+            while len(self._specs) > SPECS_KEPT:
+                self._specs.popitem(last=False)
         return spec
 
     def _optuna_storage(self) -> Any:
-        if self._storage is None:
-            import optuna
+        with self._storage_lock:  # one storage (and connection pool) for every step thread
+            if self._storage is None:
+                import optuna
 
-            optuna.logging.set_verbosity(optuna.logging.WARNING)
-            url = self.engine.url.render_as_string(hide_password=False)
-            self._storage = optuna.storages.RDBStorage(url, engine_kwargs={
-                "pool_pre_ping": True, "connect_args": {"options": f"-c search_path={OPTUNA_SCHEMA}"}})
-        return self._storage
+                optuna.logging.set_verbosity(optuna.logging.WARNING)
+                url = self.engine.url.render_as_string(hide_password=False)
+                self._storage = optuna.storages.RDBStorage(url, engine_kwargs={
+                    "pool_pre_ping": True, "connect_args": {"options": f"-c search_path={OPTUNA_SCHEMA}"}})
+            return self._storage
 
     def _study(self, sweep: Sweep, spec: SweepSpec) -> Any:
         import optuna
@@ -271,12 +315,13 @@ class SweepEngine:
             return
         metric = spec.objective.metric
         if JobStatus(job.status).terminal:
-            self._report(study, trial, job, metric)
+            if self._report(study, sweep, spec, trial, job):
+                return  # epochs left to report: told COMPLETE once they are, its curve whole for the pruner
             if job.status == JobStatus.SUCCEEDED:
                 value: Any = (job.metrics or {}).get(metric)
-                if not _number(value) and trial.curve:
+                if not is_number(value) and trial.curve:
                     value = trial.curve[-1][1]
-                if _number(value):
+                if is_number(value):
                     self._end(session, study, trial, job, TrialState.COMPLETE, value=float(value))
                     return
                 log.warning("sweep %s: trial %d's job reported no %s", sweep.id, trial.number, metric)
@@ -284,7 +329,7 @@ class SweepEngine:
             return
         if job.status != JobStatus.RUNNING:
             return
-        self._report(study, trial, job, metric)
+        self._report(study, sweep, spec, trial, job)
         live = optuna.trial.Trial(study, trial.optuna_trial_id)
         # A trial that has reported its last epoch is only exporting: stopping it now saves nothing.
         last_epoch = int((job.spec.get("training") or {}).get("epochs") or 0)
@@ -294,23 +339,26 @@ class SweepEngine:
                      int(trial.curve[-1][0]), metric, trial.curve[-1][1])
             self._end(session, study, trial, job, TrialState.PRUNED, cancel=PRUNED_REASON)
 
-    def _report(self, study: Any, trial: SweepTrial, job: Job, metric: str) -> None:
-        """Each epoch's objective the job wrote, not yet reported, as an intermediate value."""
+    def _report(self, study: Any, sweep: Sweep, spec: SweepSpec, trial: SweepTrial, job: Job) -> bool:
+        """Epochs' objective the job wrote and the curve lacks, as intermediate values (a bounded number:
+        worker/sweep_curves.py). True when the document holds more than this step took."""
         import optuna
 
-        doc = storage.read_json(JobPaths.for_job(str(job.id)).metrics) or {}
-        seen = {int(e) for e, _ in trial.curve}
-        live = optuna.trial.Trial(study, trial.optuna_trial_id)
-        added = False
-        for entry in doc.get("history", []):
-            epoch, value = entry.get("epoch"), entry.get(metric)
-            if isinstance(epoch, int) and epoch not in seen and _number(value):
-                live.report(float(value), epoch)
-                seen.add(epoch)
-                trial.curve = [*trial.curve, [epoch, float(value)]]
-                added = True
-        if added:
-            trial.curve = sorted(trial.curve)
+        curve = {int(e): float(v) for e, v in trial.curve}
+        epochs = last_epoch(job.spec, trial_spec(spec.job, trial.params))
+        read = read_new_epochs(JobPaths.for_job(str(job.id)).metrics, spec.objective.metric, epochs, set(curve),
+                               trial.metrics_generation)
+        if read.refused is not None and read.generation != trial.metrics_generation:
+            log.warning("sweep %s: trial %d: %s", sweep.id, trial.number, read.refused)
+            sweep.note = sweep.note or f"trial {trial.number}: {read.refused}"
+        trial.metrics_generation = read.generation
+        if read.new:
+            live = optuna.trial.Trial(study, trial.optuna_trial_id)
+            for epoch, value in read.new:
+                live.report(value, epoch)
+                curve[epoch] = value
+            trial.curve = [[e, v] for e, v in sorted(curve.items())]
+        return read.more
 
     def _end(self, session: Session, study: Any, trial: SweepTrial, job: Job, state: TrialState, *,
              value: float | None = None, cancel: str | None = None) -> None:
@@ -385,10 +433,6 @@ def grid(spec: SweepSpec) -> list[dict[str, Any]]:
 
     values = [p.values() or [] for p in spec.parameters.values()]
     return [dict(zip(spec.parameters, combo, strict=True)) for combo in itertools.product(*values)]
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _now() -> datetime:

@@ -131,6 +131,7 @@ class Sweep(Base):
     note: Mapped[str | None] = mapped_column(Text)  # why it stopped asking, or why it failed
     lease_owner: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    stepped_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # by a worker, last (0010)
 
     __table_args__ = (
         Index("ix_sweeps_project_created", "project_id", text("created_at DESC"), text("id DESC")),
@@ -150,5 +151,7 @@ class SweepTrial(Base):
     curve: Mapped[list[list[float]]] = mapped_column(JSONB, server_default=text("'[]'::jsonb"))  # [epoch, value]
     cost_usd: Mapped[float] = mapped_column(Float, server_default="0")
     accelerator_s: Mapped[float] = mapped_column(Float, server_default="0")  # accelerators x seconds held
+    # The generation of the job's metrics.json whose epochs are all on the curve: read again only once changed.
+    metrics_generation: Mapped[int | None] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -126,6 +126,9 @@ def test_a_worker_that_stops_between_asking_and_submitting_loses_no_trial_and_ru
     dying._submit = submit_then_die  # type: ignore[method-assign]
     dying.tick()  # logged, not raised: a tick's failure is retried
     assert trials(api, sweep["id"]) == []  # nothing committed
+    with transaction(db) as session:  # a living worker gives back a failed step's lease; a dead one keeps it
+        session.execute(text("UPDATE sweeps SET lease_owner = 'w1', lease_expires_at = now() + interval '1 hour'"
+                             " WHERE id = :id"), {"id": uuid.UUID(sweep["id"])})
     import optuna
 
     study = optuna.load_study(study_name=f"sweep-{sweep['id']}", storage=dying._optuna_storage())
@@ -209,15 +212,24 @@ def test_the_sweeps_cost_limit_bounds_what_its_trials_may_spend(api: Any, db: An
     assert "limits.max_cost_usd is spent" in api.get(f"/v1/sweeps/{sweep['id']}").json()["note"]  # again, beside it
 
 
-def test_a_sweep_is_driven_by_one_worker_at_a_time(api: Any, db: Any, database_url: str, bucket: str) -> None:
+def test_a_sweep_is_stepped_by_one_worker_at_a_time_and_its_lease_lasts_one_step(
+        api: Any, db: Any, database_url: str, bucket: str) -> None:
+    from service.db import sweeps as sweep_data
+
     sweep = submit(api)
     a, b = engine(database_url, db, "a"), engine(database_url, db, "b")
-    a.tick()
+    with transaction(db) as session:  # a leased it: its step is on its way
+        assert sweep_data.lease_sweeps(session, "a", 30.0, 32) == [uuid.UUID(sweep["id"])]
     b.tick()
+    assert trials(api, sweep["id"]) == []  # b leaves a sweep a holds
+    a.step(uuid.UUID(sweep["id"]))
     assert len(trials(api, sweep["id"])) == 2
     with transaction(db) as session:
-        owner = session.execute(text("SELECT lease_owner FROM sweeps WHERE id = :id"), {"id": uuid.UUID(sweep["id"])}).scalar()
-    assert owner == "a"
+        owner, stepped = session.execute(text("SELECT lease_owner, stepped_at FROM sweeps WHERE id = :id"),
+                                         {"id": uuid.UUID(sweep["id"])}).one()
+    assert owner is None and stepped is not None  # given back with the step: any worker takes the next
+    b.tick()
+    assert len(trials(api, sweep["id"])) == 2  # b stepped it next, and asked nothing twice
 
 
 def test_a_sweep_whose_trials_wait_on_the_projects_quota_says_so(api: Any, db: Any, database_url: str, bucket: str) -> None:
