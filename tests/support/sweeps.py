@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import text
 
 from service.db.session import get_engine, transaction
+from tests.support import scaled
 from trainjobs import storage
 from trainjobs.job_paths import JobPaths
 from worker.sweeps import SweepConfig, SweepEngine
@@ -33,8 +34,25 @@ def submit(api: Any, **overrides: Any) -> dict[str, Any]:
     return dict(r.json())
 
 
-def engine(database_url: str, db: Any, name: str = "w1", lease_s: float = 30.0) -> SweepEngine:
-    return SweepEngine(get_engine(database_url), db, name, threading.Event(), SweepConfig(lease_s=lease_s))
+def engine(database_url: str, db: Any, name: str = "w1", lease_s: float = 30.0, **config: Any) -> SweepEngine:
+    """The worker's sweep engine; a tick waits for its steps (scaled: a test judges what a step did)."""
+    config.setdefault("tick_wait_s", scaled(120))
+    return SweepEngine(get_engine(database_url), db, name, threading.Event(), SweepConfig(lease_s=lease_s, **config))
+
+
+def project_client(api_url: str, db: Any, project: str) -> Any:
+    """An API client of another project than the `api` fixture's alpha."""
+    import httpx
+
+    from tests.support.jobs import make_key
+
+    return httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {make_key(db, project)}"},
+                        timeout=scaled(30))
+
+
+def long_history(epochs: int) -> dict[str, Any]:
+    """A metrics.json of `epochs` epochs, as a job's own code can write it (60,000: 2.7 MB)."""
+    return {"history": [{"epoch": i, "val_accuracy": round(0.5 + i / (4 * epochs), 6)} for i in range(1, epochs + 1)]}
 
 
 def trials(api: Any, sweep_id: str) -> list[dict[str, Any]]:
