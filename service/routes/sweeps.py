@@ -54,8 +54,8 @@ def _submit(spec: SweepSpec, job: JobSpec, secret: str, factory: SessionFactory)
         stored = spec.model_dump(mode="json")
         # Stored resolved: the goal the metric implies, and how many trials run at most.
         stored["objective"]["goal"], stored["max_trials"] = spec.objective.direction, spec.trials
-        if refusal := data.active_sweeps_refusal(session, project):  # issue 36 (4): each steps in turn
-            raise ApiError(429, refusal, "too_many_active_sweeps", [{"field": "sweep", "reason": refusal}])
+        if too_many := data.active_sweeps_refusal(session, project):  # issue 36 (4): each steps in turn
+            raise ApiError(429, too_many, "too_many_active_sweeps", [{"field": "sweep", "reason": too_many}])
         sweep = data.create_sweep(session, project, stored)
         return sweep_public(session, project, sweep)
 
