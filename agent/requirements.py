@@ -9,6 +9,12 @@ Environments are kept on the machine by the hash of the requirements and the int
 TRAINJOBS_CACHE_DIR (default ~/.cache/trainjobs): a second attempt or job on the same machine with the same
 requirements starts at once. A half-built environment (the install failed or was killed) is never
 reused: it is only moved to its cached name once pip has succeeded.
+
+A cached environment is code that runs as the next job, trusted because it is there: whoever can write
+the cache can run code in any job that reads it. The local provisioner gives each project's machines a
+cache of that project's own (issue 36, finding 7; worker/local/provisioner.py `project_cache`), so a job
+reuses only what its own project's jobs built: a project can still plant code in its own later jobs, which
+are its own tenant. On a cloud VM the cache is the VM's disk, which one job uses.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
+
+from trainjobs.source_rules import requirement_url_problem
 
 log = logging.getLogger("trainjobs.agent")
 
@@ -65,14 +73,22 @@ def refusals(requirements: list[str], installed: dict[str, str]) -> list[str]:
     return problems
 
 
+def cached_environment(requirements: list[str], installed: dict[str, str]) -> Path:
+    """Where the environment of `requirements` over these image packages is kept on this machine."""
+    key = hashlib.sha256(json.dumps([sorted(requirements), sys.version, sorted(installed.items())]).encode()).hexdigest()
+    cache = Path(os.environ.get("TRAINJOBS_CACHE_DIR") or Path.home() / ".cache" / "trainjobs") / "requirements"
+    return cache / key[:32]
+
+
 def install_requirements(requirements: list[str], scratch: Path) -> Path:
     """The python of an environment that has `requirements` over the agent's packages."""
     installed = image_versions()
-    if problems := refusals(requirements, installed):
+    # Where pip may be pointed (issue 36, finding 9) again here: a stored job skips the submit-only rules.
+    problems = refusals(requirements, installed) + [p for line in requirements if (p := requirement_url_problem(line))]
+    if problems:
         raise RequirementsError("; ".join(problems))
-    key = hashlib.sha256(json.dumps([sorted(requirements), sys.version, sorted(installed.items())]).encode()).hexdigest()
-    cache = Path(os.environ.get("TRAINJOBS_CACHE_DIR") or Path.home() / ".cache" / "trainjobs") / "requirements"
-    ready = cache / key[:32]
+    ready = cached_environment(requirements, installed)
+    cache = ready.parent
     python = ready / "bin" / "python"
     if python.exists():
         log.info("requirements: reusing the environment of an earlier job (%s)", ready)

@@ -258,6 +258,9 @@ def _make_worker(url: str, data_dir: Path, provisioner: str, concurrency: int, d
         from worker.local.provisioner import LocalProvisioner
 
         assert isinstance(rt.provisioner, LocalProvisioner)
+        isolation = rt.provisioner.isolation  # whether local jobs are sandboxed, said once at start-up
+        logging.getLogger("trainjobs.worker").log(logging.INFO if isolation.sandbox else logging.WARNING,
+                                                  "%s", isolation.describe())
         rt.provisioner.start_zygote()  # its TensorFlow import overlaps the wait for the first job
         # A local agent's status is a file in the emulator on this machine: reading it four times a second
         # costs little, and a small job's end is seen 0.4 s sooner on average than at the default 1 s.
@@ -444,8 +447,10 @@ def _delete_local_machines(data_dir: Path) -> list[str]:
     """The local provisioner's machines in data_dir (agent process groups and their storage guards).
     A job they ran is RUNNING in the database and is recovered by the next worker."""
     from worker.local.provisioner import LocalProvisioner
+    from worker.local.sandbox import LocalIsolation
 
-    machines = LocalProvisioner(data_dir / "machines")
+    # Only deletes: how machines would be isolated does not matter, and needs no probe of the host.
+    machines = LocalProvisioner(data_dir / "machines", isolation=LocalIsolation(sandbox=False, trusted=True))
     names = [m.name for m in machines.list({})]
     for name in names:
         machines.delete(name)

@@ -27,6 +27,10 @@ from tests.support.tmp import TEST_TMP, outside_pytest_tmp
 
 
 TEST_TMP.mkdir(parents=True, exist_ok=True)
+# Local machines the suite starts (and `trainjobs up` stacks it runs) are unsandboxed and trust every
+# project: their agents fork from a shared zygote (tests/support/local.py). The sandbox's own tests say so
+# explicitly (tests/e2e/test_local_tenancy.py).
+os.environ["TRAINJOBS_LOCAL_SANDBOX"], os.environ["TRAINJOBS_LOCAL_TRUSTED"] = "off", "1"
 # Read by pytest when it first needs tmp_path, which is after conftest files are imported.
 os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", str(TEST_TMP))
 
@@ -95,6 +99,10 @@ def shared_agent_servers(temp_dir_of_this_run: Path) -> Iterator[None]:
         local.close_shared_zygote()
     if (agent := sys.modules.get("tests.support.agent")) is not None:
         agent.close_shared_forker()
+    if "worker.staging_child" in sys.modules:  # a stager ran: its fork server and temp dir
+        from tests.support.staging import close_staging_fork_server
+
+        close_staging_fork_server()
 
 
 @pytest.fixture(scope="session")

@@ -342,7 +342,8 @@ class JobDriver:
         # dataset never changes): the same boundary at create and when a new worker adopts the machine.
         if self._boundary is None or self._boundary[0] != job.dataset_uri:
             self._boundary = (job.dataset_uri, job_boundary(job_id, spec, job.dataset_uri, job_dir))
-        return MachineRequest(job_id, max(job.attempt, 1), spec, job_dir, self._boundary[1])
+        return MachineRequest(job_id, max(job.attempt, 1), spec, job_dir, self._boundary[1],
+                              project_id=str(job.project_id))
 
     def _delete_machines(self, job: Job, reason: str) -> None:
         # The stop request first: an agent the delete does not reach (a machine the cloud keeps, a

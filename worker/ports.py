@@ -40,6 +40,9 @@ class MachineRequest:
     # What the machine's code may reach in storage. The driver computes it from the job's row
     # (worker/boundary/access.job_boundary), never from anything the machine or the job wrote.
     boundary: JobBoundary | None = None
+    # The job's project, from its row: whose tenant the machine's code is (a local host keeps projects
+    # apart by it: worker/local/sandbox.py, host_claim.py). None for a machine asked for by hand.
+    project_id: str | None = None
 
     @property
     def name(self) -> str:

@@ -14,6 +14,7 @@ from tests.support import scaled
 from worker.driver import DriverConfig
 from worker.gcs_channel import GcsJobChannel
 from worker.local.provisioner import LocalProvisioner, start_agent_zygote
+from worker.local.sandbox import LocalIsolation
 from worker.local.zygote_client import Zygote
 from worker.loop import Worker, WorkerConfig
 from worker.staging_adapter import GcsStager
@@ -22,6 +23,10 @@ from worker.sweeps import SweepConfig
 # How long a job on local machines may take to reach what a test waits for (scaled): an agent starts
 # TensorFlow, stages, trains and exports.
 AGENT_JOB_S = 300
+# The suite's stacks fork their agents from one zygote, which a sandboxed machine cannot use (it starts a
+# fresh agent in its sandbox): they run unsandboxed, every project trusted. The sandbox's own tests:
+# tests/e2e/test_local_tenancy.py.
+TRUSTED_UNSANDBOXED = LocalIsolation(sandbox=False, trusted=True)
 
 
 _zygote: Zygote | None = None
@@ -51,11 +56,12 @@ def close_shared_zygote() -> None:
 
 
 @contextmanager
-def local_stack_running(database_url: str, tmp_path: Path, slots: int = 2) -> Iterator[LocalProvisioner]:
+def local_stack_running(database_url: str, tmp_path: Path, slots: int = 2,
+                        isolation: LocalIsolation = TRUSTED_UNSANDBOXED) -> Iterator[LocalProvisioner]:
     """A worker with a local provisioner of two devices and `slots` machines at once (as many jobs
     driven), for the whole block; on the way out the worker stops and every machine left is deleted."""
-    provisioner = LocalProvisioner(tmp_path / "machines", devices=2, slots=slots,
-                                   zygote=shared_zygote())
+    provisioner = LocalProvisioner(tmp_path / "machines", devices=2, slots=slots, isolation=isolation,
+                                   zygote=None if isolation.sandbox else shared_zygote())
     worker = Worker(get_engine(database_url), provisioner, GcsJobChannel(), GcsStager(tmp_path / "staging"),
                     WorkerConfig(concurrency=slots, lease_s=30, heartbeat_s=1, poll_s=0.5, name="e2e",
                                  driver=DriverConfig(poll_s=0.5, agent_stale_s=scaled(120)),

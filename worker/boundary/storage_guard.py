@@ -21,6 +21,10 @@ The emulator answers one request at a time, so the guard reads each answer whole
 before it writes any of it to the job, with a deadline on every read and write on the job's side:
 a job that asks for an object and never reads it holds its own guard's thread, not the emulator.
 Each refusal also goes to a file the worker forwards to its own log (`worker/boundary/guard_refusals.py`).
+
+A sandboxed machine (worker/local/sandbox.py) has no route to the host's loopback: the guard also listens
+on a unix socket in the machine's directory (`--unix-socket`), which the sandbox binds in and a relay inside
+serves on the loopback port the job is told (agent/sandbox_relay.py), the same port the guard's links name.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import time
 from collections.abc import Iterable
 from email.parser import BytesParser
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from socketserver import ThreadingUnixStreamServer
 from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import parse_qs, parse_qsl, unquote, urlparse
@@ -69,6 +74,7 @@ UPSTREAM_TIMEOUT_S = 300.0  # each read from the emulator, which may be busy wit
 IN_FLIGHT = 16  # requests one guard forwards at once (each may hold a spooled object); more wait their turn
 SPOOL_IN_MEMORY = 8 << 20  # an answer larger than this is spooled to a temporary file
 _LENGTH = re.compile(r"[0-9]{1,15}")
+UNIX_SOCKET = "storage-guard.sock"  # in the machine's directory, for a sandboxed machine
 
 
 class Refused(Exception):
@@ -387,18 +393,36 @@ def serve(boundary: JobBoundary, upstream: str, port_file: Path | None = None,
     port = server.server_address[1]
     handler.guard_host = f"127.0.0.1:{port}"
     if port_file is not None:
-        tmp = port_file.with_suffix(".tmp")
-        tmp.write_text(str(port))
-        os.replace(tmp, port_file)  # whole or absent: the provisioner polls for it
+        _write_port(port_file, port)
     return server
 
 
+def _write_port(port_file: Path, port: int) -> None:
+    tmp = port_file.with_suffix(".tmp")
+    tmp.write_text(str(port))
+    os.replace(tmp, port_file)  # whole or absent: the provisioner polls for it
+
+
+def serve_unix(server: ThreadingHTTPServer, path: str) -> ThreadingUnixStreamServer:
+    """The same guard (boundary, uploads, refusals) on a unix socket at `path`, for a sandboxed machine;
+    call serve_forever() on it. Its links still name the loopback port, which the sandbox's relay serves."""
+    job_handler = server.RequestHandlerClass
+    assert isinstance(job_handler, type) and issubclass(job_handler, GuardHandler)
+    handler: type[GuardHandler] = type("JobGuardUnixHandler", (job_handler,), {
+        "disable_nagle_algorithm": False})  # a TCP option: a unix socket has no Nagle
+    unix = ThreadingUnixStreamServer(path, handler)
+    unix.daemon_threads = True
+    return unix
+
+
 def launch(boundary: JobBoundary, upstream: str, directory: Path, env: dict[str, str],
-           timeout_s: float = 30.0) -> tuple[int, int]:
+           timeout_s: float = 30.0, unix_socket: bool = False) -> tuple[int, int]:
     """Start a guard process for one machine, in a session of its own (it outlives a worker that
     dies, as the machine does, and goes when the machine is deleted); return (pid, port). Its
-    refusals go to directory/REFUSALS, for the worker to forward (`worker/boundary/guard_refusals.py`)."""
+    refusals go to directory/REFUSALS, for the worker to forward (`worker/boundary/guard_refusals.py`).
+    `unix_socket`: it also listens on directory/UNIX_SOCKET, there before this returns."""
     directory.mkdir(parents=True, exist_ok=True)
+    (directory / UNIX_SOCKET).unlink(missing_ok=True)
     (directory / "boundary.json").write_text(boundary.to_json())
     port_file = directory / "storage-guard.port"
     port_file.unlink(missing_ok=True)
@@ -406,8 +430,9 @@ def launch(boundary: JobBoundary, upstream: str, directory: Path, env: dict[str,
         proc = subprocess.Popen(
             [sys.executable, "-m", "worker.boundary.storage_guard", "--upstream", upstream,
              "--boundary", str(directory / "boundary.json"), "--port-file", str(port_file),
-             "--refusals", str(directory / REFUSALS)],
-            env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+             "--refusals", str(directory / REFUSALS), *(["--unix-socket", UNIX_SOCKET] if unix_socket else [])],
+            env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            cwd=directory)  # the socket's name is relative to it: a path may be longer than AF_UNIX takes
     threading.Thread(target=proc.wait, daemon=True).start()  # reap it once it is killed
     deadline = time.monotonic() + timeout_s
     while not port_file.exists():
@@ -424,9 +449,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--boundary", required=True, type=Path, help="the job's boundary, as JSON")
     parser.add_argument("--port-file", required=True, type=Path, help="where to write the port it listens on")
     parser.add_argument("--refusals", type=Path, help="where to append what it refuses, a JSON line each")
+    parser.add_argument("--unix-socket", help="also listen on this unix socket (for a sandboxed machine)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    server = serve(JobBoundary.from_json(args.boundary.read_text()), args.upstream, args.port_file, args.refusals)
+    server = serve(JobBoundary.from_json(args.boundary.read_text()), args.upstream, None, args.refusals)
+    if args.unix_socket:  # listening before the port file, which tells the provisioner the guard is up
+        threading.Thread(target=serve_unix(server, args.unix_socket).serve_forever, daemon=True).start()
+    _write_port(args.port_file, server.server_address[1])
     server.serve_forever()
     return 0
 

@@ -14,20 +14,24 @@ process still writing into the machine's directory, which covers the instant bet
 start and the record of it, and signals a recorded pid only while it is the same process (its start
 time), never one the kernel has since given the pid to.
 
-Agents are forked from a zygote that has imported TensorFlow, Keras and the agent once
-(`agent/zygote.py`), or started as processes of their own if it cannot serve
-(TRAINJOBS_LOCAL_ZYGOTE=0 turns it off).
+Each machine runs in a bubblewrap sandbox of its own where the host allows it (worker/local/sandbox.py:
+its own files, processes and storage guard only; TRAINJOBS_LOCAL_SANDBOX). Without the sandbox, agents are
+forked from a zygote that has imported TensorFlow, Keras and the agent once (`agent/zygote.py`), or
+started as processes of their own if it cannot serve (TRAINJOBS_LOCAL_ZYGOTE=0 turns it off), and the
+host runs one project's jobs only unless the operator trusts them all (worker/local/host_claim.py).
+Requirement environments (agent/requirements.py) are cached per project, never shared between projects.
 
 What a job's code reaches: an environment built from an allow-list (`agent_environment`), and
 storage only inside the job's boundary (`worker/boundary/access.py`): through a storage guard
 process per machine in front of the emulator, or with a downscoped token the worker keeps fresh
-in a file when the bucket is real. Both go when the machine is deleted. The processes still run as
-the worker's OS user; README "Security" says what that leaves open.
+in a file when the bucket is real. Both go when the machine is deleted. Unsandboxed, the processes
+run as the worker's OS user; README "Security" says what that leaves open.
 """
 
 from __future__ import annotations
 
 import builtins
+import hashlib
 import json
 import logging
 import os
@@ -48,7 +52,10 @@ from worker.boundary import storage_guard
 from worker.boundary.access import JobBoundary
 from worker.boundary.tokens import TokenFileRefresher, downscoped_minter
 from worker.boundary.guard_refusals import RefusalForwarder
-from worker.ports import MachineInfo, MachineRequest, MachineState, NoCapacity
+from worker.ports import MachineInfo, MachineRefused, MachineRequest, MachineState, NoCapacity
+from worker.local import sandbox
+from worker.local.host_claim import HostClaimed, claim_host
+from worker.local.sandbox import AgentLaunch, LocalIsolation
 from worker.local.zygote_client import Zygote, ZygoteUnavailable
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -84,11 +91,14 @@ def start_agent_zygote(log_path: Path) -> Zygote:
 class LocalProvisioner:
     kind = "local"
 
-    def __init__(self, root: Path, devices: int = 8, slots: int = 2, zygote: Zygote | None = None):
+    def __init__(self, root: Path, devices: int = 8, slots: int = 2, zygote: Zygote | None = None,
+                 isolation: LocalIsolation | None = None):
         """`zygote`: one that outlives this provisioner, which then neither starts one nor closes it (the
-        test suite's processes share one across their stacks); by default each provisioner has its own."""
+        test suite's processes share one across their stacks); by default each provisioner has its own.
+        `isolation`: by default from TRAINJOBS_LOCAL_SANDBOX and TRAINJOBS_LOCAL_TRUSTED (probed here, once)."""
         self.root, self.devices, self.slots = root, devices, slots
         self.root.mkdir(parents=True, exist_ok=True)
+        self.isolation = isolation if isolation is not None else LocalIsolation.from_env()
         self._lock = threading.Lock()
         self._tokens: dict[str, TokenFileRefresher] = {}  # machine name -> its token file's refresher
         self._zygote: Zygote | None = zygote  # started by start_zygote, or with the first machine
@@ -100,6 +110,11 @@ class LocalProvisioner:
         with self._lock:
             if (existing := self._read(request.name)) is not None:
                 return self._info(existing)
+            if not (self.isolation.sandbox or self.isolation.trusted):
+                try:
+                    claim_host(self.root, request.project_id)
+                except HostClaimed as exc:
+                    raise MachineRefused(str(exc)) from None
             busy = sum(1 for r in self._records() if self._alive(r))
             if busy >= self.slots:
                 raise NoCapacity(f"all {self.slots} local machine slots are busy")
@@ -114,7 +129,8 @@ class LocalProvisioner:
         logs = self.root / request.name
         logs.mkdir(exist_ok=True)
         record: dict = {"name": request.name, "labels": request.labels, "devices": devices, "created": time.time(),
-                        "logs": str(logs), "pids": [], "started": {}, "starting": True}
+                        "logs": str(logs), "pids": [], "started": {}, "starting": True,
+                        "sandboxed": self.isolation.sandbox}
         self._save(record)  # before anything starts: a worker killed from here on leaves this to delete by
         try:
             storage_env = self._storage_access(request.name, request.storage_boundary(), logs, record)
@@ -131,28 +147,57 @@ class LocalProvisioner:
         self._save(record)
         return record
 
+    def project_cache(self, project_id: str | None) -> Path:
+        """The requirements cache of one project's jobs on this host (issue 36, finding 7): a job runs an
+        environment only its own project's jobs could have written (in the sandbox, the only cache it sees)."""
+        tenant = hashlib.sha256((project_id or "").encode()).hexdigest()[:32]
+        return self.root / "cache" / tenant
+
     def _start_agents(self, request: MachineRequest, devices: int, ports: list[int], logs: Path,
                       storage_env: dict[str, str], record: dict) -> None:
+        cache = self.project_cache(request.project_id)
+        cache.mkdir(parents=True, exist_ok=True)
+        agents = []
         for task in range(request.spec.workers):
             # No metadata server here: the watchdog stops the process and has no node to delete.
             env = agent_environment(os.environ, TRAINJOBS_LOCAL_DEVICES=str(devices), PYTHONUNBUFFERED="1",
-                                    TF_CPP_MIN_LOG_LEVEL="2", TRAINJOBS_METADATA_URL="off", **storage_env)
+                                    TF_CPP_MIN_LOG_LEVEL="2", TRAINJOBS_METADATA_URL="off",
+                                    TRAINJOBS_CACHE_DIR=str(cache), **storage_env)
             if ports:
                 env["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
                                                "task": {"type": "worker", "index": task}})
-            args = ["--job-dir", request.job_dir, "--task-index", str(task), "--work-dir", str(logs / f"disk-{task}")]
-            log_path = logs / f"task-{task}.log"
-            if (pid := self._fork_agent(args, env, log_path)) is not None:
+            disk = logs / f"disk-{task}"
+            disk.mkdir(exist_ok=True)
+            args = ["--job-dir", request.job_dir, "--task-index", str(task), "--work-dir", str(disk)]
+            agents.append(AgentLaunch(args, env, logs / f"task-{task}.log", disk))
+        if self.isolation.sandbox:
+            self._start_sandbox(agents, logs, cache, record)
+            return
+        for agent in agents:
+            if (pid := self._fork_agent(agent.args, agent.env, agent.log)) is not None:
                 self._note_started(record, pid, agent=True)
                 continue
-            with log_path.open("ab") as out:
+            with agent.log.open("ab") as out:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "agent", *args],
-                    env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    [sys.executable, "-m", "agent", *agent.args],
+                    env=agent.env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                     start_new_session=True,  # its own process group: delete kills the whole machine
                 )
             self._note_started(record, proc.pid, agent=True)
             threading.Thread(target=proc.wait, daemon=True).start()  # reap, so an exited agent is not a zombie
+
+    def _start_sandbox(self, agents: list[AgentLaunch], logs: Path, cache: Path, record: dict) -> None:
+        """All of the machine's agents in one sandbox (one job: its workers share its loopback). With the
+        emulator, the sandbox has no network but its storage guard's socket; a real bucket needs the
+        internet, so there it shares the host's network (its files and processes stay its own)."""
+        guard = None
+        if "guard_port" in record:
+            guard = (logs / storage_guard.UNIX_SOCKET, int(record["guard_port"]))
+        token_dir = [Path(record["token_file"]).parent] if "token_file" in record else []
+        proc = sandbox.start_machine(agents, machine_dir=logs, writable=[*(a.disk for a in agents), cache],
+                                     readable=token_dir, guard=guard, network=guard is None)
+        self._note_started(record, proc.pid, agent=True)
+        threading.Thread(target=proc.wait, daemon=True).start()
 
     def _fork_agent(self, args: list[str], env: dict[str, str], log_path: Path) -> int | None:
         """An agent forked by the zygote (zygote.py), which has imported TensorFlow already; None when
@@ -170,6 +215,8 @@ class LocalProvisioner:
         """The zygote, started now if it is not yet (it imports in the background; the first spawn waits
         for it). `trainjobs up` and `worker` call this at start (issue 24): the imports then overlap the
         wait for a first job, its upload and staging, instead of adding 4-6 CPU-s to its machine's start."""
+        if self.isolation.sandbox:
+            return None  # a forked agent would run outside the sandbox: each machine starts a fresh one in it
         if self._zygote is None and os.environ.get("TRAINJOBS_LOCAL_ZYGOTE", "1") != "0":
             self._zygote = start_agent_zygote(self.root / "zygote.log")
         return self._zygote
@@ -190,12 +237,14 @@ class LocalProvisioner:
         environment for it. Notes in `record` what delete must stop."""
         emulator = os.environ.get("STORAGE_EMULATOR_HOST")
         if emulator:
-            pid, port = storage_guard.launch(boundary, emulator, machine_dir,
-                                             env=agent_environment(os.environ))
-            record["guard_pid"] = pid
+            pid, port = storage_guard.launch(boundary, emulator, machine_dir, env=agent_environment(os.environ),
+                                             unix_socket=self.isolation.sandbox)
+            record.update(guard_pid=pid, guard_port=port)
             self._refusals.watch(name, machine_dir, _job_of(record))
             return {"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}"}
-        token_file = machine_dir / "storage-token.json"
+        # In a directory of its own, which a sandbox binds read-only: the refresher replaces the file.
+        (machine_dir / "credentials").mkdir(exist_ok=True)
+        token_file = machine_dir / "credentials" / "storage-token.json"
         record.update(token_file=str(token_file), boundary=boundary.to_json())
         self._refresh_token(name, token_file, boundary)
         return {storage.TOKEN_FILE_ENV: str(token_file)}
