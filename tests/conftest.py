@@ -99,6 +99,10 @@ def shared_agent_servers(temp_dir_of_this_run: Path) -> Iterator[None]:
         local.close_shared_zygote()
     if (agent := sys.modules.get("tests.support.agent")) is not None:
         agent.close_shared_forker()
+    if "worker.staging_child" in sys.modules:  # a stager ran: its fork server and temp dir
+        from tests.support.staging import close_staging_fork_server
+
+        close_staging_fork_server()
 
 
 @pytest.fixture(scope="session")

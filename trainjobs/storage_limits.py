@@ -63,6 +63,12 @@ def limited_calls(limits: CallLimits) -> Iterator[None]:
         _in_force.reset(token)
 
 
+def in_force() -> CallLimits | None:
+    """The limits storage calls made here honour (None: the client's own), for work handed to another
+    process that should honour them too (worker/staging_child.py)."""
+    return _in_force.get()
+
+
 class _FailureRun(threading.local):
     """Since when this thread's storage requests have failed in a row. One call's retries run in the
     thread that made it, so a run spans them."""

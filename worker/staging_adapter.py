@@ -18,37 +18,32 @@ from trainjobs.spec import JobSpec, ProgramSpec
 from trainjobs.uploads import MAX_MODULE_BYTES
 from worker import prometheus
 from worker.ports import DatasetError, ProgramError, StagingStopped
-from worker.staging import stage_dataset
+from worker.staging import StagedDataset, stage_dataset
+from worker.staging.budget import StagingLimits
 from worker.staging.preflight import check_plan
+from worker.staging_child import run_in_child, warm_up
 
 
 class GcsStager:
+    """Stages each job in a child process of its own (worker/staging_child.py): a dataset that costs
+    more memory or time than one staging may have fails its own job, and the worker goes on."""
+
     def __init__(self, work_dir: Path, bucket: str | None = None):
         self.work_dir, self.bucket = work_dir, bucket
+        warm_up()
 
     def __call__(self, spec: JobSpec, job_id: str, *, project_id: str,
                  should_stop: Callable[[], bool] = lambda: False) -> str:
         # The operator's rules as they are now, not as they were at submit: a queued job is held to them.
-        rules = DataAccessRules.from_env()
-        bucket = self.bucket or storage.bucket_name()
-        if spec.model is not None and spec.model.module is not None:
-            _check_module(spec.model.module, rules, bucket, project_id)
-        if spec.program is not None:
-            check_program(spec.program, rules, bucket, project_id, self.work_dir / f"{job_id}-program")
-        if spec.dataset is None:
-            return ""  # a program that brings its own data (trainjobs/spec/job.py allows it only there)
-        work = self.work_dir / job_id
-        work.mkdir(parents=True, exist_ok=True)
+        rules, limits = DataAccessRules.from_env(), StagingLimits.from_env()
         started, outcome = time.monotonic(), "error"
         try:
-            staged = stage_dataset(spec.dataset, project_id=project_id, bucket=self.bucket, work_dir=work,
-                                   task=spec.task, rules=rules, should_stop=should_stop)
+            staged = run_in_child(stage_job, spec, job_id, project_id, rules, limits, self.work_dir, self.bucket,
+                                  memory_mb=limits.memory_mb, timeout_s=limits.timeout_s, should_stop=should_stop)
+            if staged is None:
+                return ""  # a program that brings its own data (trainjobs/spec/job.py allows it only there)
             outcome = "staged" if staged.uploaded_objects else "reused"
             prometheus.STAGING_BYTES.inc(staged.uploaded_bytes)
-            # Staging first knows the data's size and shape: a plan it cannot carry fails now, not on a paid
-            # machine. A program's batches are its own to make.
-            if spec.model is not None:
-                check_plan(spec, staged.manifest)
             return staged.uri
         except DatasetError:
             outcome = "rejected"
@@ -57,8 +52,36 @@ class GcsStager:
             outcome = "stopped"
             raise
         finally:
-            prometheus.STAGING_SECONDS.labels(outcome).observe(time.monotonic() - started)
-            shutil.rmtree(work, ignore_errors=True)  # downloads and shards; GCS has them now
+            if spec.dataset is not None:
+                prometheus.STAGING_SECONDS.labels(outcome).observe(time.monotonic() - started)
+            # What a killed child left: downloads, shards, a program archive (GCS has what it needs).
+            shutil.rmtree(self.work_dir / job_id, ignore_errors=True)
+            shutil.rmtree(self.work_dir / f"{job_id}-program", ignore_errors=True)
+
+
+def stage_job(spec: JobSpec, job_id: str, project_id: str, rules: DataAccessRules, limits: StagingLimits,
+              work_dir: Path, bucket: str | None) -> StagedDataset | None:
+    """Everything staging checks and does for one job, in the staging child: the model module and the
+    program may be named, the dataset staged and the plan fits it. None: the job names no dataset."""
+    data_bucket = bucket or storage.bucket_name()
+    if spec.model is not None and spec.model.module is not None:
+        _check_module(spec.model.module, rules, data_bucket, project_id)
+    if spec.program is not None:
+        check_program(spec.program, rules, data_bucket, project_id, work_dir / f"{job_id}-program")
+    if spec.dataset is None:
+        return None
+    work = work_dir / job_id
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        staged = stage_dataset(spec.dataset, project_id=project_id, bucket=bucket, work_dir=work,
+                               task=spec.task, rules=rules, limits=limits)
+        # Staging first knows the data's size and shape: a plan it cannot carry fails now, not on a paid
+        # machine. A program's batches are its own to make.
+        if spec.model is not None:
+            check_plan(spec, staged.manifest)
+        return staged
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # downloads and shards; GCS has them now
 
 
 def _check_module(module: str, rules: DataAccessRules, bucket: str, project_id: str) -> None:

@@ -75,3 +75,15 @@ def save_png(path: Path, color: tuple[int, int, int], size: tuple[int, int] = (1
 
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.new("RGB", size, color).save(path)
+
+
+def close_staging_fork_server() -> None:
+    """Ends the fork server that staging children come from (worker/staging_child.py) and the temp dir
+    multiprocessing made for its socket, before this run's TMPDIR is removed (at exit, multiprocessing
+    would remove the dir again and print the error). Private parts of multiprocessing: tests only."""
+    from multiprocessing import forkserver, util
+
+    forkserver._forkserver._stop()  # type: ignore[attr-defined]
+    for finalizer in list(util._finalizer_registry.values()):  # type: ignore[attr-defined]
+        if getattr(finalizer, "_callback", None) is util._remove_temp_dir:  # type: ignore[attr-defined]
+            finalizer()

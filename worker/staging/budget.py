@@ -17,6 +17,8 @@ from worker.staging.errors import DatasetError
 MAX_FILES_ENV = "TRAINJOBS_STAGING_MAX_FILES"
 MAX_BYTES_ENV = "TRAINJOBS_STAGING_MAX_BYTES"
 FETCH_TIMEOUT_ENV = "TRAINJOBS_FETCH_TIMEOUT_S"
+MEMORY_ENV = "TRAINJOBS_STAGING_MEMORY_MB"
+TIMEOUT_ENV = "TRAINJOBS_STAGING_TIMEOUT_S"
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,10 @@ class StagingLimits:
     max_bytes: int = 10 << 30  # staging converts in memory: far past this it could not finish anyway
     fetch_timeout_s: float = 900.0  # one URL download, redirects included
     max_redirects: int = 5
+    # One staging's process (worker/staging_child.py): its memory, the libraries it starts with included,
+    # and its time, downloads included; past either the job fails at STAGING and the worker goes on.
+    memory_mb: int = 2048
+    timeout_s: float = 3600.0
 
     @classmethod
     def from_env(cls) -> StagingLimits:
@@ -33,7 +39,23 @@ class StagingLimits:
             max_files=int(os.environ.get(MAX_FILES_ENV, d.max_files)),
             max_bytes=int(os.environ.get(MAX_BYTES_ENV, d.max_bytes)),
             fetch_timeout_s=float(os.environ.get(FETCH_TIMEOUT_ENV, d.fetch_timeout_s)),
+            memory_mb=int(_positive(MEMORY_ENV, d.memory_mb)),
+            timeout_s=_positive(TIMEOUT_ENV, d.timeout_s),
         )
+
+
+def _positive(name: str, default: float) -> float:
+    """A positive number from the environment; a bad one is refused naming its variable."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise ValueError(f"{name} must be a positive number, not {text!r}")
+    return value
 
 
 class StagingBudget:

@@ -224,7 +224,8 @@ def encode_labels(y: np.ndarray, what: str) -> tuple[np.ndarray, list[str]]:
         if distinct[0] >= 0 and top + 1 <= 2 * len(distinct):
             return y.astype(np.int64), [str(i) for i in range(top + 1)]
     if y.dtype.kind == "O":
-        y = y.astype(str)
+        # Text labels stay Python strings: astype(str) would make every label as wide as the longest.
+        y = np.array([v if isinstance(v, str) else str(v) for v in y.tolist()], dtype=object)
     values, ids = np.unique(y, return_inverse=True)
     return ids.astype(np.int64).reshape(-1), [str(v) for v in values.tolist()]
 

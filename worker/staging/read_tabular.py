@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import zipfile
+from array import array
 from dataclasses import replace
 from pathlib import Path
 
@@ -40,25 +41,24 @@ def read_csv(path: Path, o: CsvOptions) -> Examples:
 
     Messages name the file's line and column (from 1), never a value or a column's name: both are
     the file's bytes."""
-    header, rows, lines = _csv_rows(path, o)
-    if header is None and not rows:
+    header, cells, lines = _csv_cells(path, o)
+    if header is None and not len(cells):
         raise DatasetError(f"{path.name} holds no examples")
-    width = len(header) if header is not None else len(rows[0])
+    width = len(header) if header is not None else cells.shape[1]
     # First: a header without the label says more than no rows.
     wanted = o.label_column if isinstance(o.label_column, tuple) else (o.label_column,)
     ats = [_label_index(path.name, replace(o, label_column=c), header, width) for c in wanted]
     if len(set(ats)) != len(ats):
         raise DatasetError(f"dataset.options.label_column names one column of {path.name} twice")
-    if not rows:
+    if not len(cells):
         raise DatasetError(f"{path.name} holds no examples (only a header row)")
     feature_cols = [i for i in range(width) if i not in ats]
     if not feature_cols:
         raise DatasetError(f"{path.name} has only label columns: no feature columns")
-    cells = np.char.strip(np.asarray(rows, dtype=str))
     missing = np.isin(cells, np.asarray(o.na_values, dtype=str)) if o.na_values else np.zeros(cells.shape, bool)
-    keep = np.ones(len(rows), bool)
+    keep = np.ones(len(cells), bool)
     # An empty cell of names joined by label_separator is an example without labels, not a missing one.
-    label_cells_missing = missing[:, ats] if o.label_separator is None else np.zeros((len(rows), len(ats)), bool)
+    label_cells_missing = missing[:, ats] if o.label_separator is None else np.zeros((len(cells), len(ats)), bool)
     feature_missing = missing[:, feature_cols]
     if label_cells_missing.any() and o.na_policy != "drop":
         r, c = np.argwhere(label_cells_missing)[0]
@@ -74,7 +74,8 @@ def read_csv(path: Path, o: CsvOptions) -> Examples:
     dropped = int((~keep).sum())
     if not keep.any():
         raise DatasetError(f"{path.name}: every row has a missing cell, so na_policy drop leaves no examples")
-    block, absent = cells[keep][:, feature_cols], feature_missing[keep]
+    kept = cells if keep.all() else cells[keep]  # pointers only: the cells themselves are not copied
+    block, absent = kept[:, feature_cols], feature_missing[keep]
     kinds = _column_types(path.name, o, header, feature_cols, block, absent)
     num = [j for j, k in enumerate(kinds) if k == NUMERIC]
     text = [j for j, k in enumerate(kinds) if k != NUMERIC]
@@ -87,12 +88,12 @@ def read_csv(path: Path, o: CsvOptions) -> Examples:
         strings = np.where(absent[:, text], "", block[:, text])
         at = {j: i for i, j in enumerate(num)} | {j: i for i, j in enumerate(text)}
         columns = [Column(_column_name(header, c), kinds[j], at[j]) for j, c in enumerate(feature_cols)]
-    labels = cells[keep][:, ats[0]] if len(ats) == 1 else cells[keep][:, ats]
+    labels = kept[:, ats[0]] if len(ats) == 1 else kept[:, ats]
     if o.label_separator is not None:
         labels = np.where(missing[keep][:, ats[0]], "", labels)  # na_values mean no labels too
     notes = []
     if dropped:
-        notes.append(f"{dropped} of {len(rows)} rows of {path.name} left out for a missing cell (na_policy drop)")
+        notes.append(f"{dropped} of {len(cells)} rows of {path.name} left out for a missing cell (na_policy drop)")
     if o.na_policy == "fill" and (filled := int(feature_missing.sum())):
         notes.append(f"{filled} missing feature cells of {path.name} set to {o.na_fill:g} (na_policy fill)")
     if columns is not None:
@@ -126,11 +127,17 @@ def _column_types(name: str, o: CsvOptions, header: list[str] | None, feature_co
     return kinds
 
 
-def _csv_rows(path: Path, o: CsvOptions) -> tuple[list[str] | None, list[list[str]], list[int]]:
-    """(header or None, data rows, each row's line number in the file)."""
+def _csv_cells(path: Path, o: CsvOptions) -> tuple[list[str] | None, np.ndarray, array[int]]:
+    """(header or None, the data rows' stripped cells [rows, columns], each row's line number in the file).
+
+    The cells are an object array of Python strings, never a fixed-width unicode one: numpy sizes
+    every cell of those by the longest, so one long cell multiplied the whole file's memory (issue 36:
+    a 1.4 KB .csv.gz cost 3.7 GB). Each cell costs its own characters plus a string object's header
+    and a pointer; one cell is at most the csv module's field limit."""
     rows: list[list[str]] = []
-    lines: list[int] = []
+    lines: array[int] = array("q")
     header: list[str] | None = None
+    reader = None
     try:
         with path.open(newline="", encoding="utf-8-sig") as f:  # -sig: Excel starts its CSVs with a BOM
             for _ in range(o.skip_rows):
@@ -156,16 +163,23 @@ def _csv_rows(path: Path, o: CsvOptions) -> tuple[list[str] | None, list[list[st
                     what = "the header" if header is not None else f"line {lines[0]}"
                     raise DatasetError(f"{path.name} is not a well-formed CSV file: line {line} has {len(row)} "
                                        f"fields, {what} {width}; check dataset.options.delimiter and skip_rows")
-                rows.append(row)
+                rows.append([cell.strip() for cell in row])  # strip() returns the cell itself when it can
                 lines.append(line)
     except UnicodeDecodeError:
         raise DatasetError(f"{path.name} is not a UTF-8 text CSV file") from None
     except csv.Error as exc:
+        if reader is not None and "field larger than field limit" in str(exc):
+            # The parser stops inside the cell, before it knows the cell's column.
+            raise DatasetError(f"{path.name} line {o.skip_rows + reader.line_num}: a cell longer than "
+                               f"{csv.field_size_limit()} characters, the most staging reads from one cell") from None
         raise DatasetError(f"{path.name} is not a well-formed CSV file ({type(exc).__name__})") from None
     if o.header is not None and header is None:
         raise DatasetError(f"{path.name} is empty: expected a header row (dataset.options.header is "
                            f"{o.header}; set it to 'none' when every row is data)")
-    return header, rows, lines
+    cells = np.empty((len(rows), width or 0), dtype=object)
+    for i in range(len(rows) - 1, -1, -1):  # each row's list freed as its cells move
+        cells[i] = rows.pop()
+    return header, cells, lines
 
 
 def _label_index(name: str, o: CsvOptions, header: list[str] | None, width: int) -> int:

@@ -65,7 +65,9 @@ def read_tfrecord_files(paths: list[Path], root: Path, o: TfrecordOptions, budge
         raise DatasetError("the TFRecord labels mix class ids and class names")
     notes = [f"{n} of {len(paths)} TFRecord files read as {kind.upper()}-compressed"
              + (" (detected)" if o.compression == "auto" else "") for kind, n in sorted(compressed.items())]
-    return make_examples(np.stack(xs), np.asarray(labels), root.name, notes=notes)
+    # Class names as Python strings: a fixed-width array would size every label by the longest.
+    label_array = np.asarray(labels, dtype=object) if isinstance(labels[0], str) else np.asarray(labels)
+    return make_examples(np.stack(xs), label_array, root.name, notes=notes)
 
 
 def _keys(features: dict[str, tuple[int, bytes]], o: TfrecordOptions, where: str) -> tuple[list[str], str]:
