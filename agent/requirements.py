@@ -30,7 +30,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from trainjobs.source_rules import requirement_url_problem
+from trainjobs.requirement_urls import requirement_url_problem
 
 log = logging.getLogger("trainjobs.agent")
 

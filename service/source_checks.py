@@ -2,7 +2,9 @@
 Another project's uploads or jobs, other folders of our bucket, buckets the operator does not list,
 host paths the operator does not allow and URLs the worker would not fetch are refused before
 anything is stored: a 422 naming the field. The worker applies the same rules again at staging. A
-distillation's teacher job is named too (service/db/teachers.py)."""
+program's requirement that names its own URL is held to the operator's hosts and folders here (the
+spec alone cannot read the deployment's settings). A distillation's teacher job is named too
+(service/db/teachers.py)."""
 
 from __future__ import annotations
 
@@ -31,8 +33,15 @@ def check_job_sources(session: Session, project_id: uuid.UUID, spec: JobSpec) ->
         try:
             check_source(value, rules=rules, bucket=storage.bucket_name(), project_id=str(project_id), own_job=own_job)
         except SourceRefused as exc:
-            raise ApiError(422, f"invalid request: {field}: {exc}", "invalid_spec",
-                           [{"field": field, "reason": str(exc)}]) from None
+            raise _refused(field, str(exc)) from None
+    for i, line in enumerate(spec.program.requirements if spec.program is not None else []):
+        try:
+            rules.check_requirement(line)
+        except SourceRefused as exc:
+            raise _refused(f"program.requirements.{i}", str(exc)) from None
     if problem := teacher_problem(session, project_id, spec):
-        field, reason = problem
-        raise ApiError(422, f"invalid request: {field}: {reason}", "invalid_spec", [{"field": field, "reason": reason}])
+        raise _refused(*problem)
+
+
+def _refused(field: str, reason: str) -> ApiError:
+    return ApiError(422, f"invalid request: {field}: {reason}", "invalid_spec", [{"field": field, "reason": reason}])

@@ -16,14 +16,19 @@ staging (a job queued before a rule changed is held to the rule of the day it ru
 - URLs: https://; http:// only for hosts in TRAINJOBS_FETCH_ALLOW_HOSTS (comma-separated), which
   also exempts those hosts from the public-address rule. Submit can only judge literal addresses;
   the fetch (worker/staging/fetch.py) resolves every hop and checks what it connects to.
+- A program's requirement that names its own URL (`name @ url`, issue 36 finding 9) is fetched by pip
+  on the job's machine, which follows redirects and resolves names where no check of ours sees them. So
+  such a line is refused unless it is https:// to a host the operator lists in
+  TRAINJOBS_REQUIREMENT_URL_HOSTS (comma-separated host names), or file:// inside TRAINJOBS_HOST_DATA_DIRS
+  (a local machine is the worker's host). Whatever the operator lists, never: another scheme (http://,
+  git+ssh:// and every VCS, which run git), localhost or a literal private address, and `${` (pip fills
+  it in from the machine's environment). A line that names no URL installs from the deployment's index.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
-import socket
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,15 +36,19 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from trainjobs import uploads
+# The address rules are their own module: the spec checks requirement URLs with them, and this one
+# reaches the storage client through uploads.
+from trainjobs.addresses import is_public as is_public, literal_address
 from trainjobs.job_paths import DATASETS, JOBS, UPLOADS
+from trainjobs.requirement_urls import requirement_url, requirement_url_problem
 
 HOST_DATA_DIRS_ENV = "TRAINJOBS_HOST_DATA_DIRS"
 FETCH_ALLOW_HOSTS_ENV = "TRAINJOBS_FETCH_ALLOW_HOSTS"
 SOURCE_BUCKETS_ENV = "TRAINJOBS_SOURCE_BUCKETS"
+REQUIREMENT_URL_HOSTS_ENV = "TRAINJOBS_REQUIREMENT_URL_HOSTS"
 _SCHEMES = ("gs://", "https://", "http://", "dataset:", "sklearn:")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
-IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 OwnJob = Callable[[str], bool]  # is this job id one of the submitting project's jobs?
 
 
@@ -56,43 +65,22 @@ def is_host_path(source: str) -> bool:
     return not source.startswith(_SCHEMES)
 
 
-def is_public(address: IpAddress) -> bool:
-    """An address on the public internet: not private, loopback, link-local, multicast, reserved or
-    unspecified, also when an IPv6 address only wraps an IPv4 one (mapped, 6to4, NAT64)."""
-    if isinstance(address, ipaddress.IPv6Address):
-        wrapped = address.ipv4_mapped or address.sixtofour
-        if address in ipaddress.IPv6Network("64:ff9b::/96"):
-            wrapped = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
-        if wrapped is not None:
-            return is_public(wrapped)
-    return address.is_global and not (address.is_private or address.is_loopback or address.is_link_local
-                                       or address.is_multicast or address.is_reserved or address.is_unspecified)
-
-
-def literal_address(host: str) -> IpAddress | None:
-    """The address a host name spells literally, legacy IPv4 forms (2130706433, 0x7f.1) included."""
-    try:
-        return ipaddress.ip_address(host)
-    except ValueError:
-        pass
-    try:
-        return ipaddress.IPv4Address(socket.inet_aton(host))
-    except OSError:
-        return None
-
-
 @dataclass(frozen=True)
 class DataAccessRules:
     host_dirs: tuple[Path, ...] = ()  # resolved
     fetch_allow_hosts: frozenset[str] = field(default_factory=frozenset)  # lower-case host names
     source_buckets: frozenset[str] = field(default_factory=frozenset)  # buckets other than ours data may come from
+    requirement_url_hosts: frozenset[str] = field(default_factory=frozenset)  # lower-case; pip may fetch from them
 
     @classmethod
     def from_env(cls) -> DataAccessRules:
         dirs = [d for d in os.environ.get(HOST_DATA_DIRS_ENV, "").split(os.pathsep) if d.strip()]
         hosts = [h.strip().lower() for h in os.environ.get(FETCH_ALLOW_HOSTS_ENV, "").split(",") if h.strip()]
         buckets = [b.strip() for b in os.environ.get(SOURCE_BUCKETS_ENV, "").split(",") if b.strip()]
-        return cls(tuple(Path(d.strip()).expanduser().resolve() for d in dirs), frozenset(hosts), frozenset(buckets))
+        pip_hosts = [h.strip().lower().rstrip(".") for h in os.environ.get(REQUIREMENT_URL_HOSTS_ENV, "").split(",")
+                     if h.strip()]
+        return cls(tuple(Path(d.strip()).expanduser().resolve() for d in dirs), frozenset(hosts), frozenset(buckets),
+                   frozenset(pip_hosts))
 
     def host_path(self, source: str) -> Path:
         """The resolved path a host-path source names, or SourceRefused."""
@@ -129,6 +117,21 @@ class DataAccessRules:
         if host == "localhost" or host.endswith(".localhost") or (address is not None and not is_public(address)):
             raise SourceRefused(f"{_short(url)}: {host} is not a public address; only public hosts are fetched")
         return host
+
+    def check_requirement(self, line: str) -> None:
+        """SourceRefused if pip may not fetch what a requirement line names on this deployment."""
+        if problem := requirement_url_problem(line):
+            raise SourceRefused(problem)
+        url = requirement_url(line)
+        if url is None:
+            return
+        parts = urlsplit(url)
+        if parts.scheme == "file":
+            self.host_path(url)
+        elif (parts.hostname or "").rstrip(".") not in self.requirement_url_hosts:
+            raise SourceRefused(f"{_short(url)}: pip fetches a requirement's own URL on the job's machine, past any "
+                                f"check of ours, so only from hosts the operator lists ({REQUIREMENT_URL_HOSTS_ENV}); "
+                                "or name the package and its versions, installed from the deployment's index")
 
 
 def check_bucket_uri(uri: str, *, bucket: str, project_id: str, own_job: OwnJob | None,

@@ -115,6 +115,9 @@ with open(os.environ["TRAINJOBS_REPORTS"], "a") as f:
 '''
 
 
+WHEELS = "wheels"  # the requirements' wheels, in the one folder the operator allows
+
+
 def _specs(client: httpx.Client, alpha: httpx.Client, bucket: str, scratch: Path) -> dict[str, dict[str, Any]]:
     from trainjobs import storage
 
@@ -125,7 +128,9 @@ def _specs(client: httpx.Client, alpha: httpx.Client, bucket: str, scratch: Path
     failing = _upload(client, "failing.py", FAILING.encode())
     no_main = _upload(client, "pkg.zip", _zip({"pkg/train.py": "print('hi')\n", "pkg/util.py": ""}))
     requiring = _upload(client, "requiring.py", REQUIRING.encode())
-    wheel = make_wheel(scratch, "tjgreet", "0.1", {"tjgreet/__init__.py": "def hello():\n    return 'hi'\n"})
+    wheels = scratch / WHEELS
+    wheels.mkdir()
+    wheel = make_wheel(wheels, "tjgreet", "0.1", {"tjgreet/__init__.py": "def hello():\n    return 'hi'\n"})
     # What the attacker goes for: another project's upload and dataset, a file of the machine's.
     theirs = _upload(alpha, "alpha_model.py", b"SECRET = 1\n")
     dataset = alpha.post("/v1/datasets", files={"file": ("alpha.csv", b"x,label\n1,0\n2,1\n")}).json()["sha256"]
@@ -154,7 +159,7 @@ def _specs(client: httpx.Client, alpha: httpx.Client, bucket: str, scratch: Path
         "requirements": {"accelerator": {"type": "cpu"},
                          "program": {"source": requiring, "requirements": [f"tjgreet @ {wheel.as_uri()}"]}},
         "bad_requirement": {"accelerator": {"type": "cpu"}, "program": {"source": failing, "requirements": [
-            f"tjmissing @ {(scratch / 'nowhere' / 'tjmissing-1.0-py3-none-any.whl').as_uri()}"]}},
+            f"tjmissing @ {(wheels / 'nowhere' / 'tjmissing-1.0-py3-none-any.whl').as_uri()}"]}},
         "attacker": {"accelerator": {"type": "cpu"},
                      "program": {"source": _upload(client, "attacker.py", ATTACKING.encode()),
                                  "args": [json.dumps(attack)]}},
@@ -173,9 +178,12 @@ def jobs(database_url: str, api_url: str, gcs_emulator: Any, tmp_path_factory: p
         # What a worker holds, which no job's program may see: the database URL and a secret of the operator's.
         monkey.setenv("TRAINJOBS_DATABASE_URL", database_url)
         monkey.setenv("TRAINJOBS_WORKER_SECRET", "s3cr3t")
+        scratch = tmp_path_factory.mktemp("programs")
+        # A requirement's file:// URL only from a folder the operator allows (issue 36, finding 9).
+        monkey.setenv("TRAINJOBS_HOST_DATA_DIRS", str(scratch / WHEELS))
         with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {make_key(factory, 'alpha')}"},
                           timeout=scaled(30)) as alpha:
-            specs = _specs(client, alpha, os.environ["TRAINJOBS_BUCKET"], tmp_path_factory.mktemp("programs"))
+            specs = _specs(client, alpha, os.environ["TRAINJOBS_BUCKET"], scratch)
         ids = submit_all(client, specs)
         with local_stack_running(database_url, tmp_path_factory.mktemp("stack")):
             yield client, ids

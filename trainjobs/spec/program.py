@@ -7,7 +7,10 @@ environment are small and storable, each requirement is a PEP 508 line, and none
 TensorFlow, Keras or NumPy the machine's image brings (only a version range that still admits some
 version is let through: the agent checks it against the image's own versions before it installs).
 Whether the entrypoint exists in the uploaded source is staging's to check (worker/staging_adapter.py).
-A requirement's URL (`name @ https://...`) is pip's to fetch, as on any machine of the user's.
+A requirement's own URL (`name @ url`) is fetched by pip on the machine, past any check of ours: at
+submit it must be https:// to a public host name or a file:// (trainjobs/requirement_urls.py); whether
+the operator lets pip fetch from that host or folder is the API's to check (service/source_checks.py),
+as it reads the deployment's settings.
 """
 
 from __future__ import annotations
@@ -16,10 +19,11 @@ import re
 from collections.abc import Callable
 from pathlib import PurePosixPath
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from trainjobs.program_env import reserved
-from trainjobs.spec.strict import StrictModel, fail
+from trainjobs.requirement_urls import requirement_url_problem
+from trainjobs.spec.strict import StrictModel, fail, submitting
 
 MAX_ARGS, MAX_ARG_CHARS = 256, 4096
 MAX_ENV, MAX_ENV_VALUE = 128, 4096
@@ -78,8 +82,10 @@ class ProgramSpec(StrictModel):
 
     @field_validator("requirements")
     @classmethod
-    def _requirements(cls, v: list[str]) -> list[str]:
-        return _each(v, "requirements", MAX_REQUIREMENTS, "requirements", requirement_problem)
+    def _requirements(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        # Where a URL may point is a rule of issue 36: a job stored before it was accepted as it was.
+        problem = _submitted_requirement_problem if submitting(info) else requirement_problem
+        return _each(v, "requirements", MAX_REQUIREMENTS, "requirements", problem)
 
 
 def _each(items: list[str], field: str, limit: int, what: str, problem: Callable[[str], str | None]) -> list[str]:
@@ -90,6 +96,10 @@ def _each(items: list[str], field: str, limit: int, what: str, problem: Callable
         if found := problem(item):
             raise fail(str(i), found)
     return items
+
+
+def _submitted_requirement_problem(line: str) -> str | None:
+    return requirement_problem(line) or requirement_url_problem(line)
 
 
 def requirement_problem(line: str) -> str | None:
