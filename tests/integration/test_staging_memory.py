@@ -21,13 +21,17 @@ from service.db import jobs as jobdata
 from service.db.jobstate import JobStatus
 from service.db.projects import ensure_project
 from service.db.session import transaction
+from service.db.outages import Outage, outage_of
+from tests.support import scaled
 from tests.support.staging import stage
 from tests.support.staging import operator_allows_test_files  # noqa: F401 - an autouse fixture
 from tests.support.worker import make_worker, path, wait_for
 from trainjobs.spec import JobSpec
+from trainjobs.storage_limits import StorageUnavailable
 from worker.ports import DatasetError, StagingStopped
 from worker.staging.budget import MEMORY_ENV, TIMEOUT_ENV
 from worker.staging_adapter import GcsStager
+from worker.staging_child import StagingCrashed, run_in_child
 
 LONG_CELL = 131_000  # just under the csv module's field limit (131,072), as the review's file was
 ROWS = 1000
@@ -159,3 +163,25 @@ def test_a_cancel_stops_a_staging_that_hangs(bucket: str, tmp_path: Path, silent
     with pytest.raises(StagingStopped):
         GcsStager(tmp_path / "staging")(spec_of(silent_server), "cancelled", project_id="p",
                                         should_stop=cancelled.is_set)
+
+
+def _storage_is_down() -> None:
+    raise StorageUnavailable("storage unreachable for 5.0s")
+
+
+class _Unpicklable(Exception):
+    def __init__(self, a: str, b: str):
+        super().__init__(f"{a} {b}")  # pickled args are one string: unpickling calls __init__ with one
+
+
+def _raises_unpicklable() -> None:
+    raise _Unpicklable("half", "done")
+
+
+def test_an_error_in_the_child_reaches_the_driver_as_the_same_class_or_by_name() -> None:
+    """The driver retries an outage without counting it (service/db/outages.py): the class must cross."""
+    with pytest.raises(StorageUnavailable) as down:
+        run_in_child(_storage_is_down, memory_mb=2048, timeout_s=scaled(60))
+    assert outage_of(down.value) is Outage.STORAGE
+    with pytest.raises(StagingCrashed, match=r"test_staging_memory\._Unpicklable: half done"):
+        run_in_child(_raises_unpicklable, memory_mb=2048, timeout_s=scaled(60))
