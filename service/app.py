@@ -14,6 +14,7 @@ from service.db.session import POOL_TIMEOUT_S, check_migrated, get_engine, sessi
 from service.deps import db_threads
 from service.key_cache import KeyCache, KeyListener, replace_dropped_connections, ttl_from_env
 from service.middleware import AnswerUnexpectedErrors, BodyLimit, BodyLimits, SecurityHeaders, ThrottleFailedAuth
+from service.request_body import parse_threads
 from service.routes import artifacts, dashboard, datasets, health, jobs, modules, sweeps
 from trainjobs.uploads import UploadKind, max_upload_bytes, too_large_message
 
@@ -61,6 +62,7 @@ def create_app(database_url: str, *, check_schema: bool = True) -> FastAPI:
     app.state.read_factory = session_factory(engine.execution_options(isolation_level="AUTOCOMMIT"))  # same pool
     app.state.db_threads = db_threads()  # a bad TRAINJOBS_API_DB_THREADS stops the start, naming it
     app.state.db_wait_s = POOL_TIMEOUT_S  # longest wait for a database turn before a 503 (deps.in_db_thread)
+    app.state.parse_threads = parse_threads()  # request bodies validated off the event loop (request_body.py)
     if (ttl := ttl_from_env()) > 0:  # accepted keys, forgotten on revoke (service/key_cache.py)
         app.state.key_cache = KeyCache(ttl)
         app.state.key_listener = KeyListener(engine, app.state.key_cache)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -10,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service.db.admission import Refusal
 from trainjobs.spec import describe_errors
 
 log = logging.getLogger("trainjobs.api")
@@ -48,3 +50,9 @@ def install(app: FastAPI) -> None:
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error")
         return error_response(500, "internal", "internal error; it has been logged")
+
+
+def refused(refusals: Sequence[Refusal]) -> ApiError:
+    """The 422 for what this deployment does not admit (service/db/admission.py), naming each field."""
+    return ApiError(422, "; ".join(f"{r.field}: {r.reason}" for r in refusals), refusals[0].code,
+                    [r.detail() for r in refusals])

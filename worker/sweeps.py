@@ -45,6 +45,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.db import jobs as job_data
 from service.db import sweeps as data
+from service.db.admission import Admission, NotAdmitted
 from service.db.models import Job, Sweep, SweepTrial
 from service.db.session import transaction
 from trainjobs.job_paths import JobPaths
@@ -194,9 +195,11 @@ class SweepEngine:
             asked += 1
             try:
                 rows[number] = self._submit(session, sweep, spec, number, trial_id, params, rows, cap)
-            except ValidationError as exc:  # a value between those checked at submit: no job, told FAIL
-                study.tell(number, state=optuna.trial.TrialState.FAIL)
-                sweep.note = f"trial {number} {params} is not a valid job: {first_reason(exc)}"
+            except (ValidationError, NotAdmitted) as exc:  # a value submit did not check, or one this
+                study.tell(number, state=optuna.trial.TrialState.FAIL)  # deployment refuses: no job, told FAIL
+                why = f"is not a valid job: {first_reason(exc)}" if isinstance(exc, ValidationError) else \
+                    f"is not admitted: {exc}"
+                sweep.note = f"trial {number} {params} {why}"
                 log.warning("sweep %s: %s", sweep.id, sweep.note)
                 continue
             running += 1
@@ -276,6 +279,10 @@ class SweepEngine:
             own = (raw.get("limits") or {}).get("max_cost_usd")
             raw.setdefault("limits", {})["max_cost_usd"] = round(min(cap, own) if own is not None else cap, 6)
         job_spec = JobSpec.model_validate(raw)
+        # As POST /v1/jobs admits a job (issue 36, 5): a drawn value may be one submit never checked, or the
+        # operator's limits may have changed since.
+        if refusals := Admission.load(session, sweep.project_id).sizing(job_spec):
+            raise NotAdmitted(refusals)
         body = job_spec.model_dump(mode="json")
         key = f"sweep-{sweep.id}-trial-{number}"
         row, _ = job_data.create_job(session, sweep.project_id, body, idempotency_key=key,

@@ -5,18 +5,17 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Body, Header, Query, Request, Response
 
 from service.db import jobs as data
 from service.db import quotas
 from service.db.jobstate import JobStatus
-from service.deps import (
-    ApiSecret, Factory, KeyCheckedFirst, ReadFactory, SessionFactory, in_db_thread, project_transaction,
-)
-from service.errors import ApiError
-from service.limits import JobSizeLimits, beyond_project_quota
+from service.db.admission import Admission
+from service.deps import ApiSecret, Factory, ReadFactory, SessionFactory, in_db_thread, project_transaction
+from service.errors import ApiError, refused
+from service.request_body import ParsedOffLoop, deferred, validated
 from service.schemas import (
     AUTHED, EventList, EventPublic, JobList, JobPublic, error_responses, job_public, json_response,
 )
@@ -26,8 +25,10 @@ from trainjobs.spec.derived import job_accelerators
 
 # Each route checks its key in the transaction it works in (project_transaction): one thread hop and
 # one transaction per request, on the API's few database threads, first come first served
-# (deps.in_db_thread). KeyCheckedFirst keeps an unknown key a 401 before a 422.
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=KeyCheckedFirst)
+# (deps.in_db_thread). KeyCheckedFirst keeps an unknown key a 401 before a 422; ParsedOffLoop (one) parses
+# and validates a submitted spec on the API's parsing threads, off the event loop (service/request_body.py).
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=ParsedOffLoop)
+JobSpecBody = Annotated[Any, Body(), deferred(JobSpec)]
 
 
 def _not_found(job_id: uuid.UUID) -> ApiError:
@@ -39,11 +40,10 @@ def _not_found(job_id: uuid.UUID) -> ApiError:
     200: {"model": JobPublic, "description": "Replayed: this Idempotency-Key already made the job"},
     **error_responses(*AUTHED, 400, 409, 413)})
 async def submit_job(
-    request: Request, spec: JobSpec, secret: ApiSecret, factory: Factory,
+    request: Request, body: JobSpecBody, secret: ApiSecret, factory: Factory,
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
 ) -> Response:
-    if refusals := JobSizeLimits.from_env().refusals(spec):
-        raise ApiError(422, "; ".join(f"{d['field']}: {d['reason']}" for d in refusals), "invalid_spec", refusals)
+    spec = await validated(request, JobSpec, body)
     return await in_db_thread(request, _submit, spec, secret, factory, idempotency_key)
 
 
@@ -55,10 +55,11 @@ def _submit(spec: JobSpec, secret: str, factory: SessionFactory, idempotency_key
     accelerators = job_accelerators(spec)
     try:
         with project_transaction(factory, secret) as (project, session):
+            admission = Admission.load(session, project)
+            if refusals := admission.sizing(spec):
+                raise refused(refusals)
             check_job_sources(session, project, spec)
-            usage = quotas.project_usage(session, project)
-            if refusal := beyond_project_quota(usage, accelerators):
-                raise ApiError(422, refusal["reason"], "over_quota", [refusal])
+            usage = admission.usage
             job, created = data.create_job(session, project, body, idempotency_key=idempotency_key,
                                            request_hash=request_hash, accelerators=accelerators)
             if created:  # the insert counted the queued jobs ahead of it

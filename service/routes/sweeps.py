@@ -6,26 +6,29 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Body, Query, Request, Response
 
 from service.db import quotas
 from service.db import sweeps as data
+from service.db.admission import Admission, Refusal
 from service.db.models import Job, Sweep, SweepTrial
-from service.deps import ApiSecret, Factory, KeyCheckedFirst, ReadFactory, SessionFactory, in_db_thread, project_transaction
-from service.errors import ApiError
-from service.limits import JobSizeLimits, beyond_project_quota
+from service.db.projects import hash_key
+from service.deps import ApiSecret, Factory, ReadFactory, SessionFactory, in_db_thread, project_transaction
+from service.errors import ApiError, error_response, refused
+from service.request_body import ParsedOffLoop, deferred, in_parse_thread, validate
 from service.schemas import AUTHED, SweepList, SweepPublic, TrialList, TrialPublic, error_responses
 from service.source_checks import check_job_sources
+from service.sweep_rate import RATE, TooManySweeps
 from trainjobs.spec import JobSpec
-from trainjobs.spec.derived import job_accelerators
 from trainjobs.spec.sweep import SweepSpec
 from trainjobs.states import SweepStatus, TrialState
 
-router = APIRouter(prefix="/v1/sweeps", tags=["sweeps"], route_class=KeyCheckedFirst)
+router = APIRouter(prefix="/v1/sweeps", tags=["sweeps"], route_class=ParsedOffLoop)
 
 # What every trial shares with the job it starts from: its data, its code and its teacher, checked once
 # at submit (and by the worker again at each trial's staging).
 _SHARED = ("dataset.source", "model.module", "program.source", "training.distillation.teacher_job")
+SweepBody = Annotated[Any, Body(), deferred(SweepSpec)]
 
 
 def _not_found(sweep_id: uuid.UUID) -> ApiError:
@@ -33,24 +36,44 @@ def _not_found(sweep_id: uuid.UUID) -> ApiError:
 
 
 @router.post("", status_code=201, response_model=SweepPublic, responses=error_responses(*AUTHED, 400, 413))
-async def submit_sweep(request: Request, spec: SweepSpec, secret: ApiSecret, factory: Factory) -> SweepPublic:
+async def submit_sweep(request: Request, body: SweepBody, secret: ApiSecret, factory: Factory) -> Response | SweepPublic:
+    # The key first (a 401 costs no count and no checks), then its rate, then the checks, off the event
+    # loop (service/request_body.py): a sweep's body is the costliest the API validates.
+    admission = await in_db_thread(request, _admission, secret, factory)
+    try:
+        RATE.take(hash_key(secret))
+    except TooManySweeps as exc:
+        return error_response(429, "too_many_requests", str(exc), headers={"Retry-After": str(exc.retry_after_s)})
+    spec, job = await in_parse_thread(request, _checked, body, admission)
+    return await in_db_thread(request, _submit, spec, job, secret, factory)
+
+
+def _admission(secret: str, factory: SessionFactory) -> Admission:
+    with project_transaction(factory, secret) as (project, session):
+        return Admission.load(session, project)
+
+
+def _checked(body: Any, admission: Admission) -> tuple[SweepSpec, JobSpec]:
+    """The sweep validated (every trial's spec checked: trainjobs/spec/sweep.py), and admitted as its
+    trials would be: the job, and the trial of every value checked of every parameter (issue 36, 5)."""
+    spec = validate(SweepSpec, body)
     for path in spec.parameters:
         if any(path == s or path.startswith(f"{s}.") for s in _SHARED):
             raise ApiError(422, f"parameters.{path}: every trial uses the job's own {path}", "invalid_spec",
                            [{"field": f"parameters.{path}", "reason": "the trials share the job's data, code and teacher"}])
     job = JobSpec.model_validate(spec.job)
-    if refusals := JobSizeLimits.from_env().refusals(job):
-        refusals = [{"field": f"job.{d['field']}", "reason": d["reason"]} for d in refusals]
-        raise ApiError(422, "; ".join(f"{d['field']}: {d['reason']}" for d in refusals), "invalid_spec", refusals)
-    return await in_db_thread(request, _submit, spec, job, secret, factory)
+    if refusals := admission.sizing(job):
+        raise refused([Refusal(f"job.{r.field}", r.reason, r.code) for r in refusals])
+    for path, value, trial in spec.probed_trials():
+        if refusals := admission.sizing(trial):
+            raise refused([Refusal(f"parameters.{path}", f"a trial is not admitted (at {value!r}): {r.field}: "
+                                                         f"{r.reason}", r.code) for r in refusals])
+    return spec, job
 
 
 def _submit(spec: SweepSpec, job: JobSpec, secret: str, factory: SessionFactory) -> SweepPublic:
     with project_transaction(factory, secret) as (project, session):
-        check_job_sources(session, project, job)
-        usage = quotas.project_usage(session, project)
-        if refusal := beyond_project_quota(usage, job_accelerators(job)):
-            raise ApiError(422, refusal["reason"], "over_quota", [{**refusal, "field": f"job.{refusal['field']}"}])
+        check_job_sources(session, project, job)  # its data, code and teacher: what every trial shares
         stored = spec.model_dump(mode="json")
         # Stored resolved: the goal the metric implies, and how many trials run at most.
         stored["objective"]["goal"], stored["max_trials"] = spec.objective.direction, spec.trials

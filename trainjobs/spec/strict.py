@@ -24,6 +24,10 @@ Number = Annotated[float, Strict()]
 MAX_NESTING = 32
 # Validation context of a spec read back from storage.
 STORED: dict[str, bool] = {"stored": True}
+# Validation context of a part of a spec whose whole input was already checked by _storable (a sweep's
+# trial, built from the sweep's body: trainjobs/spec/trial_check.py): walking it again per value is the
+# cost of the whole input, not of the value.
+STORABLE_CHECKED: dict[str, bool] = {"storable_checked": True}
 
 
 def submitting(info: ValidationInfo) -> bool:
@@ -53,10 +57,12 @@ class StrictModel(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _storable(cls, data: Any) -> Any:
+    def _storable(cls, data: Any, info: ValidationInfo) -> Any:
         """Refuse what PostgreSQL's JSONB cannot hold, anywhere in the spec (model.params included):
         it rejects NUL, a lone surrogate cannot be encoded as UTF-8, and JSON has no NaN or Infinity.
         The outermost model sees the whole input first, so the path it names is the full one."""
+        if isinstance(info.context, dict) and info.context.get("storable_checked"):
+            return data
         if problem := _unstorable(data):
             raise fail(*problem)
         return data

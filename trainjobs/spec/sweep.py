@@ -12,13 +12,18 @@
     early_stopping: {type: median | hyperband, min_epochs: 2}
     limits: {max_cost_usd: 50}
 
-Every trial's spec is checked at submit: each parameter's values (every value of an int or stepped
-range up to MAX_CHECKED_VALUES of them, else its ends and middle; every choice) are put into the job
-spec, together with the other parameters' first values, and the spec validated as a submitted job
-is; the first refusal is a 422 naming `parameters.<path>` and the value. With every parameter's
-values crossed as well when they are few (up to MAX_CHECKED_CROSSINGS specs), a range that is fine
-alone but not beside another (a batch that does not divide over the replicas another parameter sets)
-is caught too.
+Every trial's spec is checked at submit, at a cost bounded whatever the body holds (issue 36, 1: a
+29 KB sweep checked by 2,048 whole-spec validations held the API 30-40 s). The job, with every
+parameter at its first value, is validated whole once. Then each parameter's values (every value of an
+int or stepped range up to MAX_CHECKED_VALUES of them, else its ends and middle; every choice) are put
+into that validated spec one at a time and checked against the field they set and the rules above it
+(trainjobs/spec/trial_check.py); the first refusal is a 422 naming `parameters.<path>` and the value.
+Those checks re-validate at most CHECK_BUDGET_BYTES of fields in all: a parameter whose values land in a
+large field (a big model.params or program.env) past that budget is checked at its ends and middle, and
+the engine checks every trial it draws as it submits it. Values that are fine alone but not together
+(a batch that does not divide over the replicas another parameter sets) are caught by whole-spec
+validations of the parameters crossed: every combination when there are at most MAX_CHECKED_CROSSINGS,
+else every parameter at its middle, and at its last, value.
 """
 
 from __future__ import annotations
@@ -26,11 +31,13 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from trainjobs.spec.job import JobSpec
+from trainjobs.spec.trial_check import TrialCheck, set_at
 from trainjobs.spec.strict import Int, Number, StrictModel, fail
 from trainjobs.spec.task import HIGHER_IS_BETTER, epoch_names
 
@@ -38,7 +45,12 @@ MAX_PARAMETERS = 32
 MAX_CHOICES = 64
 MAX_GRID = 10_000  # a grid's combinations
 MAX_CHECKED_VALUES = 64  # an int or stepped range's values checked one by one at submit
-MAX_CHECKED_CROSSINGS = 1024  # specs checked with every parameter's values crossed
+MAX_CHECKED_CROSSINGS = 8  # whole specs checked with the parameters' values crossed
+# Bytes of fields validated again by one sweep's value checks, and what a check costs beyond its field's
+# bytes (the sections above it run their rules again): some 20 ms of checks.
+CHECK_BUDGET_BYTES = 1 << 20
+CHECK_COST_BYTES = 256
+MAX_RECHECKS = 4  # whole-spec validations of a value the quick check refused, to say why as the job would
 
 Scalar = str | int | float | bool | None
 
@@ -187,24 +199,54 @@ class SweepSpec(StrictModel):
                     raise fail(f"parameters.{path}", "a grid needs every value: give a float range a step")
             if self.grid_size() > MAX_GRID:
                 raise fail("parameters", f"the grid has {self.grid_size()} combinations, over the limit of {MAX_GRID}")
-        firsts = {path: p.probes()[0] for path, p in self.parameters.items()}
-        for path, p in self.parameters.items():
-            for value in p.probes():
-                _validated(trial_spec(self.job, {**firsts, path: value}), f"parameters.{path}", value)
+        for _ in self.probed_trials():  # each refusal is raised as a 422 naming its parameter
+            pass
         probes = [p.probes() for p in self.parameters.values()]
         if math.prod(len(values) for values in probes) <= MAX_CHECKED_CROSSINGS:
-            for combination in itertools.product(*probes):
-                params = dict(zip(self.parameters, combination, strict=True))
-                try:
-                    JobSpec.model_validate(trial_spec(self.job, params))
-                except ValidationError as exc:
-                    raise fail("parameters", f"the trial {params} is not a valid job: {first_reason(exc)}") from None
+            crossings = list(itertools.product(*probes))
+        else:
+            crossings = [tuple(values[len(values) // 2] for values in probes), tuple(values[-1] for values in probes)]
+        for combination in crossings:
+            params = dict(zip(self.parameters, combination, strict=True))
+            try:
+                whole_check(trial_spec(self.job, params))
+            except ValidationError as exc:
+                raise fail("parameters", f"the trial {params} is not a valid job: {first_reason(exc)}") from None
         if base.model is not None and base.program is None:
             names = epoch_names(base.task, base.training.metrics)
             if self.objective.metric not in names:
                 raise fail("objective.metric", f"{self.objective.metric!r} is not a metric the trials report: one of "
                            f"{', '.join(names)}")
         return self
+
+    def probed_trials(self) -> Iterator[tuple[str, Scalar, JobSpec]]:
+        """(path, value, the trial's spec) for each value checked at submit: the job with every parameter
+        at its first value, and that with each parameter's values one at a time (the module's docstring
+        says which). A value that makes no valid job raises the 422 naming `parameters.<path>`."""
+        firsts = {path: p.probes()[0] for path, p in self.parameters.items()}
+        first_path = next(iter(firsts))
+        raw = trial_spec(self.job, firsts)
+        check = TrialCheck(raw, _validated(raw, f"parameters.{first_path}", firsts[first_path]))
+        budget, rechecks = CHECK_BUDGET_BYTES, 0
+        for path, p in self.parameters.items():
+            values = p.probes()
+            cost = len(values) * (CHECK_COST_BYTES + check.field_bytes(path))
+            if cost > budget:  # its ends and middle; the engine checks each trial it draws
+                values, cost = [values[i] for i in sorted({0, len(values) // 2, len(values) - 1})], 0
+            budget -= cost
+            for value in values:
+                try:
+                    trial = check.with_value(path, value)
+                except (ValidationError, ValueError) as exc:
+                    rechecks += 1
+                    if rechecks > MAX_RECHECKS:
+                        reason = first_reason(exc) if isinstance(exc, ValidationError) else str(exc)
+                        raise fail(f"parameters.{path}", f"a trial is not a valid job spec (at {value!r}): "
+                                   f"{reason}") from None
+                    # Said as a whole-spec validation says it, the field named as in the job; a value
+                    # this check refused and the whole spec takes (none known) is taken.
+                    trial = _validated(trial_spec(self.job, {**firsts, path: value}), f"parameters.{path}", value)
+                yield path, value, trial
 
     def grid_size(self) -> int:
         return math.prod(p.count() or 0 for p in self.parameters.values())
@@ -221,17 +263,13 @@ def trial_spec(job: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
     """The job spec with each parameter's value at its dotted path (missing sections made)."""
     spec: dict[str, Any] = copy.deepcopy(job)
     for path, value in params.items():
-        node = spec
-        *parents, last = path.split(".")
-        for part in parents:
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                raise ValueError(f"{path}: {part} is not a section of the job spec")
-            node = child
-        node[last] = value
+        set_at(spec, path.split("."), value)
     return spec
+
+
+def whole_check(spec: dict[str, Any]) -> JobSpec:
+    """The spec validated whole, as a submitted job is: what a sweep's submit does a few times at most."""
+    return JobSpec.model_validate(spec)
 
 
 def first_reason(exc: ValidationError) -> str:
@@ -244,7 +282,7 @@ def first_reason(exc: ValidationError) -> str:
 def _validated(spec: dict[str, Any], field: str, value: Any = None) -> JobSpec:
     at = "" if value is None else f" (at {value!r})"
     try:
-        return JobSpec.model_validate(spec)
+        return whole_check(spec)
     except ValidationError as exc:
         raise fail(field, f"{'the job' if value is None else 'a trial'} is not a valid job spec{at}: "
                    f"{first_reason(exc)}") from None

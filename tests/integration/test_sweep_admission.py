@@ -1,0 +1,61 @@
+"""Issue 36, 5: a sweep's trials are admitted as POST /v1/jobs admits a job (service/db/admission.py): the
+deployment's sizes and the project's quota, for every value submit checks of every parameter, and again by
+the sweep engine for every trial it draws. The review's sweep made trial jobs of 64 CPU replicas and of 64
+workers, both of which POST /v1/jobs refuses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from service.db.quotas import set_quota
+from service.db.session import transaction
+from tests.support.sweeps import IRIS_JOB, engine, play, submit, sweep_spec, trials
+
+GPU_JOB = {**IRIS_JOB, "accelerator": {"type": "gpu", "gpu_type": "nvidia-tesla-v100", "count": 1}, "strategy": "auto"}
+
+
+@pytest.mark.parametrize(("job", "parameter", "field", "reason"), [
+    ({**IRIS_JOB, "strategy": "auto"}, {"accelerator.replicas": {"type": "categorical", "choices": [2, 64]}},
+     "parameters.accelerator.replicas", "(at 64): accelerator.replicas: 64 CPU replicas: this deployment runs at most 8"),
+    ({**IRIS_JOB, "strategy": "auto"}, {"workers": {"type": "int", "low": 1, "high": 64}},
+     "parameters.workers", "(at 5): workers: 5 workers: this deployment runs at most 4 (TRAINJOBS_MAX_WORKERS)"),
+    (GPU_JOB, {"accelerator.count": {"type": "categorical", "choices": [1, 8]}},
+     "parameters.accelerator.count", "(at 8): accelerator: this job needs 8 accelerators; the project may hold at most 4"),
+], ids=["cpu replicas", "workers", "project quota"])
+def test_a_parameter_whose_values_the_deployment_refuses_is_a_422_naming_it(
+        api: Any, db: Any, job: dict[str, Any], parameter: dict[str, Any], field: str, reason: str) -> None:
+    with transaction(db) as session:
+        set_quota(session, "alpha", max_accelerators=4)
+    r = api.post("/v1/sweeps", json=sweep_spec(job=job, parameters=parameter))
+    assert r.status_code == 422, r.text
+    details = {d["field"]: d["reason"] for d in r.json()["error"]["details"]}
+    assert field in details and reason in details[field], details
+    assert api.get("/v1/sweeps").json()["sweeps"] == []
+
+
+def test_a_drawn_trial_the_deployment_refuses_makes_no_job_and_fails_with_a_note(
+        api: Any, db: Any, database_url: str, bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every value passed at submit; then the operator lowered TRAINJOBS_MAX_CPU_REPLICAS. The trial of 4
+    replicas is told FAIL without a job, the sweep says why, and the trial of 2 runs."""
+    sweep = submit(api, job={**IRIS_JOB, "strategy": "auto"}, algorithm="grid", max_trials=2,
+                   parameters={"accelerator.replicas": {"type": "categorical", "choices": [2, 4]}})
+    monkeypatch.setenv("TRAINJOBS_MAX_CPU_REPLICAS", "3")  # the engine runs in this process
+    e = engine(database_url, db)
+    e.tick()
+    made = trials(api, sweep["id"])
+    assert [(t["number"], t["params"]) for t in made] == [(0, {"accelerator.replicas": 2})]
+    with transaction(db) as session:
+        replicas = session.execute(text("SELECT spec->'accelerator'->>'replicas' FROM jobs")).scalars().all()
+    assert replicas == ["2"]
+    play(db, made[0]["job_id"], [0.8], done=True)
+    e.tick()
+    done = api.get(f"/v1/sweeps/{sweep['id']}").json()
+    assert done["status"] == "SUCCEEDED", done
+    assert "trial 1" in done["note"] and "is not admitted: accelerator.replicas: 4 CPU replicas" in done["note"]
+    import optuna
+
+    study = optuna.load_study(study_name=f"sweep-{sweep['id']}", storage=e._optuna_storage())
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "FAIL"]
