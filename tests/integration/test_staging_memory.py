@@ -6,7 +6,9 @@ with a memory limit (worker/staging_child.py)."""
 from __future__ import annotations
 
 import gzip
+import os
 import resource
+import signal
 import socket
 import threading
 import zipfile
@@ -176,6 +178,16 @@ class _Unpicklable(Exception):
 
 def _raises_unpicklable() -> None:
     raise _Unpicklable("half", "done")
+
+
+def _killed() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's OOM killer ends a process
+
+
+def test_a_staging_child_that_dies_fails_its_job_with_the_reason() -> None:
+    with pytest.raises(DatasetError) as died:
+        run_in_child(_killed, memory_mb=2048, timeout_s=scaled(60))
+    assert str(died.value).startswith("staging's process ended without an answer (killed by SIGKILL)")
 
 
 def test_an_error_in_the_child_reaches_the_driver_as_the_same_class_or_by_name() -> None:
