@@ -3,9 +3,10 @@
 The job's code can write metrics.json as well as the agent, so the sweep engine reads it as any object a
 job writes: raw (one stored gzip-encoded is its stored bytes, not JSON, never inflated), only when its
 generation changed since the trial's curve last took in all of it, and within a cap: what a job of its
-epochs may write (an entry an epoch), never over storage.METRICS_MAX_BYTES. Of what it holds, only epochs
-1 to the job's last count, and a step takes at most REPORTS_PER_STEP of them to Optuna (one write to its
-storage each); the rest come at the next steps. A 60,000-epoch history once held one transaction for 12
+epochs may write (an entry an epoch), never over storage.METRICS_MAX_BYTES. A running job's document over
+LARGE_DOCUMENT_BYTES is read again at most every LARGE_REREAD_S, however often its job rewrites it. Of
+what it holds, only epochs 1 to the job's last count, and a step takes at most REPORTS_PER_STEP of them
+to Optuna (one write to its storage each); the rest come at the next steps. A 60,000-epoch history once held one transaction for 12
 minutes and every other project's sweep with it.
 """
 
@@ -14,6 +15,8 @@ from __future__ import annotations
 import json
 import math
 import threading
+import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +32,11 @@ REPORTS_PER_STEP = 50  # Optuna writes one step of one trial makes
 # Parsed, a JSON document takes up to ~25 times its bytes (4 MiB of `{},` is 100 MB of dicts): steps run in
 # parallel, and documents over this are parsed one at a time, so the worker holds one such parse at most.
 LARGE_DOCUMENT_BYTES = 1 << 20
+LARGE_REREAD_S = 30.0
 _one_large_parse = threading.Lock()
+_large_reads: OrderedDict[str, float] = OrderedDict()  # uri -> when a document over LARGE_DOCUMENT_BYTES was read
+_large_reads_lock = threading.Lock()
+_LARGE_READS_KEPT = 4096
 
 
 @dataclass
@@ -54,12 +61,17 @@ def read_limit(epochs: int) -> int:
     return min(storage.METRICS_MAX_BYTES, DOCUMENT_BASE_BYTES + epochs * ENTRY_MAX_BYTES)
 
 
-def read_new_epochs(uri: str, metric: str, epochs: int, on_curve: set[int], generation: int | None) -> EpochsRead:
+def read_new_epochs(uri: str, metric: str, epochs: int, on_curve: set[int], generation: int | None, *,
+                    job_ended: bool = False) -> EpochsRead:
     """The objective's value at each epoch 1..epochs the document holds and the curve does not, at most
-    REPORTS_PER_STEP of them; nothing when the document's generation is `generation` (a 304, no bytes)."""
+    REPORTS_PER_STEP of them; nothing when the document's generation is `generation` (a 304, no bytes),
+    or when it was large and read less than LARGE_REREAD_S ago while its job still runs."""
+    if not job_ended and not _large_read_due(uri):
+        return EpochsRead(generation=generation)
     try:
         fresh = storage.read_bounded_if_changed(uri, read_limit(epochs), generation)
     except storage.ObjectTooLarge as exc:
+        _remember_read(uri, exc.size)
         return EpochsRead(generation=exc.generation,
                           refused=f"{exc}: a job of {epochs} epochs writes less; its epochs are not followed")
     if isinstance(fresh, storage.Unchanged):
@@ -67,6 +79,7 @@ def read_new_epochs(uri: str, metric: str, epochs: int, on_curve: set[int], gene
     data, fresh_generation = fresh
     if data is None:
         return EpochsRead()
+    _remember_read(uri, len(data))
     try:
         if len(data) > LARGE_DOCUMENT_BYTES:
             with _one_large_parse:
@@ -79,6 +92,21 @@ def read_new_epochs(uri: str, metric: str, epochs: int, on_curve: set[int], gene
     if len(new) > REPORTS_PER_STEP:  # the rest at the next step, which reads this generation again
         return EpochsRead(new=new[:REPORTS_PER_STEP], generation=generation, more=True)
     return EpochsRead(new=new, generation=fresh_generation)
+
+
+def _large_read_due(uri: str) -> bool:
+    with _large_reads_lock:
+        read_at = _large_reads.get(uri)
+    return read_at is None or time.monotonic() - read_at >= LARGE_REREAD_S
+
+
+def _remember_read(uri: str, size: int) -> None:
+    with _large_reads_lock:
+        _large_reads.pop(uri, None)
+        if size > LARGE_DOCUMENT_BYTES:
+            _large_reads[uri] = time.monotonic()
+            while len(_large_reads) > _LARGE_READS_KEPT:
+                _large_reads.popitem(last=False)
 
 
 def _epochs_in(data: bytes, metric: str, epochs: int, on_curve: set[int]) -> dict[int, float]:

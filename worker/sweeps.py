@@ -68,6 +68,7 @@ OPTUNA_SCHEMA = "optuna"
 @dataclass
 class SweepConfig:
     poll_s: float = 2.0  # a tick when no notification wakes the loop sooner
+    step_every_s: float | None = None  # a sweep is stepped at most this often (None: poll_s)
     lease_s: float = 30.0  # a leased sweep not stepped by then (its worker stopped) is anyone's again
     max_sweeps: int = 32  # sweeps one worker leases a tick (and has leased, not yet stepped, at most)
     step_threads: int = 4  # sweeps stepped at once, each in its own transaction
@@ -102,23 +103,27 @@ class SweepEngine:
     def run(self) -> None:
         while not self.stopping.is_set():
             try:
-                self.tick()
+                if self.tick():
+                    continue  # a full batch: more sweeps may be due now
             except Exception as exc:
                 log.warning("sweep tick failed; retrying in %.1fs: %s", self.config.poll_s, exc)
             self.wake.wait(self.config.poll_s)
             self.wake.clear()
 
-    def tick(self) -> None:
-        """Lease the most overdue sweeps, as many as this worker has room for, and step them in the pool."""
+    def tick(self) -> bool:
+        """Lease the most overdue of the sweeps due, as many as this worker has room for, and step them in
+        the pool. True when it leased all it had room for: others may be due still."""
         self._in_flight = {k: f for k, f in self._in_flight.items() if not f.done()}
         room = self.config.max_sweeps - len(self._in_flight)
         if room <= 0 or self.stopping.is_set():
-            return
+            return False
+        every_s = self.config.poll_s if self.config.step_every_s is None else self.config.step_every_s
         with transaction(self.factory) as session:
-            leased = data.lease_sweeps(session, self.owner, self.config.lease_s, room)
+            leased = data.lease_sweeps(session, self.owner, self.config.lease_s, room, every_s)
         started = {sweep_id: self._pool.submit(self._step_leased, sweep_id) for sweep_id in leased}
         self._in_flight.update(started)
         wait(started.values(), timeout=self.config.tick_wait_s)
+        return len(leased) == room
 
     def _step_leased(self, sweep_id: uuid.UUID) -> None:
         if self.stopping.is_set():  # release_all gives its lease back
@@ -281,7 +286,7 @@ class SweepEngine:
         job_spec = JobSpec.model_validate(raw)
         # As POST /v1/jobs admits a job (issue 36, 5): a drawn value may be one submit never checked, or the
         # operator's limits may have changed since.
-        if refusals := Admission.load(session, sweep.project_id).sizing(job_spec):
+        if refusals := Admission.load(session, sweep.project_id).refusals(session, job_spec):
             raise NotAdmitted(refusals)
         body = job_spec.model_dump(mode="json")
         key = f"sweep-{sweep.id}-trial-{number}"
@@ -354,7 +359,7 @@ class SweepEngine:
         curve = {int(e): float(v) for e, v in trial.curve}
         epochs = last_epoch(job.spec, trial_spec(spec.job, trial.params))
         read = read_new_epochs(JobPaths.for_job(str(job.id)).metrics, spec.objective.metric, epochs, set(curve),
-                               trial.metrics_generation)
+                               trial.metrics_generation, job_ended=JobStatus(job.status).terminal)
         if read.refused is not None and read.generation != trial.metrics_generation:
             log.warning("sweep %s: trial %d: %s", sweep.id, trial.number, read.refused)
             sweep.note = sweep.note or f"trial {trial.number}: {read.refused}"

@@ -81,10 +81,12 @@ def request_cancel(session: Session, project_id: uuid.UUID, sweep_id: uuid.UUID)
 # releases it when the step ends (release_stepped), so every tick any worker takes the most overdue
 # sweeps, and a sweep whose trials only wait (on quota, on a machine) holds no worker's place.
 LEASE_SQL = text(f"""
-WITH free AS (  -- active, and no worker is about to step it (a lease that lapsed is nobody's)
+WITH free AS (  -- active, due (not stepped in the last every_s), and no worker is about to step it
+               -- (a lease that lapsed is nobody's)
     SELECT id, project_id, stepped_at, created_at FROM sweeps
      WHERE status IN ('{ACTIVE_SWEEP[0]}', '{ACTIVE_SWEEP[1]}')
        AND (lease_owner IS NULL OR lease_expires_at < now())
+       AND (stepped_at IS NULL OR stepped_at < now() - make_interval(secs => :every_s))
 ), turns AS (  -- each project's most overdue sweep is its turn 1: every project's turn 1 comes before
                -- any project's turn 2, so one project's many sweeps never crowd out another's one
     SELECT id, stepped_at, created_at,
@@ -94,6 +96,7 @@ WITH free AS (  -- active, and no worker is about to step it (a lease that lapse
     SELECT s.id, t.turn, t.stepped_at, t.created_at FROM sweeps s JOIN turns t ON t.id = s.id
      WHERE s.status IN ('{ACTIVE_SWEEP[0]}', '{ACTIVE_SWEEP[1]}')
        AND (s.lease_owner IS NULL OR s.lease_expires_at < now())
+       AND (s.stepped_at IS NULL OR s.stepped_at < now() - make_interval(secs => :every_s))
      ORDER BY t.turn, t.stepped_at NULLS FIRST, t.created_at, s.id
      FOR UPDATE OF s SKIP LOCKED LIMIT :limit
 )
@@ -103,10 +106,11 @@ RETURNING sweeps.id, picked.turn, picked.stepped_at, picked.created_at
 """)
 
 
-def lease_sweeps(session: Session, owner: str, lease_s: float, limit: int) -> list[uuid.UUID]:
-    """Up to `limit` active sweeps for this worker to step now, the most overdue first, in turns across
-    projects; each leased until its step ends (release_stepped) or lease_s passes (the worker stopped)."""
-    rows = list(session.execute(LEASE_SQL, {"owner": owner, "lease_s": lease_s, "limit": limit}))
+def lease_sweeps(session: Session, owner: str, lease_s: float, limit: int, every_s: float = 0.0) -> list[uuid.UUID]:
+    """Up to `limit` active sweeps for this worker to step now, of those not stepped in the last every_s,
+    the most overdue first, in turns across projects; each leased until its step ends (release_stepped)
+    or lease_s passes (the worker stopped)."""
+    rows = list(session.execute(LEASE_SQL, {"owner": owner, "lease_s": lease_s, "limit": limit, "every_s": every_s}))
     far_past = datetime.min.replace(tzinfo=timezone.utc)
     rows.sort(key=lambda r: (r.turn, r.stepped_at is not None, r.stepped_at or far_past, r.created_at))
     return [r.id for r in rows]

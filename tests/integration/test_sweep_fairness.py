@@ -41,8 +41,9 @@ def test_a_trials_60000_epoch_history_is_taken_to_its_last_epoch_a_bounded_numbe
         api: Any, api_url: str, db: Any, database_url: str, bucket: str) -> None:
     """The review's attack: a trial's code writes a 60,000-epoch history (2.7 MB, under the 4 MiB cap).
     It held one step (and every other sweep) for 12 minutes, reporting each epoch to Optuna and copying
-    the whole curve for each. Now another project's new sweep gets its trial at the same tick, and the
-    trial's curve grows by at most REPORTS_PER_STEP a step up to its job's training.epochs, never past."""
+    the whole curve for each. Now another project's new sweep gets its trials at the same tick; the
+    trial's curve grows by at most REPORTS_PER_STEP a step up to its job's training.epochs, never past;
+    and while the job runs, its large document is not read again at every tick."""
     epochs = 200  # a document of 3.2 MiB is one such a job may write: the 2.7 MB one is read
     hostile = submit(api, max_trials=2, parallel_trials=1, job={**IRIS_JOB, "training": {"epochs": epochs}})
     e = engine(database_url, db)
@@ -56,13 +57,23 @@ def test_a_trials_60000_epoch_history_is_taken_to_its_last_epoch_a_bounded_numbe
         e.tick()
 
         assert len(beta.get(f"/v1/sweeps/{other['id']}/trials").json()["trials"]) == 2
-    curve = trials(api, hostile["id"])[0]["curve"]
-    assert [epoch for epoch, _ in curve] == list(range(1, REPORTS_PER_STEP + 1))
-    assert len(_intermediate_values(e, hostile["id"], 0)) == REPORTS_PER_STEP
-    for _ in range(epochs // REPORTS_PER_STEP + 1):
+    first = list(range(1, REPORTS_PER_STEP + 1))
+    assert [epoch for epoch, _ in trials(api, hostile["id"])[0]["curve"]] == first
+    assert sorted(_intermediate_values(e, hostile["id"], 0)) == first
+    storage.write_json(JobPaths.for_job(trial["job_id"]).metrics, long_history(60_000))  # rewritten, again
+    e.tick()
+    assert len(trials(api, hostile["id"])[0]["curve"]) == REPORTS_PER_STEP  # not read again yet (LARGE_REREAD_S)
+
+    with transaction(db) as session:  # the job ends: its epochs are taken in, a step at a time, and then its value
+        session.execute(text("UPDATE jobs SET status = 'SUCCEEDED', finished_at = now(),"
+                             " metrics = '{\"val_accuracy\": 0.6}' WHERE id = :id"), {"id": trial["job_id"]})
+    for _ in range(epochs // REPORTS_PER_STEP - 2):
         e.tick()
-    curve = trials(api, hostile["id"])[0]["curve"]
-    assert [epoch for epoch, _ in curve] == list(range(1, epochs + 1))  # its last epoch, and none past it
+        assert trials(api, hostile["id"])[0]["state"] == "RUNNING"
+    e.tick()
+    done = trials(api, hostile["id"])[0]
+    assert [epoch for epoch, _ in done["curve"]] == list(range(1, epochs + 1))  # its last epoch, and none past it
+    assert done["state"] == "COMPLETE" and done["value"] == 0.6
     assert sorted(_intermediate_values(e, hostile["id"], 0)) == list(range(1, epochs + 1))
 
 
@@ -118,12 +129,12 @@ def test_a_stuck_step_holds_only_its_own_sweep(api: Any, api_url: str, db: Any, 
     release, entered = threading.Event(), threading.Event()
     real, reads = sweep_engine.read_new_epochs, []
 
-    def held(uri: str, *args: Any) -> Any:
+    def held(uri: str, *args: Any, **kwargs: Any) -> Any:
         if trial["job_id"] in uri:
             reads.append(uri)
             entered.set()
             release.wait()
-        return real(uri, *args)
+        return real(uri, *args, **kwargs)
 
     monkeypatch.setattr(sweep_engine, "read_new_epochs", held)
     try:

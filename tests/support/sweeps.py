@@ -37,6 +37,7 @@ def submit(api: Any, **overrides: Any) -> dict[str, Any]:
 def engine(database_url: str, db: Any, name: str = "w1", lease_s: float = 30.0, **config: Any) -> SweepEngine:
     """The worker's sweep engine; a tick waits for its steps (scaled: a test judges what a step did)."""
     config.setdefault("tick_wait_s", scaled(120))
+    config.setdefault("step_every_s", 0.0)  # each tick steps every sweep it has room for
     return SweepEngine(get_engine(database_url), db, name, threading.Event(), SweepConfig(lease_s=lease_s, **config))
 
 
