@@ -1,18 +1,23 @@
-"""What this deployment admits (issue 36, 5): the one home of the sizes a job may have here, beyond its
-spec's own. POST /v1/jobs calls it for the job; POST /v1/sweeps for the sweep's job and the trial of every
-value it checks of every parameter; the sweep engine (worker/sweeps.py) for every trial Optuna draws,
-which never went through the API. A rule written in the jobs route only was how a sweep made trials of 64
-CPU replicas and of 64 workers that POST /v1/jobs refuses.
+"""What this deployment admits (issue 36, 5): the one home of the rules a job passes before it is queued,
+beyond its spec's own. POST /v1/jobs calls it for the job; POST /v1/sweeps for the sweep's job and the
+trial of every value it checks of every parameter; the sweep engine (worker/sweeps.py) for every trial
+Optuna draws, which never went through the API. A rule written in the jobs route only was how a sweep made
+trials of 64 CPU replicas and of 64 workers that POST /v1/jobs refuses.
 
 - Sizes: the spec's own bounds are what any cloud could run; these are what this deployment's
   provisioners can. Locally every worker is a TensorFlow process and every CPU replica a logical device
   on this host, so the defaults fit a laptop; an operator with real clouds raises them
-  (TRAINJOBS_MAX_WORKERS, TRAINJOBS_MAX_CPU_REPLICAS). Read at each call: a change needs no restart,
-  and applies to the trials a sweep submitted before it draws after it.
+  (TRAINJOBS_MAX_WORKERS, TRAINJOBS_MAX_CPU_REPLICAS).
 - Quota sizing: a job needing more accelerators than its project may ever hold at once would wait forever.
+- Sources (the rules: trainjobs/source_rules.py): another project's uploads or jobs, other folders of our
+  bucket, buckets the operator does not list, host paths the operator does not allow and URLs the worker
+  would not fetch; a program's requirement that names its own URL is held to the operator's hosts and
+  folders (the spec alone cannot read the deployment's settings). The worker applies the data rules
+  again at staging.
+- Teacher (service/db/teachers.py): a distillation's teacher job.
 
-What a job names as its data, code and teacher is checked at submit by service/source_checks.py (a
-sweep's trials share their job's, which parameters may not vary) and again by the worker at staging.
+Every setting is read at each call: an operator's change needs no restart, and applies to the trials a
+sweep submitted before it draws after it.
 """
 
 from __future__ import annotations
@@ -94,6 +99,36 @@ class Admission:
         if refusal := beyond_project_quota(self.usage, job_accelerators(spec)):
             refusals.append(refusal)
         return refusals
+
+    def refusals(self, session: Session, spec: JobSpec) -> list[Refusal]:
+        """Everything this deployment refuses of `spec`: its sizes, else the first of its sources; empty
+        when it is admitted."""
+        return self.sizing(spec) or source_refusals(session, self.project_id, spec)
+
+
+def source_refusals(session: Session, project_id: uuid.UUID, spec: JobSpec) -> list[Refusal]:
+    """The first of the job's data, code, requirements and teacher this deployment refuses, or []."""
+    rules = DataAccessRules.from_env()
+
+    def own_job(job_id: str) -> bool:
+        return get_job(session, project_id, uuid.UUID(job_id)) is not None
+
+    named = dict([("dataset.source", spec.dataset.source)] if spec.dataset is not None else [])
+    if spec.code is not None:
+        named[spec.code[0]] = spec.code[1]
+    for field, value in named.items():
+        try:
+            check_source(value, rules=rules, bucket=storage.bucket_name(), project_id=str(project_id), own_job=own_job)
+        except SourceRefused as exc:
+            return [Refusal(field, str(exc))]
+    for i, line in enumerate(spec.program.requirements if spec.program is not None else []):
+        try:
+            rules.check_requirement(line)
+        except SourceRefused as exc:
+            return [Refusal(f"program.requirements.{i}", str(exc))]
+    if problem := teacher_problem(session, project_id, spec):
+        return [Refusal(*problem)]
+    return []
 
 
 

@@ -1,5 +1,5 @@
 """training.distillation's teacher (issue 23): which earlier job a job may learn from. One rule, read at
-submit (service/source_checks.py, for jobs and sweeps alike) and again by the worker at staging
+submit (service/db/admission.py, for jobs, sweeps and each trial alike) and again by the worker at staging
 (worker/driver.py), when the student's classes are known from its staged data.
 
 A teacher is a job of the same project that SUCCEEDED, trained by the managed trainer (its artifacts

@@ -19,7 +19,6 @@ from service.request_body import ParsedOffLoop, deferred, validated
 from service.schemas import (
     AUTHED, EventList, EventPublic, JobList, JobPublic, error_responses, job_public, json_response,
 )
-from service.source_checks import check_job_sources
 from trainjobs.spec import JobSpec, label_problem
 from trainjobs.spec.derived import job_accelerators
 
@@ -56,9 +55,8 @@ def _submit(spec: JobSpec, secret: str, factory: SessionFactory, idempotency_key
     try:
         with project_transaction(factory, secret) as (project, session):
             admission = Admission.load(session, project)
-            if refusals := admission.sizing(spec):
+            if refusals := admission.refusals(session, spec):
                 raise refused(refusals)
-            check_job_sources(session, project, spec)
             usage = admission.usage
             job, created = data.create_job(session, project, body, idempotency_key=idempotency_key,
                                            request_hash=request_hash, accelerators=accelerators)

@@ -10,14 +10,13 @@ from fastapi import APIRouter, Body, Query, Request, Response
 
 from service.db import quotas
 from service.db import sweeps as data
-from service.db.admission import Admission, Refusal
+from service.db.admission import Admission, Refusal, source_refusals
 from service.db.models import Job, Sweep, SweepTrial
 from service.db.projects import hash_key
 from service.deps import ApiSecret, Factory, ReadFactory, SessionFactory, in_db_thread, project_transaction
 from service.errors import ApiError, error_response, refused
 from service.request_body import ParsedOffLoop, deferred, in_parse_thread, validate
 from service.schemas import AUTHED, SweepList, SweepPublic, TrialList, TrialPublic, error_responses
-from service.source_checks import check_job_sources
 from service.sweep_rate import RATE, TooManySweeps
 from trainjobs.spec import JobSpec
 from trainjobs.spec.sweep import SweepSpec
@@ -73,7 +72,9 @@ def _checked(body: Any, admission: Admission) -> tuple[SweepSpec, JobSpec]:
 
 def _submit(spec: SweepSpec, job: JobSpec, secret: str, factory: SessionFactory) -> SweepPublic:
     with project_transaction(factory, secret) as (project, session):
-        check_job_sources(session, project, job)  # its data, code and teacher: what every trial shares
+        # Its data, code and teacher, which every trial shares (their sizes were checked with the trials').
+        if refusals := source_refusals(session, project, job):
+            raise refused(refusals)
         stored = spec.model_dump(mode="json")
         # Stored resolved: the goal the metric implies, and how many trials run at most.
         stored["objective"]["goal"], stored["max_trials"] = spec.objective.direction, spec.trials
