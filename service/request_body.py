@@ -64,10 +64,10 @@ async def validated(request: Request, model: type[M], body: Any) -> M:
     return await in_parse_thread(request, validate, model, body)
 
 
-def validate(model: type[M], body: Any) -> M:
+def validate(model: type[M], body: Any, context: dict[str, Any] | None = None) -> M:
     """`validated`'s work, for a route that does more on the same parsing thread."""
     try:
-        return model.model_validate(body)
+        return model.model_validate(body, context=context)
     except ValidationError as exc:
         errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
         raise RequestValidationError(errors, body=body) from None

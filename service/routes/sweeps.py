@@ -7,10 +7,11 @@ import uuid
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query, Request, Response
+from pydantic import ValidationError
 
 from service.db import quotas
 from service.db import sweeps as data
-from service.db.admission import Admission, Refusal, source_refusals
+from service.db.admission import Admission, NotAdmitted, Refusal, source_refusals
 from service.db.models import Job, Sweep, SweepTrial
 from service.db.projects import hash_key
 from service.deps import ApiSecret, Factory, ReadFactory, SessionFactory, in_db_thread, project_transaction
@@ -19,7 +20,7 @@ from service.request_body import ParsedOffLoop, deferred, in_parse_thread, valid
 from service.schemas import AUTHED, SweepList, SweepPublic, TrialList, TrialPublic, error_responses
 from service.sweep_rate import RATE, TooManySweeps
 from trainjobs.spec import JobSpec
-from trainjobs.spec.sweep import SweepSpec
+from trainjobs.spec.sweep import ADMIT_TRIAL, SweepSpec
 from trainjobs.states import SweepStatus, TrialState
 
 router = APIRouter(prefix="/v1/sweeps", tags=["sweeps"], route_class=ParsedOffLoop)
@@ -55,18 +56,27 @@ def _admission(secret: str, factory: SessionFactory) -> Admission:
 def _checked(body: Any, admission: Admission) -> tuple[SweepSpec, JobSpec]:
     """The sweep validated (every trial's spec checked: trainjobs/spec/sweep.py), and admitted as its
     trials would be: the job, and the trial of every value checked of every parameter (issue 36, 5)."""
-    spec = validate(SweepSpec, body)
+    try:  # the job itself first, so that what it asks for is named job.<field>, not after a parameter
+        job = JobSpec.model_validate(body.get("job") if isinstance(body, dict) else None)
+    except ValidationError:
+        job = None  # the sweep's validation says why, naming `job`
+    if job is not None and (refusals := admission.sizing(job)):
+        raise refused([Refusal(f"job.{r.field}", r.reason, r.code) for r in refusals])
+
+    def admit(path: str, value: Any, trial: JobSpec) -> None:  # in the pass that checks each trial
+        if refusals := admission.sizing(trial):
+            raise NotAdmitted([Refusal(f"parameters.{path}", f"a trial is not admitted (at {value!r}): {r.field}: "
+                                                             f"{r.reason}", r.code) for r in refusals])
+
+    try:
+        spec = validate(SweepSpec, body, {ADMIT_TRIAL: admit})
+    except NotAdmitted as exc:
+        raise refused(exc.refusals) from None
     for path in spec.parameters:
         if any(path == s or path.startswith(f"{s}.") for s in _SHARED):
             raise ApiError(422, f"parameters.{path}: every trial uses the job's own {path}", "invalid_spec",
                            [{"field": f"parameters.{path}", "reason": "the trials share the job's data, code and teacher"}])
-    job = JobSpec.model_validate(spec.job)
-    if refusals := admission.sizing(job):
-        raise refused([Refusal(f"job.{r.field}", r.reason, r.code) for r in refusals])
-    for path, value, trial in spec.probed_trials():
-        if refusals := admission.sizing(trial):
-            raise refused([Refusal(f"parameters.{path}", f"a trial is not admitted (at {value!r}): {r.field}: "
-                                                         f"{r.reason}", r.code) for r in refusals])
+    assert job is not None  # the sweep's validation validated it as above
     return spec, job
 
 

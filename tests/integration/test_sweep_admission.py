@@ -24,7 +24,9 @@ GPU_JOB = {**IRIS_JOB, "accelerator": {"type": "gpu", "gpu_type": "nvidia-tesla-
      "parameters.workers", "(at 5): workers: 5 workers: this deployment runs at most 4 (TRAINJOBS_MAX_WORKERS)"),
     (GPU_JOB, {"accelerator.count": {"type": "categorical", "choices": [1, 8]}},
      "parameters.accelerator.count", "(at 8): accelerator: this job needs 8 accelerators; the project may hold at most 4"),
-], ids=["cpu replicas", "workers", "project quota"])
+    ({**IRIS_JOB, "strategy": "auto", "workers": 64}, {"training.learning_rate": {"type": "float", "low": 0.01, "high": 0.1}},
+     "job.workers", "64 workers: this deployment runs at most 4"),
+], ids=["cpu replicas", "workers", "project quota", "the job itself"])
 def test_a_parameter_whose_values_the_deployment_refuses_is_a_422_naming_it(
         api: Any, db: Any, job: dict[str, Any], parameter: dict[str, Any], field: str, reason: str) -> None:
     with transaction(db) as session:

@@ -34,7 +34,7 @@ import math
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from trainjobs.spec.job import JobSpec
 from trainjobs.spec.trial_check import TrialCheck, set_at
@@ -50,6 +50,10 @@ MAX_CHECKED_CROSSINGS = 8  # whole specs checked with the parameters' values cro
 # bytes (the sections above it run their rules again): some 20 ms of checks.
 CHECK_BUDGET_BYTES = 1 << 20
 CHECK_COST_BYTES = 256
+# Validation context: a function shown (path, value, trial spec) of each trial checked, in the same pass
+# (the API admits each as the deployment would: service/db/admission.py). What it raises, other than a
+# ValueError, leaves the validation as it is.
+ADMIT_TRIAL = "admit_trial"
 MAX_RECHECKS = 4  # whole-spec validations of a value the quick check refused, to say why as the job would
 
 Scalar = str | int | float | bool | None
@@ -191,7 +195,7 @@ class SweepSpec(StrictModel):
         return v
 
     @model_validator(mode="after")
-    def _trials_valid(self) -> SweepSpec:
+    def _trials_valid(self, info: ValidationInfo) -> SweepSpec:
         base = _validated(self.job, "job")
         if self.algorithm == "grid":
             for path, p in self.parameters.items():
@@ -199,8 +203,10 @@ class SweepSpec(StrictModel):
                     raise fail(f"parameters.{path}", "a grid needs every value: give a float range a step")
             if self.grid_size() > MAX_GRID:
                 raise fail("parameters", f"the grid has {self.grid_size()} combinations, over the limit of {MAX_GRID}")
-        for _ in self.probed_trials():  # each refusal is raised as a 422 naming its parameter
-            pass
+        admit = info.context.get(ADMIT_TRIAL) if isinstance(info.context, dict) else None
+        for path, value, trial in self.probed_trials():  # a value that makes no valid job raises the 422
+            if admit is not None:
+                admit(path, value, trial)
         probes = [p.probes() for p in self.parameters.values()]
         if math.prod(len(values) for values in probes) <= MAX_CHECKED_CROSSINGS:
             crossings = list(itertools.product(*probes))
