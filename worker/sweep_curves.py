@@ -28,7 +28,7 @@ ENTRY_MAX_BYTES = 16 << 10
 DOCUMENT_BASE_BYTES = 64 << 10  # the document's own fields, besides its history
 # A program trains as many epochs as its code says: one whose spec sets none is followed this far.
 PROGRAM_EPOCHS = 1000
-REPORTS_PER_STEP = 50  # Optuna writes one step of one trial makes
+REPORTS_PER_STEP = 20  # Optuna writes one step of one trial makes
 # Parsed, a JSON document takes up to ~25 times its bytes (4 MiB of `{},` is 100 MB of dicts): steps run in
 # parallel, and documents over this are parsed one at a time, so the worker holds one such parse at most.
 LARGE_DOCUMENT_BYTES = 1 << 20
