@@ -2,10 +2,11 @@
 
 FastAPI parses a JSON body and validates it against the route's model on the event loop: while a 29 KB
 sweep was validated (30-40 s before its checks were bounded), no other request of any project was
-answered. A route that takes a spec declares its body as `Deferred[Model]`: the OpenAPI document shows
-Model's schema as before (the docs page and the fuzz tests read it), but FastAPI hands the route the
-parsed JSON as it came, and the route validates it with `validated(request, Model, body)` on the API's
-few parsing threads. The JSON itself is parsed on them too (ParsedOffLoop).
+answered. A route that takes a spec declares its body as `Annotated[Any, Body(), deferred(Model)]`: the
+OpenAPI document shows Model's schema as before (the docs page and the fuzz tests read it), but FastAPI
+hands the route the parsed JSON as it came, and the route validates it with `validated(request, Model,
+body)` on the API's few parsing threads. The JSON itself is parsed on them too (ParsedOffLoop); what
+stays on the loop is receiving the body, capped at 256 KiB by service/middleware.BodyLimits.
 
 The threads are TRAINJOBS_API_PARSE_THREADS (2) per server process, apart from the database turns
 (service/deps.py): a body being validated never holds a turn another project's read waits for.
@@ -23,7 +24,6 @@ import anyio.to_thread
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, PlainValidator, ValidationError
-from starlette.types import Receive, Scope
 
 from service.db.quotas import env_int
 from service.deps import KeyCheckedFirst
@@ -59,7 +59,7 @@ async def in_parse_thread(request: Request, fn: Callable[..., T], *args: Any) ->
 
 
 async def validated(request: Request, model: type[M], body: Any) -> M:
-    """`body` (the route's Deferred[model]) validated as FastAPI would have, off the event loop; a refusal
+    """`body` (the route's deferred(model) body) validated as FastAPI would have, off the event loop; a refusal
     is the same 422 (service/errors.py renders it, KeyCheckedFirst checks the key first)."""
     return await in_parse_thread(request, validate, model, body)
 
@@ -88,9 +88,6 @@ class ParsedOffLoop(KeyCheckedFirst):
 
 
 class _ThreadParsedRequest(Request):
-    def __init__(self, scope: Scope, receive: Receive) -> None:
-        super().__init__(scope, receive)
-
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
             self._json = await in_parse_thread(self, json.loads, await self.body())

@@ -13,8 +13,8 @@
     limits: {max_cost_usd: 50}
 
 Every trial's spec is checked at submit, at a cost bounded whatever the body holds (issue 36, 1: a
-29 KB sweep checked by 2,048 whole-spec validations held the API 30-40 s). The job, with every
-parameter at its first value, is validated whole once. Then each parameter's values (every value of an
+29 KB sweep checked by 2,048 whole-spec validations held the API 30-40 s). The job, and the job with
+every parameter at its first value, are validated whole once each. Then each parameter's values (every value of an
 int or stepped range up to MAX_CHECKED_VALUES of them, else its ends and middle; every choice) are put
 into that validated spec one at a time and checked against the field they set and the rules above it
 (trainjobs/spec/trial_check.py); the first refusal is a 422 naming `parameters.<path>` and the value.
@@ -23,7 +23,8 @@ large field (a big model.params or program.env) past that budget is checked at i
 the engine checks every trial it draws as it submits it. Values that are fine alone but not together
 (a batch that does not divide over the replicas another parameter sets) are caught by whole-spec
 validations of the parameters crossed: every combination when there are at most MAX_CHECKED_CROSSINGS,
-else every parameter at its middle, and at its last, value.
+else every parameter at its middle, and at its last, value. In all, a submit makes at most 2 +
+MAX_CHECKED_CROSSINGS + MAX_RECHECKS whole-spec validations.
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from trainjobs.spec.job import JobSpec
-from trainjobs.spec.trial_check import TrialCheck, set_at
 from trainjobs.spec.strict import Int, Number, StrictModel, fail
 from trainjobs.spec.task import HIGHER_IS_BETTER, epoch_names
+from trainjobs.spec.trial_check import TrialCheck, set_at
 
 MAX_PARAMETERS = 32
 MAX_CHOICES = 64
@@ -226,9 +227,9 @@ class SweepSpec(StrictModel):
         return self
 
     def probed_trials(self) -> Iterator[tuple[str, Scalar, JobSpec]]:
-        """(path, value, the trial's spec) for each value checked at submit: the job with every parameter
-        at its first value, and that with each parameter's values one at a time (the module's docstring
-        says which). A value that makes no valid job raises the 422 naming `parameters.<path>`."""
+        """(path, value, the trial's spec) for each value checked at submit (the module's docstring says
+        which): the job with every other parameter at its first value and this one at `value`. A value
+        that makes no valid job raises the 422 naming `parameters.<path>`."""
         firsts = {path: p.probes()[0] for path, p in self.parameters.items()}
         first_path = next(iter(firsts))
         raw = trial_spec(self.job, firsts)
