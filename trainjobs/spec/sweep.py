@@ -19,8 +19,8 @@ int or stepped range up to MAX_CHECKED_VALUES of them, else its ends and middle;
 into that validated spec one at a time and checked against the field they set and the rules above it
 (trainjobs/spec/trial_check.py); the first refusal is a 422 naming `parameters.<path>` and the value.
 Those checks re-validate at most CHECK_BUDGET_BYTES of fields in all: a parameter whose values land in a
-large field (a big model.params or program.env) past that budget is checked at its ends and middle, and
-the engine checks every trial it draws as it submits it. Values that are fine alone but not together
+large field (a big model.params or program.env) past that budget is checked at its ends and middle, or
+at its first value only once the budget is spent; the engine checks every trial it draws as it submits it. Values that are fine alone but not together
 (a batch that does not divide over the replicas another parameter sets) are caught by whole-spec
 validations of the parameters crossed: every combination when there are at most MAX_CHECKED_CROSSINGS,
 else every parameter at its middle, and at its last, value. In all, a submit makes at most 2 +
@@ -234,13 +234,13 @@ class SweepSpec(StrictModel):
         first_path = next(iter(firsts))
         raw = trial_spec(self.job, firsts)
         check = TrialCheck(raw, _validated(raw, f"parameters.{first_path}", firsts[first_path]))
+        yield first_path, firsts[first_path], check.spec
         budget, rechecks = CHECK_BUDGET_BYTES, 0
         for path, p in self.parameters.items():
-            values = p.probes()
-            cost = len(values) * (CHECK_COST_BYTES + check.field_bytes(path))
-            if cost > budget:  # its ends and middle; the engine checks each trial it draws
-                values, cost = [values[i] for i in sorted({0, len(values) // 2, len(values) - 1})], 0
-            budget -= cost
+            each, values = CHECK_COST_BYTES + check.field_bytes(path), p.probes()
+            if len(values) * each > budget:  # its ends and middle, else only its first (checked above)
+                values = [values[i] for i in sorted({0, len(values) // 2, len(values) - 1})] if 3 * each <= budget else []
+            budget -= len(values) * each
             for value in values:
                 try:
                     trial = check.with_value(path, value)

@@ -33,6 +33,7 @@ class TrialCheck:
     def __init__(self, raw: dict[str, Any], spec: JobSpec):
         # raw: the job as the user wrote it; spec: raw, validated as submitted.
         self.raw, self.spec = raw, spec
+        self._field_bytes: dict[tuple[str, ...], int] = {}  # parameters into one dict share its size
 
     def with_value(self, path: str, value: Any) -> JobSpec:
         """The job with `value` at `path`, checked by the rules a whole-spec validation applies to what the
@@ -46,11 +47,15 @@ class TrialCheck:
         """The size (JSON) of the field a value at `path` lands in, when that is a dict or a union of
         sections validated again whole (model.params, program.env, accelerator); 0 for a field of a section."""
         model: BaseModel = self.spec
-        for name in path.split(".")[:-1]:
+        parts = path.split(".")
+        for depth, name in enumerate(parts[:-1]):
             current = getattr(model, name) if name in type(model).model_fields else None
             if not (isinstance(current, BaseModel) and _one_model(type(model), name)):
-                dumped = current.model_dump(mode="json") if isinstance(current, BaseModel) else current
-                return len(json.dumps(dumped, default=str))
+                field = tuple(parts[:depth + 1])
+                if field not in self._field_bytes:
+                    dumped = current.model_dump(mode="json") if isinstance(current, BaseModel) else current
+                    self._field_bytes[field] = len(json.dumps(dumped, default=str))
+                return self._field_bytes[field]
             model = current
         return 0
 
