@@ -14,6 +14,9 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
+# The demo's job runs in a bubblewrap sandbox where the host has one (Linux, `bwrap` on PATH, e.g.
+# Debian's bubblewrap package, and user namespaces a user may create); without one the stack says so and
+# runs the demo's one project unsandboxed (worker/local/sandbox.py, TRAINJOBS_LOCAL_SANDBOX).
 demo: venv
 	$(PY) examples/demo.py
 

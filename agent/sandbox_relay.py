@@ -2,15 +2,19 @@
 (worker/local/sandbox.py). It starts the machine's agents and relays the loopback port their
 STORAGE_EMULATOR_HOST names to the storage guard's unix socket, the sandbox's one way out.
 
-PLAN is JSON: {"relay": {"port": P, "socket": PATH} or null, "agents": [{"args", "env", "log_fd"}]}.
+PLAN is JSON: {"relay": {"port": P, "socket": PATH} or null, "agents": [{"args", "env", "log_fd"}],
+"own_pid_namespace": true}.
 Each agent runs `python -m agent ARGS` with ENV, its output on LOG_FD, a descriptor the provisioner
 opened on the machine's log outside the sandbox and bubblewrap passed in. All `workers: K` of a machine
 share one sandbox: they are one job, and MultiWorkerMirroredStrategy's peers reach each other on the
 sandbox's own loopback.
 
 The relay stays until every agent has ended (a stopping agent's last status write goes through it), so
-SIGTERM, which the provisioner sends to the machine's whole process group, does not end it. Everything
-here is the job's own: its code may stop the relay, and loses only its own storage.
+SIGTERM, which the provisioner sends to the machine's whole process group, does not end it. Then it ends
+whatever the job left running (a daemon its code started in a session of its own, say): bubblewrap's init
+waits for every process in the sandbox, and the machine would look alive until the provisioner's delete
+ran out of patience and killed it. Everything here is the job's own: its code may stop the relay, and
+loses only its own storage.
 """
 
 from __future__ import annotations
@@ -77,6 +81,18 @@ def start_agent(agent: dict[str, Any]) -> subprocess.Popen[bytes]:
                             stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd)
 
 
+def end_the_rest() -> None:
+    """SIGKILL every other process of the sandbox. Only as the sandbox's first process (pid 2, bubblewrap's
+    init being 1) of a PID namespace of its own, which the plan says: kill(-1) anywhere else would reach
+    every process of the user."""
+    if os.getpid() != 2 or os.getppid() != 1:
+        return
+    try:
+        os.kill(-1, signal.SIGKILL)  # in a PID namespace: all of its processes but init and this one
+    except ProcessLookupError:
+        pass  # none left
+
+
 def main(argv: list[str] | None = None) -> int:
     plan = json.loads((argv if argv is not None else sys.argv[1:])[0])
     # A handler, not SIG_IGN: the agents start with the default action (an ignored signal would be
@@ -88,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     for a in plan["agents"]:
         os.close(int(a["log_fd"]))
     codes = [p.wait() for p in agents]
+    if plan.get("own_pid_namespace"):
+        end_the_rest()
     return next((c for c in codes if c != 0), 0) & 0xFF
 
 

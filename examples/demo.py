@@ -41,6 +41,9 @@ def main() -> int:
                 print(f"the stack did not start; its log:\n{log.read_text()[-3000:]}")
                 return 1
             time.sleep(0.2)
+        # Whether the job will run in a sandbox, as the stack said at start-up (worker/local/sandbox.py).
+        print(next((line.split(": ", 1)[-1] for line in log.read_text().splitlines() if "local machines run" in line),
+                   "(the stack did not say how local machines are isolated)"))
         os.environ["TRAINJOBS_HOME"] = env["TRAINJOBS_HOME"]
         return run_job(Client())
     finally:

@@ -24,7 +24,7 @@ from worker.local.sandbox import LocalIsolation, probe
 pytestmark = pytest.mark.tf
 
 PROBER = r'''
-import json, os, socket, sys
+import json, os, socket, subprocess, sys
 from pathlib import Path
 
 params = json.loads(sys.argv[1])
@@ -58,6 +58,8 @@ for what, path in params["listed"].items():
     attempt(what, lambda path=path: sorted(os.listdir(path))[:20])
 for what, path in params["read"].items():
     attempt(what, lambda path=path: open(path).read()[:100])
+# A process left behind in a session of its own: it must end with the machine.
+subprocess.Popen(["sleep", params["daemon"]], start_new_session=True)
 with open(os.path.join(os.environ["TRAINJOBS_MODEL_DIR"], "report.json"), "w") as f:
     json.dump(report, f)
 '''
@@ -70,6 +72,13 @@ def _program(client: httpx.Client, name: str, source: str, **program: Any) -> di
                                         "program": {"source": r.json()["module"], **program}})
     assert job.status_code == 201, job.text
     return dict(job.json())
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _artifact(client: httpx.Client, job_id: str, path: str) -> bytes | None:
@@ -97,13 +106,15 @@ def test_a_sandboxed_jobs_code_sees_no_worker_process_file_or_port_and_still_rea
     (other_disk / "weights.txt").write_text("another project's weights")
     (tmp_path / "worker-secret.txt").write_text("s3cr3t-of-the-operator")
     (machines / "cache" / "another-projects-cache").mkdir(parents=True)
-    params = {"worker_pid": os.getpid(), "emulator_port": emulator_port,
+    daemon = "7357.4711"  # seconds to sleep, and the mark of the process the job leaves behind
+    params = {"worker_pid": os.getpid(), "emulator_port": emulator_port, "daemon": daemon,
               "listed": {"list the machines": str(machines), "list the caches": str(machines / "cache"),
                          "list the worker's data": str(tmp_path), "list ~/.trainjobs": str(Path.home() / ".trainjobs")},
               "read": {"read another job's disk": str(other_disk / "weights.txt"),
                        "read the worker's file": str(tmp_path / "worker-secret.txt")}}
     job = _program(api, "prober.py", PROBER, args=[json.dumps(params)])
-    wait_for_job(api, job["id"], {"SUCCEEDED"}, timeout=AGENT_JOB_S)
+    wait_for_job(api, job["id"], {"SUCCEEDED"}, timeout=AGENT_JOB_S)  # its machine deleted first
+    assert not [pid for pid in os.listdir("/proc") if pid.isdigit() and daemon in _cmdline(pid)]
 
     report = _artifact(api, job["id"], "report.json")  # written through its storage guard, downloaded here
     assert report is not None
