@@ -167,3 +167,42 @@ def test_a_success_whose_manifest_is_over_its_cap_is_read_as_a_failure(bucket):
     assert channel.final_metrics("j1") is None
 
 
+
+
+# --- issue 36, finding 2: an object a job stores gzip-encoded is read as stored, never inflated ------------
+# On GCS a job can store an object with contentEncoding gzip; a client that is not told `raw_download`
+# inflates it (the emulator transcodes as GCS does: stack/emulator_requests.py), so 64 KB could arrive as
+# 64 MB. Every reader of an object a job writes takes its stored bytes.
+
+
+def _store_gzip_encoded(uri: str, stored: bytes) -> None:
+    import gzip
+
+    blob = storage.blob(uri)
+    blob.content_encoding = "gzip"
+    blob.upload_from_string(stored, content_type="application/octet-stream")
+    assert storage.blob(uri).download_as_bytes() == gzip.decompress(stored)  # what a reader that inflates takes in
+
+
+def test_gzip_encoded_metrics_are_not_json_to_the_api_and_the_worker(api, bucket):
+    import gzip
+
+    job = api.post("/v1/jobs", json=digits_spec()).json()
+    _store_gzip_encoded(JobPaths.for_job(job["id"]).metrics, gzip.compress(b'{"history": [{"attempt": 1, "epoch": 1}]}'))
+
+    answer = api.get(f"/v1/jobs/{job['id']}/metrics")
+    assert answer.status_code == 422 and answer.json()["error"]["error"] == "not_json"
+    assert GcsJobChannel().history(job["id"]) is None
+
+
+def test_a_gzip_encoded_artifact_downloads_as_its_stored_bytes(db, api, bucket):
+    import gzip
+
+    from tests.support.tenancy import succeeded_job
+
+    bomb = gzip.compress(b"\0" * (64 * MiB))  # 64 KB stored, 64 MiB inflated
+    job_id = succeeded_job(db, api, bucket, {"model.bin": bomb})  # its manifest: the stored bytes
+    _store_gzip_encoded(JobPaths.for_job(job_id, bucket).artifact("model.bin"), bomb)
+
+    answer = api.get(f"/v1/jobs/{job_id}/artifacts/model.bin")
+    assert answer.status_code == 200 and answer.content == bomb
