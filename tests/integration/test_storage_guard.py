@@ -11,12 +11,14 @@ import json
 import logging
 import os
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 
+from agent import sandbox_relay
 from tests.support import guard_attacks
 from tests.support import scaled
 from tests.support.tenancy import JOB, ORIGINAL, PROJECT_A, stored
@@ -30,15 +32,26 @@ from worker.local.provisioner import LocalProvisioner
 TARGET = f"uploads/{PROJECT_A}/{'a' * 64}/their_model.py"  # another project's model code
 
 
-@pytest.fixture
-def guard(bucket, tmp_path) -> Iterator[str]:
+@pytest.fixture(params=["loopback", "unix socket"])
+def guard(request, bucket, tmp_path) -> Iterator[str]:
     """The URL of a guard for job JOB (its directory read and write, nothing else), with another
-    project's module in the bucket; its refusals go to tmp_path/REFUSALS."""
+    project's module in the bucket; its refusals go to tmp_path/REFUSALS. Reached on its loopback port, or
+    as a sandboxed machine reaches it: through agent/sandbox_relay.py to its unix socket (issue 36, 10)."""
     storage.bucket(bucket).blob(TARGET).upload_from_string(ORIGINAL)
     boundary = JobBoundary(JOB, read=(), write=(Scope(bucket, f"jobs/{JOB}/"),))
     server = storage_guard.serve(boundary, os.environ["STORAGE_EMULATOR_HOST"], refusals=tmp_path / REFUSALS)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
+    if request.param == "loopback":
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    else:
+        path = os.path.join(tempfile.mkdtemp(), storage_guard.UNIX_SOCKET)  # TMPDIR: short enough for AF_UNIX
+        unix = storage_guard.serve_unix(server, path)
+        threading.Thread(target=unix.serve_forever, daemon=True).start()
+        relay = sandbox_relay.relay(0, path)
+        yield f"http://127.0.0.1:{relay.getsockname()[1]}"
+        relay.close()
+        unix.shutdown()
+        unix.server_close()
     server.shutdown()
     server.server_close()
 

@@ -1,0 +1,62 @@
+"""How local machines are isolated (issue 36, finding 10): the settings, read once and refused when wrong,
+and the one-project claim of a host without a sandbox. The sandbox itself, attacked from a job's own
+code: tests/e2e/test_local_tenancy.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from worker.local import sandbox
+from worker.local.host_claim import HostClaimed, claim_host
+from worker.local.sandbox import LocalIsolation, SandboxUnavailable
+
+
+@pytest.mark.parametrize(("variable", "value"), [("TRAINJOBS_LOCAL_SANDBOX", "yes"),
+                                                 ("TRAINJOBS_LOCAL_TRUSTED", "maybe")])
+def test_a_setting_out_of_its_values_is_refused_naming_the_variable(monkeypatch, variable, value):
+    monkeypatch.setenv("TRAINJOBS_LOCAL_SANDBOX", "off")
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ValueError, match=variable):
+        LocalIsolation.from_env()
+
+
+def test_a_required_sandbox_that_cannot_start_stops_the_worker_with_the_reason(monkeypatch):
+    monkeypatch.setenv("TRAINJOBS_LOCAL_SANDBOX", "bwrap")
+    monkeypatch.setenv("PATH", "/nonexistent")  # no bwrap to find
+    with pytest.raises(SandboxUnavailable, match="bwrap is not installed"):
+        LocalIsolation.from_env()
+
+
+def test_without_bubblewrap_auto_runs_unsandboxed_and_trusts_nobody_unless_told(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setenv("TRAINJOBS_LOCAL_SANDBOX", "auto")
+    monkeypatch.delenv("TRAINJOBS_LOCAL_TRUSTED", raising=False)
+    assert LocalIsolation.from_env() == LocalIsolation(sandbox=False, trusted=False)
+    monkeypatch.setenv("TRAINJOBS_LOCAL_TRUSTED", "1")
+    assert LocalIsolation.from_env() == LocalIsolation(sandbox=False, trusted=True)
+    assert "UNSANDBOXED" in LocalIsolation(sandbox=False, trusted=True).describe()
+
+
+def test_the_first_project_claims_an_unsandboxed_host_and_another_is_refused(tmp_path: Path):
+    claim_host(tmp_path, "project-a")
+    claim_host(tmp_path, "project-a")  # its next job
+
+    with pytest.raises(HostClaimed, match="belongs to another project") as refused:
+        claim_host(tmp_path, "project-b")
+    assert "TRAINJOBS_LOCAL_TRUSTED=1" in str(refused.value)
+    with pytest.raises(HostClaimed):
+        claim_host(tmp_path, None)  # a request that names no project runs nowhere another one holds
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["project-claim"]
+
+
+@pytest.mark.parametrize("network", [False, True])
+def test_only_a_real_buckets_machine_shares_the_hosts_network(monkeypatch, tmp_path: Path, network: bool):
+    monkeypatch.setattr(sandbox, "bwrap", lambda: "/usr/bin/bwrap")
+    command = sandbox.bwrap_command(command=["python"], writable=[tmp_path], readable=[], network=network,
+                                    guard_socket=None if network else tmp_path / "guard.sock", cwd=tmp_path)
+    assert "--unshare-all" in command and "--unshare-user" in command
+    assert ("--share-net" in command) == network
+    guard_bound = ("--bind", str(tmp_path / "guard.sock"), sandbox.GUARD_SOCKET) in zip(command, command[1:], command[2:])
+    assert guard_bound != network  # without a network, the guard's socket is the one way out
