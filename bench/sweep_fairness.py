@@ -109,13 +109,16 @@ class Run:
         self.honest: list[uuid.UUID] = []
         self.hostile_sweeps: list[uuid.UUID] = []
         with transaction(self.factory) as session:
-            for p in range(PROJECTS):
-                project = ensure_project(session, f"project-{p}")
+            projects = [ensure_project(session, f"project-{p}") for p in range(PROJECTS)]
+        # One transaction each, so each has a created_at of its own (now() is the transaction's start),
+        # taking turns across projects, the hostile one first.
+        for s in range(SWEEPS_EACH):
+            for p, project in enumerate(projects):
                 bad = hostile and p == 0
-                for s in range(SWEEPS_EACH):
+                with transaction(self.factory) as session:
                     body = sweep_body(f"p{p}-s{s}", HOSTILE_EPOCHS if bad else 4, rounds + 1)
                     sweep = sweep_data.create_sweep(session, project, body)
-                    (self.hostile_sweeps if bad else self.honest).append(sweep.id)
+                (self.hostile_sweeps if bad else self.honest).append(sweep.id)
         self.stop_writing = threading.Event()
 
     def trials(self) -> dict[uuid.UUID, list[tuple[int, str]]]:
@@ -176,7 +179,7 @@ class Run:
             first = self.wait_for({s: 1 for s in self.honest + self.hostile_sweeps}, started)
             print(f"  {self.label}: first trials of {len(first)} sweeps in {max(first.values(), default=0):.1f} s",
                   flush=True)
-            if self.hostile:
+            if self.hostile:  # (an engine before the fix may not have given each its first trial)
                 self.run_for_ever([jobs[-1][1] for s, jobs in self.trials().items() if s in self.hostile_sweeps])
             else:  # the same writes, read by nobody
                 self.rewrite([f"gs://{self.bucket}/unread/{i}/metrics.json" for i in range(SWEEPS_EACH)])
@@ -185,9 +188,9 @@ class Run:
             for r in range(self.rounds):
                 current = self.trials()
                 ending = self.honest + ([] if self.hostile else self.hostile_sweeps)
-                self.end_trials([current[s][-1][1] for s in ending])
+                self.end_trials([current[s][-1][1] for s in ending if s in current])
                 since = time.monotonic()
-                got = self.wait_for({s: len(current[s]) + 1 for s in self.honest}, since)
+                got = self.wait_for({s: len(current.get(s, [])) + 1 for s in self.honest}, since)
                 missed += len(self.honest) - len(got)
                 waits.extend(got.values())
                 print(f"  {self.label} round {r + 1}: {len(got)}/{len(self.honest)} next trials, "
