@@ -47,6 +47,7 @@ from worker.loop import Worker, WorkerConfig  # noqa: E402
 from worker.ports import Provisioner  # noqa: E402
 from worker.gcp.compute import GceVmProvisioner  # noqa: E402
 from worker.local.provisioner import LocalProvisioner  # noqa: E402
+from worker.local.sandbox import LocalIsolation  # noqa: E402
 from worker.staging_adapter import GcsStager  # noqa: E402
 
 BUCKET = "trainjobs-gcebench"
@@ -98,7 +99,10 @@ def main() -> None:
     results: dict[str, list[dict[str, Any]]] = {"local": [], "gce": []}
     try:
         for run in range(args.runs):
-            local = LocalProvisioner(scratch / f"local-{run}", devices=2, slots=1)
+            # Unsandboxed, its agent forked from the zygote, as the figures in bench/README.md were taken
+            # (a sandboxed machine starts a fresh agent: bench/sandbox_start.py).
+            local = LocalProvisioner(scratch / f"local-{run}", devices=2, slots=1,
+                                     isolation=LocalIsolation(sandbox=False, trusted=True))
             results["local"].append(run_job(url, local, scratch / f"l{run}"))
             with FakeComputeApi(sandbox=scratch / f"vms-{run}", local_devices=2) as fake:
                 gce = GceVmProvisioner(GcpConfig(project="bench", zone="us-central1-a", compute_api_endpoint=fake.url),

@@ -132,8 +132,8 @@ def _system() -> list[str]:
     for prefix in dict.fromkeys((Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), Path(sys.prefix))):
         if not prefix.is_relative_to("/usr"):
             args += _ro(prefix)
-    for cpu in ("/sys/devices/system/cpu", "/sys/fs/cgroup"):  # TensorFlow counts its cores here
-        args += ["--ro-bind-try", cpu, cpu]
+    # TensorFlow counts its cores here; nothing else of /sys (the cgroup tree would list the host's pids).
+    args += ["--ro-bind-try", "/sys/devices/system/cpu", "/sys/devices/system/cpu"]
     return args
 
 
