@@ -93,8 +93,19 @@ def install_requirements(requirements: list[str], scratch: Path) -> Path:
     if python.exists():
         log.info("requirements: reusing the environment of an earlier job (%s)", ready)
         return python
-    building = scratch / "env"
+    # Built beside its cached name, on the same file system, so that the rename publishing it cannot fail
+    # for crossing one (a sandboxed machine's cache is a mount of its own, apart from its work directory).
+    cache.mkdir(parents=True, exist_ok=True)
+    building = cache / f".{ready.name}.building-{os.getpid()}"
     shutil.rmtree(building, ignore_errors=True)
+    try:
+        return _build(requirements, installed, scratch, building, ready)
+    finally:
+        shutil.rmtree(building, ignore_errors=True)  # published by now, or never to be: half-built
+
+
+def _build(requirements: list[str], installed: dict[str, str], scratch: Path, building: Path, ready: Path) -> Path:
+    python = ready / "bin" / "python"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(building)], check=True,
                    capture_output=True, timeout=120)
     env_python = building / "bin" / "python"
@@ -103,6 +114,7 @@ def install_requirements(requirements: list[str], scratch: Path) -> Path:
                              check=True, capture_output=True, text=True, timeout=60).stdout.strip()
     ours = [p for p in site.getsitepackages() + [site.getusersitepackages()] if Path(p).is_dir()]
     (Path(layered) / "trainjobs-agent.pth").write_text("\n".join(ours) + "\n")
+    scratch.mkdir(parents=True, exist_ok=True)
     constraints = scratch / "constraints.txt"
     constraints.write_text("".join(f"{name}=={version}\n" for name, version in installed.items()))
     wanted = scratch / "requirements.txt"
@@ -120,11 +132,9 @@ def install_requirements(requirements: list[str], scratch: Path) -> Path:
         raise RequirementsError(f"pip could not install the requirements:\n{said}")
     for line in done.stdout.splitlines():
         log.info("pip: %s", line)
-    cache.mkdir(parents=True, exist_ok=True)
     try:
         building.rename(ready)
-    except OSError:  # another job on this machine finished the same environment first, or another disk
+    except OSError:  # another job on this machine finished the same environment first
         if not python.exists():
-            return env_python
-        shutil.rmtree(building, ignore_errors=True)
+            raise RequirementsError(f"the environment could not be moved to {ready}") from None
     return python

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import pytest
 
 from tests.support.jobs import make_key, wait_for_job
 from tests.support.local import AGENT_JOB_S, local_stack_running
+from tests.support.wheels import make_wheel
 from worker.local.sandbox import LocalIsolation, probe
 
 pytestmark = pytest.mark.tf
@@ -58,6 +60,9 @@ for what, path in params["listed"].items():
     attempt(what, lambda path=path: sorted(os.listdir(path))[:20])
 for what, path in params["read"].items():
     attempt(what, lambda path=path: open(path).read()[:100])
+# Its requirement, installed in the sandbox from the operator's folder, in its project's cache.
+import tjgreet
+report["requirement"] = [tjgreet.hello(), sys.executable]
 # A process left behind in a session of its own: it must end with the machine.
 subprocess.Popen(["sleep", params["daemon"]], start_new_session=True)
 with open(os.path.join(os.environ["TRAINJOBS_MODEL_DIR"], "report.json"), "w") as f:
@@ -106,13 +111,17 @@ def test_a_sandboxed_jobs_code_sees_no_worker_process_file_or_port_and_still_rea
     (other_disk / "weights.txt").write_text("another project's weights")
     (tmp_path / "worker-secret.txt").write_text("s3cr3t-of-the-operator")
     (machines / "cache" / "another-projects-cache").mkdir(parents=True)
+    # A requirement's wheel in a folder the operator lets jobs name (issue 36, finding 9), not the worker's data.
+    wheels = Path(tempfile.mkdtemp())
+    monkeypatch.setenv("TRAINJOBS_HOST_DATA_DIRS", str(wheels))
+    wheel = make_wheel(wheels, "tjgreet", "0.1", {"tjgreet/__init__.py": "def hello():\n    return 'hi'\n"})
     daemon = "7357.4711"  # seconds to sleep, and the mark of the process the job leaves behind
     params = {"worker_pid": os.getpid(), "emulator_port": emulator_port, "daemon": daemon,
               "listed": {"list the machines": str(machines), "list the caches": str(machines / "cache"),
                          "list the worker's data": str(tmp_path), "list ~/.trainjobs": str(Path.home() / ".trainjobs")},
               "read": {"read another job's disk": str(other_disk / "weights.txt"),
                        "read the worker's file": str(tmp_path / "worker-secret.txt")}}
-    job = _program(api, "prober.py", PROBER, args=[json.dumps(params)])
+    job = _program(api, "prober.py", PROBER, args=[json.dumps(params)], requirements=[f"tjgreet @ {wheel.as_uri()}"])
     wait_for_job(api, job["id"], {"SUCCEEDED"}, timeout=AGENT_JOB_S)  # its machine deleted first
     assert not [pid for pid in os.listdir("/proc") if pid.isdigit() and daemon in _cmdline(pid)]
 
@@ -133,6 +142,8 @@ def test_a_sandboxed_jobs_code_sees_no_worker_process_file_or_port_and_still_rea
     assert found.pop("list the machines") == ["done", sorted(["cache", own])]
     caches = found.pop("list the caches")
     assert caches[0] == "done" and len(caches[1]) == 1 and caches[1] != ["another-projects-cache"], caches
+    hello, python = found.pop("requirement")
+    assert hello == "hi" and Path(python).is_relative_to(machines / "cache" / caches[1][0]), python
     assert found.pop("list the worker's data") == ["done", ["machines"]]
     assert {what: outcome[0] for what, outcome in found.items()} == {
         "read the worker's environment": "FileNotFoundError",

@@ -46,6 +46,7 @@ from pathlib import Path
 
 from trainjobs import storage
 from trainjobs.loopback import free_port
+from trainjobs.source_rules import DataAccessRules
 from trainjobs.stop_request import term_grace_s
 from trainjobs.vm_metadata import LABEL_JOB
 from worker.boundary import storage_guard
@@ -193,9 +194,11 @@ class LocalProvisioner:
         guard = None
         if "guard_port" in record:
             guard = (logs / storage_guard.UNIX_SOCKET, int(record["guard_port"]))
-        token_dir = [Path(record["token_file"]).parent] if "token_file" in record else []
+        readable = [Path(record["token_file"]).parent] if "token_file" in record else []
+        # The host folders the operator lets every project name (a requirement's file:// wheel), read-only.
+        readable += [d for d in DataAccessRules.from_env().host_dirs if d.is_dir()]
         proc = sandbox.start_machine(agents, machine_dir=logs, writable=[*(a.disk for a in agents), cache],
-                                     readable=token_dir, guard=guard, network=guard is None)
+                                     readable=readable, guard=guard, network=guard is None)
         self._note_started(record, proc.pid, agent=True)
         threading.Thread(target=proc.wait, daemon=True).start()
 
