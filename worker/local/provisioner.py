@@ -56,6 +56,7 @@ from worker.boundary.guard_refusals import RefusalForwarder
 from worker.ports import MachineInfo, MachineRefused, MachineRequest, MachineState, NoCapacity
 from worker.local import sandbox
 from worker.local.host_claim import HostClaimed, claim_host
+from worker.local.processes import pid_alive, same_process, signal_group, start_time, writing_into
 from worker.local.sandbox import AgentLaunch, LocalIsolation
 from worker.local.zygote_client import Zygote, ZygoteUnavailable
 
@@ -140,7 +141,7 @@ class LocalProvisioner:
             self._start_agents(request, devices, ports, logs, storage_env, record)
         except BaseException:
             for pid in record["pids"]:
-                _signal_group(pid, signal.SIGKILL)
+                signal_group(pid, signal.SIGKILL)
             self._stop_storage_access(request.name, record)
             self._path(request.name).unlink(missing_ok=True)
             raise
@@ -254,7 +255,7 @@ class LocalProvisioner:
 
     def _stop_storage_access(self, name: str, record: dict) -> None:
         if "guard_pid" in record:
-            _signal_group(record["guard_pid"], signal.SIGKILL)
+            signal_group(record["guard_pid"], signal.SIGKILL)
         # What its guard refused, if it had one, into our log before the machine's directory goes.
         self._refusals.finish(name, Path(record["logs"]), _job_of(record))
         if (refresher := self._tokens.pop(name, None)) is not None:
@@ -283,25 +284,25 @@ class LocalProvisioner:
         if record is None:
             return
         guard = record.get("guard_pid")
-        if guard is not None and not _same_process(record, guard):
+        if guard is not None and not same_process(record, guard):
             del record["guard_pid"]  # gone, and its pid may be another process's by now
         # The recorded agents that are still themselves, and whatever else writes into the machine's
         # directory (an agent or guard started by a worker killed before it could record the pid).
-        agents = {p for p in record["pids"] if _same_process(record, p)}
-        agents |= set(_writing_into(Path(record["logs"]))) - {record.get("guard_pid")}
+        agents = {p for p in record["pids"] if same_process(record, p)}
+        agents |= set(writing_into(Path(record["logs"]))) - {record.get("guard_pid")}
         for pid in agents:
-            _signal_group(pid, signal.SIGTERM)
+            signal_group(pid, signal.SIGTERM)
         # As long as an agent gives its own cleanup (it exits by then whatever storage does), and a
         # little more: a fixed 10 s here used to cut a loaded agent off before its last status write.
         deadline = time.monotonic() + term_grace_s() + DELETE_MARGIN_S
-        while any(_pid_alive(p) for p in agents) and time.monotonic() < deadline:
+        while any(pid_alive(p) for p in agents) and time.monotonic() < deadline:
             time.sleep(0.1)
-        if left := sorted(p for p in agents if _pid_alive(p)):
+        if left := sorted(p for p in agents if pid_alive(p)):
             # An agent killed here may not have written its last status: say so, status.json cannot (issue 19).
             log.warning("machine %s: process(es) %s still running %.0fs after SIGTERM; killing them",
                         name, left, term_grace_s() + DELETE_MARGIN_S)
         for pid in agents:
-            _signal_group(pid, signal.SIGKILL)
+            signal_group(pid, signal.SIGKILL)
         self._stop_storage_access(name, record)  # after the agents' last words: their final status needs it
         self._path(name).unlink(missing_ok=True)
         shutil.rmtree(record["logs"], ignore_errors=True)  # the machine's disk goes with it, as a VM's does
@@ -323,7 +324,7 @@ class LocalProvisioner:
 
     def _note_started(self, record: dict, pid: int, agent: bool = False) -> None:
         """Record a process of the machine the moment it has started, with its start time."""
-        record["started"][str(pid)] = _start_time(pid)
+        record["started"][str(pid)] = start_time(pid)
         if agent:
             record["pids"].append(pid)
         self._save(record)
@@ -346,7 +347,7 @@ class LocalProvisioner:
 
     def _alive(self, record: dict) -> bool:
         # A machine whose start was cut off (its worker died) never runs its job: not alive.
-        return not record.get("starting") and all(_pid_alive(p) and _same_process(record, p) for p in record["pids"])
+        return not record.get("starting") and all(pid_alive(p) and same_process(record, p) for p in record["pids"])
 
     def _info(self, record: dict) -> MachineInfo:
         # A local machine is "up" while its agent processes run; once they exit it is STOPPED, like a
@@ -358,69 +359,3 @@ class LocalProvisioner:
 def _job_of(record: dict) -> str:
     """The job a machine runs, as the worker labelled it (a machine made by hand: its name)."""
     return str(record["labels"].get(LABEL_JOB, record["name"]))
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is dead for our purposes
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
-def _start_time(pid: int) -> int | None:
-    """When the process started, in clock ticks since boot (/proc/<pid>/stat, field 22): with the pid,
-    it names one process for good. None once it has gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _same_process(record: dict, pid: int) -> bool:
-    """pid is still the process the record noted (a record written before start times were kept
-    trusts the pid, as before)."""
-    started = record.get("started", {})
-    if str(pid) not in started:
-        return True
-    return started[str(pid)] is not None and _start_time(pid) == started[str(pid)]
-
-
-def _writing_into(directory: Path) -> builtins.list[int]:
-    """The processes whose stdout or stderr is a file in `directory`: every agent and guard of a
-    local machine writes its log there from its first instruction."""
-    inside = f"{directory.resolve()}{os.sep}"
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        for fd in (1, 2):
-            try:
-                if os.readlink(f"/proc/{entry}/fd/{fd}").startswith(inside):
-                    found.append(int(entry))
-                    break
-            except OSError:
-                continue  # gone, or not ours to look at
-    return found
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    """Signal the process group pid leads (agents and guards start sessions of their own), or the
-    process alone when it leads none (something a job's code started, found writing into the machine's
-    directory). Callers pass only pids they know to be the machine's."""
-    try:
-        os.killpg(pid, sig)
-    except ProcessLookupError:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-    except PermissionError:
-        pass
