@@ -176,11 +176,14 @@ def start_machine(agents: list[AgentLaunch], *, machine_dir: Path, writable: lis
     """Start one sandbox running all of a machine's agents (agent/sandbox_relay.py) in a session of its
     own; return bubblewrap's process (the leader of the machine's process group). `guard`: the storage
     guard's unix socket and the loopback port to serve it on inside."""
+    for a in agents:  # on the machine's disk, not the sandbox's /tmp, which is memory: pip's cache and builds
+        for d in ("home", "tmp"):
+            (a.disk / d).mkdir(parents=True, exist_ok=True)
     logs = [a.log.open("ab") for a in agents]
     try:
         plan = {"relay": {"port": guard[1], "socket": GUARD_SOCKET} if guard else None,
-                "agents": [{"args": a.args, "env": {**a.env, "HOME": "/tmp"}, "log_fd": f.fileno()}
-                           for a, f in zip(agents, logs)],
+                "agents": [{"args": a.args, "env": {**a.env, "HOME": str(a.disk / "home"), "TMPDIR": str(a.disk / "tmp")},
+                            "log_fd": f.fileno()} for a, f in zip(agents, logs)],
                 "own_pid_namespace": True}  # --unshare-all: the relay may end what the job left behind
         command = bwrap_command(command=[sys.executable, "-m", "agent.sandbox_relay", json.dumps(plan)],
                                 writable=writable, readable=readable, guard_socket=guard[0] if guard else None,
