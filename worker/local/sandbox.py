@@ -6,7 +6,15 @@ their own work directories and their project's requirements cache, and nothing e
 files; they have a PID namespace of their own (no other process to read /proc/<pid>/environ of), a user
 namespace in which they hold no capability, and, when storage is the emulator, a network namespace with
 only a loopback in it: the one way out is a unix socket to the machine's own storage guard, which a relay
-inside (agent/sandbox_relay.py) serves on the loopback port the agent is told.
+inside (agent/sandbox_relay.py) serves on the loopback port the agent is told. A real bucket needs the
+internet, so there the sandbox shares the host's network, loopback included: a service there that trusts
+local connections (PostgreSQL with trust auth, say) is open to the job, which still sees none of the
+worker's credentials, files or processes.
+
+One sandbox per machine: the `workers: K` agents of a machine are one job, whose peers reach each other
+on the sandbox's loopback (TF_CONFIG unchanged). Inside, the processes run as uid 1000 with no capability
+and no-new-privileges; outside, that uid is the worker's own user (root, where the worker runs as root,
+over the paths bound in only: run the worker as a user of its own for a second wall).
 
 Why bubblewrap: Debian ships it (`bubblewrap`, /usr/bin/bwrap), it needs no daemon and no root (only
 unprivileged user namespaces), and every namespace and mount is one flag on one command line, which
