@@ -12,13 +12,13 @@ time, and in each round every honest sweep's trial ends (SUCCEEDED, 4 epochs wri
 figure is the wait from that end to the sweep's next trial's job, measured by polling the database
 every 0.1 s, for the 190 sweeps of the 19 honest projects.
 
-- baseline: project 0 is as honest as the others. The same 10 documents are rewritten at the same rate
-  as in the hostile run, to objects no job's trial reads: the writes load this machine's cores (and the
-  emulator's) alike in both runs, as a job's own machine and GCS would pay for them, not the worker.
-- hostile: project 0's 10 sweeps ask trials of 10,000 epochs (the most a spec allows, so the engine's
-  read cap for them is the full 4 MiB), and each trial's job runs for ever, rewriting its metrics.json,
-  a 60,000-epoch history of 2.6 MB (the review's attack), every 5 s: a new generation each time the
-  engine may read it again (the rewriting costs this machine's cores too; a job's own machine pays it).
+In both runs project 0's 10 sweeps ask trials of 10,000 epochs (the most a spec allows, so the engine's
+read cap for them is the full 4 MiB) whose jobs run for ever, rewriting their metrics.json every 5 s (a
+new generation each time); only what they write differs:
+- baseline: the agent's own history of 4 epochs. The hostile run's 2.6 MB documents are written at the
+  same rate too, to objects no trial reads: the writes load this machine's cores and the emulator alike in
+  both runs, as a job's own machine and GCS would pay for them, not the worker.
+- hostile: a 60,000-epoch history of 2.6 MB (the review's attack).
 
 Besides the waits: the engine process's peak RSS and its CPU seconds (utime + stime) over the run.
 
@@ -107,18 +107,17 @@ class Run:
         storage.ensure_bucket(self.bucket)
         os.environ["TRAINJOBS_BUCKET"] = self.bucket
         self.honest: list[uuid.UUID] = []
-        self.hostile_sweeps: list[uuid.UUID] = []
+        self.project0: list[uuid.UUID] = []
         with transaction(self.factory) as session:
             projects = [ensure_project(session, f"project-{p}") for p in range(PROJECTS)]
         # One transaction each, so each has a created_at of its own (now() is the transaction's start),
         # taking turns across projects, the hostile one first.
         for s in range(SWEEPS_EACH):
             for p, project in enumerate(projects):
-                bad = hostile and p == 0
                 with transaction(self.factory) as session:
-                    body = sweep_body(f"p{p}-s{s}", HOSTILE_EPOCHS if bad else 4, rounds + 1)
+                    body = sweep_body(f"p{p}-s{s}", HOSTILE_EPOCHS if p == 0 else 4, rounds + 1)
                     sweep = sweep_data.create_sweep(session, project, body)
-                (self.hostile_sweeps if bad else self.honest).append(sweep.id)
+                (self.project0 if p == 0 else self.honest).append(sweep.id)
         self.stop_writing = threading.Event()
 
     def trials(self) -> dict[uuid.UUID, list[tuple[int, str]]]:
@@ -152,21 +151,27 @@ class Run:
                 " metrics = '{\"val_accuracy\": 0.9}' WHERE id = ANY(CAST(:ids AS uuid[]))"), {"ids": jobs})
 
     def run_for_ever(self, jobs: list[str]) -> None:
-        """The hostile trials' jobs: RUNNING, rewriting a 60,000-epoch history every REWRITE_EVERY_S."""
+        """Project 0's trials' jobs: RUNNING, rewriting their metrics.json every REWRITE_EVERY_S."""
         with transaction(self.factory) as session:
             session.execute(text("UPDATE jobs SET status = 'RUNNING', provisioning_at = now()"
                                  " WHERE id = ANY(CAST(:ids AS uuid[]))"), {"ids": jobs})
-        self.rewrite([JobPaths.for_job(job_id, self.bucket).metrics for job_id in jobs])
+        long = json.dumps({"history": [{"epoch": i, "val_accuracy": round(0.5 + i / 240_000, 6)}
+                                       for i in range(1, HOSTILE_HISTORY + 1)]}).encode()
+        short = json.dumps({"history": [{"epoch": i, "val_accuracy": 0.5 + i / 10, "loss": 0.5}
+                                        for i in range(1, 5)]}).encode()
+        metrics = [JobPaths.for_job(job_id, self.bucket).metrics for job_id in jobs]
+        unread = [f"gs://{self.bucket}/unread/{i}/metrics.json" for i in range(len(jobs))]
+        if self.hostile:
+            self.rewrite({uri: long for uri in metrics})
+        else:
+            self.rewrite({uri: short for uri in metrics} | {uri: long for uri in unread})
+        print(f"  project 0's trials write {len(long if self.hostile else short):,} bytes each "
+              f"every {REWRITE_EVERY_S:.0f} s", flush=True)
 
-    def rewrite(self, uris: list[str]) -> None:
-        doc = json.dumps({"history": [{"epoch": i, "val_accuracy": round(0.5 + i / 240_000, 6)}
-                                      for i in range(1, HOSTILE_HISTORY + 1)]}).encode()
-        print(f"  {len(uris)} documents of {len(doc) / 1e6:.1f} MB ({HOSTILE_HISTORY} epochs) rewritten every "
-              f"{REWRITE_EVERY_S:.0f} s", flush=True)
-
+    def rewrite(self, docs: dict[str, bytes]) -> None:
         def rewrite() -> None:
             while not self.stop_writing.is_set():
-                for uri in uris:
+                for uri, doc in docs.items():
                     storage.blob(uri).upload_from_string(doc, content_type="application/json")
                 self.stop_writing.wait(REWRITE_EVERY_S)
 
@@ -176,19 +181,16 @@ class Run:
         engine = subprocess.Popen([sys.executable, "-c", ENGINE, str(self.repo), self.url], cwd=self.repo)
         try:
             started = time.monotonic()
-            first = self.wait_for({s: 1 for s in self.honest + self.hostile_sweeps}, started)
+            first = self.wait_for({s: 1 for s in self.honest + self.project0}, started)
             print(f"  {self.label}: first trials of {len(first)} sweeps in {max(first.values(), default=0):.1f} s",
                   flush=True)
-            if self.hostile:  # (an engine before the fix may not have given each its first trial)
-                self.run_for_ever([jobs[-1][1] for s, jobs in self.trials().items() if s in self.hostile_sweeps])
-            else:  # the same writes, read by nobody
-                self.rewrite([f"gs://{self.bucket}/unread/{i}/metrics.json" for i in range(SWEEPS_EACH)])
+            # (an engine before the fix may not have given each its first trial)
+            self.run_for_ever([jobs[-1][1] for s, jobs in self.trials().items() if s in self.project0])
             waits: list[float] = []
             missed = 0
             for r in range(self.rounds):
                 current = self.trials()
-                ending = self.honest + ([] if self.hostile else self.hostile_sweeps)
-                self.end_trials([current[s][-1][1] for s in ending if s in current])
+                self.end_trials([current[s][-1][1] for s in self.honest if s in current])
                 since = time.monotonic()
                 got = self.wait_for({s: len(current.get(s, [])) + 1 for s in self.honest}, since)
                 missed += len(self.honest) - len(got)
@@ -204,15 +206,15 @@ class Run:
                 engine.wait(30)
             except subprocess.TimeoutExpired:
                 engine.kill()
-        curves = self.hostile_curves()
+        curves = self.project0_curve()
         waits.sort()
-        return {"waits": waits, "missed": missed, "peak_rss_mb": peak, "cpu_s": cpu, "hostile_curve_max": curves}
+        return {"waits": waits, "missed": missed, "peak_rss_mb": peak, "cpu_s": cpu, "project0_curve": curves}
 
-    def hostile_curves(self) -> int:
+    def project0_curve(self) -> int:
         with transaction(self.factory) as session:
             return int(session.execute(text(
                 "SELECT coalesce(max(jsonb_array_length(curve)), 0) FROM sweep_trials WHERE sweep_id = ANY(CAST(:ids AS uuid[]))"),
-                {"ids": [str(s) for s in self.hostile_sweeps]}).scalar() or 0)
+                {"ids": [str(s) for s in self.project0]}).scalar() or 0)
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -239,20 +241,20 @@ def main() -> None:
                 print(f"{label}: {PROJECTS} projects x {SWEEPS_EACH} sweeps, engine of {args.repo}", flush=True)
                 r = Run(label, hostile, args.repo, args.rounds, args.round_timeout).go()
                 pooled = results.setdefault(label, {"waits": [], "missed": 0, "peak_rss_mb": 0.0, "cpu_s": 0.0,
-                                                    "hostile_curve_max": 0})
+                                                    "project0_curve": 0})
                 pooled["waits"] = sorted(pooled["waits"] + r["waits"])
                 pooled["missed"] += r["missed"]
                 pooled["cpu_s"] += r["cpu_s"]
                 pooled["peak_rss_mb"] = max(pooled["peak_rss_mb"], r["peak_rss_mb"])
-                pooled["hostile_curve_max"] = max(pooled["hostile_curve_max"], r["hostile_curve_max"])
+                pooled["project0_curve"] = max(pooled["project0_curve"], r["project0_curve"])
     finally:
         emulator.stop()
-    print("\n| run | next-trial waits | median | p95 | max | missed | engine peak RSS | engine CPU | hostile curve |")
+    print("\n| run | next-trial waits | median | p95 | max | missed | engine peak RSS | engine CPU | project 0: longest curve |")
     print("|---|---|---|---|---|---|---|---|---|")
     for label, r in results.items():
         w = r["waits"]
         print(f"| {label} | {len(w)} | {quantile(w, 0.5):.2f} s | {quantile(w, 0.95):.2f} s | {max(w, default=float('nan')):.2f} s"
-              f" | {r['missed']} | {r['peak_rss_mb']:.0f} MB | {r['cpu_s']:.1f} s | {r['hostile_curve_max']} epochs |")
+              f" | {r['missed']} | {r['peak_rss_mb']:.0f} MB | {r['cpu_s']:.1f} s | {r['project0_curve']} epochs |")
     if len(results) == 2:
         b, h = results["baseline"], results["hostile"]
         print(f"\nratio hostile/baseline: median {quantile(h['waits'], 0.5) / quantile(b['waits'], 0.5):.2f}x, "

@@ -6,8 +6,8 @@ generation changed since the trial's curve last took in all of it, and within a 
 epochs may write (an entry an epoch), never over storage.METRICS_MAX_BYTES. A running job's document over
 LARGE_DOCUMENT_BYTES is read again at most every LARGE_REREAD_S, however often its job rewrites it. Of
 what it holds, only epochs 1 to the job's last count, and a step takes at most REPORTS_PER_STEP of them
-to Optuna (one write to its storage each); the rest come at the next steps. A 60,000-epoch history once held one transaction for 12
-minutes and every other project's sweep with it.
+to Optuna (one write to its storage each); the rest come at the next steps. Before this, a trial's
+60,000-epoch history held one step's transaction for 12 minutes, and every other project's sweep with it.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ REPORTS_PER_STEP = 20  # Optuna writes one step of one trial makes
 # Parsed, a JSON document takes up to ~25 times its bytes (4 MiB of `{},` is 100 MB of dicts): steps run in
 # parallel, and documents over this are parsed one at a time, so the worker holds one such parse at most.
 LARGE_DOCUMENT_BYTES = 1 << 20
+# A job can rewrite its document every second; one this large is parsed again at most this often while
+# the job runs (the agent writes a line an epoch: only a job of thousands of epochs, or its own code, gets here).
 LARGE_REREAD_S = 30.0
 _one_large_parse = threading.Lock()
 _large_reads: OrderedDict[str, float] = OrderedDict()  # uri -> when a document over LARGE_DOCUMENT_BYTES was read

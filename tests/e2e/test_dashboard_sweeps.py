@@ -38,7 +38,7 @@ def test_the_dashboard_shows_a_sweep_its_best_trial_charts_and_trials_and_cancel
     r = api.post("/v1/sweeps", json=sweep_spec(max_trials=4, early_stopping={"type": "median", "min_epochs": 1}))
     assert r.status_code == 201, r.text
     sweep = r.json()
-    engine = SweepEngine(get_engine(database_url), db, "w", threading.Event(), SweepConfig())
+    engine = SweepEngine(get_engine(database_url), db, "w", threading.Event(), SweepConfig(step_every_s=0.0))
     engine.tick()
     first = trials(api, sweep["id"])
     play(db, first[0]["job_id"], [0.7, 0.85, 0.9], done=True)
