@@ -135,7 +135,7 @@ class SweepEngine:
             log.exception("sweep %s: step failed; it is tried again in its next turn", sweep_id)
             try:  # its turn passes all the same: a sweep that fails every step must not hold the first place
                 with transaction(self.factory) as session:
-                    data.release_stepped(session, sweep_id, self.owner, _now())
+                    data.release_stepped(session, sweep_id, self.owner)
             except Exception:
                 log.warning("sweep %s: could not release its lease; it expires in %.0fs", sweep_id,
                             self.config.lease_s)
@@ -159,7 +159,7 @@ class SweepEngine:
                 return
             if not SweepStatus(sweep.status).terminal:
                 self._advance(session, sweep)
-            data.release_stepped(session, sweep.id, self.owner, _now())
+            data.release_stepped(session, sweep.id, self.owner)
 
     def _advance(self, session: Session, sweep: Sweep) -> None:
         spec = self._spec(sweep)

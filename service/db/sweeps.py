@@ -116,10 +116,11 @@ def lease_sweeps(session: Session, owner: str, lease_s: float, limit: int, every
     return [r.id for r in rows]
 
 
-def release_stepped(session: Session, sweep_id: uuid.UUID, owner: str, now: datetime) -> None:
-    """The step ended (or failed): the sweep goes back to the end of its project's turns, leased by nobody."""
+def release_stepped(session: Session, sweep_id: uuid.UUID, owner: str) -> None:
+    """The step ended (or failed): the sweep goes back to the end of its project's turns, leased by nobody.
+    Stepped at the database's now(), the clock LEASE_SQL judges by, not the worker's."""
     session.execute(update(Sweep).where(Sweep.id == sweep_id, Sweep.lease_owner == owner)
-                    .values(lease_owner=None, lease_expires_at=None, stepped_at=now))
+                    .values(lease_owner=None, lease_expires_at=None, stepped_at=func.now()))
 
 
 def release_sweeps(session: Session, owner: str) -> None:
