@@ -170,8 +170,10 @@ class SweepEngine:
         for frozen in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             if frozen.number not in rows:  # asked, then the worker stopped before its job was made
                 log.info("sweep %s: trial %d had no job; submitting it", sweep.id, frozen.number)
-                rows[frozen.number] = self._submit(session, sweep, spec, frozen.number, frozen._trial_id,
-                                                   frozen.params, rows)
+                # The rules may have changed since it was asked: one refused now is told FAIL, as below,
+                # instead of failing this sweep's every step.
+                self._submit_or_fail(session, study, sweep, spec, frozen.number, frozen._trial_id,
+                                     dict(frozen.params), rows)
         for trial, job in rows.values():
             if trial.state == TrialState.RUNNING:
                 self._follow(session, study, sweep, spec, trial, job)
@@ -198,14 +200,7 @@ class SweepEngine:
                 break
             number, trial_id, params = self._ask(study, spec, asked)
             asked += 1
-            try:
-                rows[number] = self._submit(session, sweep, spec, number, trial_id, params, rows, cap)
-            except (ValidationError, NotAdmitted) as exc:  # a value submit did not check, or one this
-                study.tell(number, state=optuna.trial.TrialState.FAIL)  # deployment refuses: no job, told FAIL
-                why = f"is not a valid job: {first_reason(exc)}" if isinstance(exc, ValidationError) else \
-                    f"is not admitted: {exc}"
-                sweep.note = f"trial {number} {params} {why}"
-                log.warning("sweep %s: %s", sweep.id, sweep.note)
+            if not self._submit_or_fail(session, study, sweep, spec, number, trial_id, params, rows, cap):
                 continue
             running += 1
             if sweep.note == SPENT:  # it had waited for running trials to leave some of the budget
@@ -299,6 +294,24 @@ class SweepEngine:
         assert trial is not None and job is not None
         log.info("sweep %s: trial %d is job %s %s", sweep.id, number, row.id, params)
         return trial, job
+
+    def _submit_or_fail(self, session: Session, study: Any, sweep: Sweep, spec: SweepSpec, number: int,
+                        trial_id: int, params: dict[str, Any], rows: dict[int, tuple[SweepTrial, Job]],
+                        cap: float | None = None) -> bool:
+        """The trial's job, into `rows`; True when it was made. A value submit did not check, or one this
+        deployment refuses, makes no job: the trial is told FAIL and the sweep's note says why."""
+        import optuna
+
+        try:
+            rows[number] = self._submit(session, sweep, spec, number, trial_id, params, rows, cap)
+        except (ValidationError, NotAdmitted) as exc:
+            study.tell(number, state=optuna.trial.TrialState.FAIL)
+            why = f"is not a valid job: {first_reason(exc)}" if isinstance(exc, ValidationError) else \
+                f"is not admitted: {exc}"
+            sweep.note = f"trial {number} {params} {why}"
+            log.warning("sweep %s: %s", sweep.id, sweep.note)
+            return False
+        return True
 
     def _budget_left(self, spec: SweepSpec, rows: dict[int, tuple[SweepTrial, Job]]) -> float | None:
         """What a new trial may spend: the sweep's max_cost_usd less what its trials spent (finished) or

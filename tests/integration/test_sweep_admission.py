@@ -61,3 +61,45 @@ def test_a_drawn_trial_the_deployment_refuses_makes_no_job_and_fails_with_a_note
 
     study = optuna.load_study(study_name=f"sweep-{sweep['id']}", storage=e._optuna_storage())
     assert [t.state.name for t in study.trials] == ["COMPLETE", "FAIL"]
+
+
+def test_a_trial_asked_before_the_rules_changed_is_told_fail_when_its_job_is_made_at_last(
+        api: Any, db: Any, database_url: str, bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker asked Optuna for both trials and stopped before their jobs were made; the operator then
+    lowered TRAINJOBS_MAX_CPU_REPLICAS. The next worker makes the job of the trial still admitted, tells the
+    other FAIL with a note, and the sweep goes on (before, its every step failed on the refusal)."""
+    import uuid
+
+    import optuna
+
+    sweep = submit(api, job={**IRIS_JOB, "strategy": "auto"}, algorithm="grid", max_trials=2,
+                   parameters={"accelerator.replicas": {"type": "categorical", "choices": [2, 4]}})
+    dying = engine(database_url, db, "w1")
+    original, calls = dying._submit, []
+
+    def submit_then_die(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[3])
+        if len(calls) == 2:
+            raise RuntimeError("worker killed")  # its transaction, with the first trial's job, rolls back
+        return original(*args, **kwargs)
+
+    dying._submit = submit_then_die  # type: ignore[method-assign]
+    dying.tick()  # logged, not raised
+    study = optuna.load_study(study_name=f"sweep-{sweep['id']}", storage=dying._optuna_storage())
+    assert [t.state.name for t in study.trials] == ["RUNNING", "RUNNING"]  # asked, no job
+    assert trials(api, sweep["id"]) == []
+    monkeypatch.setenv("TRAINJOBS_MAX_CPU_REPLICAS", "3")  # the engine runs in this process
+    with transaction(db) as session:  # w1's lease, if it kept one, has run out
+        session.execute(text("UPDATE sweeps SET lease_owner = NULL, lease_expires_at = NULL, stepped_at = NULL "
+                             "WHERE id = :id"), {"id": uuid.UUID(sweep["id"])})
+    taker = engine(database_url, db, "w2")
+    taker.tick()
+    made = trials(api, sweep["id"])
+    assert [(t["number"], t["params"]) for t in made] == [(0, {"accelerator.replicas": 2})]
+    read = api.get(f"/v1/sweeps/{sweep['id']}").json()
+    assert "trial 1" in read["note"] and "is not admitted: accelerator.replicas: 4 CPU replicas" in read["note"]
+    study = optuna.load_study(study_name=f"sweep-{sweep['id']}", storage=taker._optuna_storage())
+    assert [t.state.name for t in study.trials] == ["RUNNING", "FAIL"]
+    play(db, made[0]["job_id"], [0.8], done=True)
+    taker.tick()
+    assert api.get(f"/v1/sweeps/{sweep['id']}").json()["status"] == "SUCCEEDED"
