@@ -37,6 +37,10 @@ log = logging.getLogger("trainjobs.agent")
 IMAGE_PACKAGES = ("tensorflow", "tensorflow-cpu", "tensorflow-tpu", "keras", "numpy")
 PIP_TIMEOUT_S = 1800.0
 PIP_OUTPUT_CHARS = 4000  # of pip's output, in the job's error
+# Set by the local provisioner on a sandboxed machine whose one way out is its storage guard.
+NETWORK_ENV, STORAGE_ONLY = "TRAINJOBS_MACHINE_NETWORK", "storage-only"
+OFFLINE_HINT = (" (this local machine's sandbox reaches no package index: only packages already installed "
+                "and file:// wheels in the operator's TRAINJOBS_HOST_DATA_DIRS install)")
 
 
 class RequirementsError(Exception):
@@ -120,16 +124,20 @@ def _build(requirements: list[str], installed: dict[str, str], scratch: Path, bu
     wanted = scratch / "requirements.txt"
     wanted.write_text("".join(f"{line}\n" for line in requirements))
     log.info("requirements: installing %s", ", ".join(requirements))
+    # A machine that reaches nothing but its storage (a sandboxed local machine, issue 36): pip asks no
+    # index, so it fails at once with its own words instead of retrying an unreachable one for minutes.
+    offline = os.environ.get(NETWORK_ENV) == STORAGE_ONLY
     try:
         done = subprocess.run(
             [sys.executable, "-m", "pip", "--python", str(env_python), "install", "--disable-pip-version-check",
-             "--no-input", "-r", str(wanted), "-c", str(constraints)],
+             "--no-input", *(["--no-index"] if offline else []), "-r", str(wanted), "-c", str(constraints)],
             capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise RequirementsError(f"installing the requirements took over {PIP_TIMEOUT_S:.0f}s") from None
     if done.returncode != 0:
         said = (done.stderr.strip() or done.stdout.strip())[-PIP_OUTPUT_CHARS:]
-        raise RequirementsError(f"pip could not install the requirements:\n{said}")
+        hint = OFFLINE_HINT if offline else ""
+        raise RequirementsError(f"pip could not install the requirements{hint}:\n{said}")
     for line in done.stdout.splitlines():
         log.info("pip: %s", line)
     try:

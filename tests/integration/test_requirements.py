@@ -47,3 +47,19 @@ def test_a_requirement_pip_cannot_install_fails_with_pips_words_and_caches_nothi
     assert str(failed.value).startswith("pip could not install the requirements:")
     assert str(missing) in str(failed.value)  # pip's own message names the file it could not find
     assert not (cache / "requirements").exists() or not any((cache / "requirements").iterdir())
+
+
+def test_on_a_machine_that_reaches_only_its_storage_pip_asks_no_index_and_the_error_says_why(
+        tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sandboxed local machine (issue 36) reaches nothing but its storage guard: a wheel the operator's
+    folder holds still installs, and a requirement only an index has fails at once, saying why."""
+    monkeypatch.setenv("TRAINJOBS_MACHINE_NETWORK", "storage-only")
+    wheel = make_wheel(tmp_path, "tjoffline", "0.1", {"tjoffline/__init__.py": "X = 1\n"})
+    python = install_requirements([f"tjoffline @ {wheel.as_uri()}"], tmp_path / "first")
+    assert subprocess.run([str(python), "-c", "import tjoffline; print(tjoffline.X)"], capture_output=True,
+                          text=True, check=True).stdout.strip() == "1"
+
+    with pytest.raises(RequirementsError) as failed:
+        install_requirements(["tjonlyonanindex==1.0"], tmp_path / "second")
+    assert "reaches no package index" in str(failed.value)
+    assert "tjonlyonanindex" in str(failed.value)  # pip's own words follow

@@ -198,6 +198,9 @@ class LocalProvisioner:
         readable = [Path(record["token_file"]).parent] if "token_file" in record else []
         # The host folders the operator lets every project name (a requirement's file:// wheel), read-only.
         readable += [d for d in DataAccessRules.from_env().host_dirs if d.is_dir()]
+        if guard is not None:  # its agents reach nothing but the guard: pip asks no index (agent/requirements.py)
+            for agent in agents:
+                agent.env["TRAINJOBS_MACHINE_NETWORK"] = "storage-only"
         proc = sandbox.start_machine(agents, machine_dir=logs, writable=[*(a.disk for a in agents), cache],
                                      readable=readable, guard=guard, network=guard is None)
         self._note_started(record, proc.pid, agent=True)
