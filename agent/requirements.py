@@ -27,6 +27,7 @@ import shutil
 import site
 import subprocess
 import sys
+import tempfile
 from importlib import metadata
 from pathlib import Path
 
@@ -99,9 +100,10 @@ def install_requirements(requirements: list[str], scratch: Path) -> Path:
         return python
     # Built beside its cached name, on the same file system, so that the rename publishing it cannot fail
     # for crossing one (a sandboxed machine's cache is a mount of its own, apart from its work directory).
+    # A name of its own, not the pid: every sandbox numbers its agent alike (pid 3), so two machines of a
+    # project building the same environment at once (a sweep's trials) would empty each other's.
     cache.mkdir(parents=True, exist_ok=True)
-    building = cache / f".{ready.name}.building-{os.getpid()}"
-    shutil.rmtree(building, ignore_errors=True)
+    building = Path(tempfile.mkdtemp(prefix=f".{ready.name}.building-", dir=cache))
     try:
         return _build(requirements, installed, scratch, building, ready)
     finally:

@@ -5,13 +5,14 @@ so no package index is asked. The whole job with requirements: tests/e2e/test_pr
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 from importlib import metadata
 from pathlib import Path
 
 import pytest
 
-from agent.requirements import RequirementsError, install_requirements
+from agent.requirements import RequirementsError, cached_environment, image_versions, install_requirements
 from tests.support.wheels import make_wheel
 
 
@@ -36,6 +37,20 @@ def test_a_requirement_installs_over_the_images_packages_and_is_reused_from_the_
     caplog.set_level(logging.INFO, logger="trainjobs.agent")
     assert install_requirements([line], tmp_path / "second") == python  # ... which the next job reuses
     assert "reusing the environment of an earlier job" in caplog.text
+
+
+def test_an_environment_another_machine_is_still_building_is_left_alone(tmp_path: Path, cache: Path) -> None:
+    """Sandboxed machines of one project share its cache, and each sandbox numbers its agent alike: a
+    build of the same requirements by another machine's agent with this pid is not this one's to empty."""
+    wheel = make_wheel(tmp_path, "tjgreet", "0.1", {"tjgreet/__init__.py": "def hello():\n    return 'hi'\n"})
+    line = f"tjgreet @ {wheel.as_uri()}"
+    ready = cached_environment([line], image_versions())
+    theirs = ready.parent / f".{ready.name}.building-{os.getpid()}"
+    theirs.mkdir(parents=True)
+    (theirs / "pip-is-writing-here").touch()
+
+    assert install_requirements([line], tmp_path / "scratch") == ready / "bin" / "python"
+    assert (theirs / "pip-is-writing-here").exists()
 
 
 def test_a_requirement_pip_cannot_install_fails_with_pips_words_and_caches_nothing(tmp_path: Path, cache: Path) -> None:
