@@ -13,7 +13,8 @@ sweep whose trials only wait holds no worker's place (issue 36, findings 2 and 4
    "pruned by the sweep" and the trial told PRUNED; a job that ended is told COMPLETE with its final
    value of the objective, or FAIL;
 3. while fewer than parallel_trials run, more are asked for, up to the sweep's trials and within
-   limits.max_cost_usd (each trial may spend at most what is left, as its own max_cost_usd);
+   limits.max_cost_usd (each trial may spend at most what is left, as its own max_cost_usd); a trial
+   refused as a job is told FAIL, and after REFUSALS_PER_STEP of them the next step asks on;
 4. the sweep ends when nothing runs, nothing more may be asked and every trial's job has ended (a
    pruned one's machine torn down): SUCCEEDED with a best trial, FAILED without one, or CANCELLED
    after a cancel (every running trial's job cancelled with it).
@@ -78,6 +79,10 @@ class SweepConfig:
 
 
 SPECS_KEPT = 1024  # parsed sweep specs a worker keeps (any worker may step any sweep)
+# Trials one step may see refused before it leaves the rest to the sweep's next steps: a sweep whose
+# every trial is refused (its job's rules, the deployment's limits) asked all of max_trials (up to 1,000,
+# ~20 ms of Optuna writes each) in one step, holding a step thread for 20 s (issue 36, finding 2).
+REFUSALS_PER_STEP = 8
 
 
 def startup_trials(trials: int) -> int:
@@ -193,7 +198,8 @@ class SweepEngine:
         # Asked so far: every trial Optuna handed out (a grid's queued cells not yet), one refused as a
         # job included, so a refusal counts against max_trials instead of being asked again forever.
         asked = sum(1 for t in study.get_trials(deepcopy=False) if t.state != optuna.trial.TrialState.WAITING)
-        while running < spec.parallel_trials and asked < spec.trials:
+        refused = 0
+        while running < spec.parallel_trials and asked < spec.trials and refused < REFUSALS_PER_STEP:
             cap = self._budget_left(spec, rows)
             if cap is not None and cap < 0.01:
                 note = SPENT
@@ -201,6 +207,7 @@ class SweepEngine:
             number, trial_id, params = self._ask(study, spec, asked)
             asked += 1
             if not self._submit_or_fail(session, study, sweep, spec, number, trial_id, params, rows, cap):
+                refused += 1
                 continue
             running += 1
             if sweep.note == SPENT:  # it had waited for running trials to leave some of the budget

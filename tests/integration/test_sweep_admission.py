@@ -103,3 +103,27 @@ def test_a_trial_asked_before_the_rules_changed_is_told_fail_when_its_job_is_mad
     play(db, made[0]["job_id"], [0.8], done=True)
     taker.tick()
     assert api.get(f"/v1/sweeps/{sweep['id']}").json()["status"] == "SUCCEEDED"
+
+
+def test_a_sweep_whose_every_trial_is_refused_asks_a_bounded_number_a_step_and_fails(
+        api: Any, db: Any, database_url: str, bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every trial is refused once the operator lowers TRAINJOBS_MAX_CPU_REPLICAS: a step asks at most
+    REFUSALS_PER_STEP of them (before, one step asked all of max_trials, ~20 ms each), and the sweep goes on
+    at its next steps until each was asked, then FAILED with the reason."""
+    import optuna
+
+    from worker.sweeps import REFUSALS_PER_STEP
+
+    sweep = submit(api, job={**IRIS_JOB, "strategy": "auto", "accelerator": {"type": "cpu", "replicas": 4}},
+                   max_trials=REFUSALS_PER_STEP + 2, parallel_trials=1)
+    monkeypatch.setenv("TRAINJOBS_MAX_CPU_REPLICAS", "3")  # the engine runs in this process
+    e = engine(database_url, db)
+    e.tick()
+    study = optuna.load_study(study_name=f"sweep-{sweep['id']}", storage=e._optuna_storage())
+    assert [t.state.name for t in study.trials] == ["FAIL"] * REFUSALS_PER_STEP
+    assert api.get(f"/v1/sweeps/{sweep['id']}").json()["status"] == "RUNNING"
+    e.tick()
+    done = api.get(f"/v1/sweeps/{sweep['id']}").json()
+    assert done["status"] == "FAILED", done
+    assert "is not admitted: accelerator.replicas: 4 CPU replicas" in done["note"]
+    assert len(study.trials) == REFUSALS_PER_STEP + 2 and trials(api, sweep["id"]) == []
