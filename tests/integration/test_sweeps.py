@@ -32,6 +32,8 @@ from worker.sweeps import PRUNED_REASON
     ({"parameters": {"dataset.source": {"type": "categorical", "choices": ["sklearn:iris", "sklearn:wine"]}}},
      "parameters.dataset.source", "the trials share the job's data, code and teacher"),
     ({"job": {**IRIS_JOB, "model": {"name": "nope"}}}, "job", "model.name"),
+    ({"job": {**IRIS_JOB, "labels": {f"l{i}": "x" for i in range(31)}}}, "job.labels",
+     "at most 30 labels: each trial adds its own sweep and trial"),
     ({"parameters": {"training.epochs": {"type": "int", "low": 5, "high": 2}}}, "parameters.training.epochs.low",
      "low (5) is above high (2)"),
 ])

@@ -38,6 +38,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from trainjobs.spec.job import JobSpec
+from trainjobs.spec.labels import MAX_LABELS
 from trainjobs.spec.strict import Int, Number, StrictModel, fail
 from trainjobs.spec.task import HIGHER_IS_BETTER, epoch_names
 from trainjobs.spec.trial_check import TrialCheck, set_at
@@ -56,6 +57,7 @@ CHECK_COST_BYTES = 256
 # ValueError, leaves the validation as it is.
 ADMIT_TRIAL = "admit_trial"
 MAX_RECHECKS = 4  # whole-spec validations of a value the quick check refused, to say why as the job would
+TRIAL_LABELS = ("sweep", "trial")  # the labels the sweep engine sets on each trial's job (worker/sweeps.py)
 
 Scalar = str | int | float | bool | None
 
@@ -198,6 +200,9 @@ class SweepSpec(StrictModel):
     @model_validator(mode="after")
     def _trials_valid(self, info: ValidationInfo) -> SweepSpec:
         base = _validated(self.job, "job")
+        if len(base.labels.keys() - TRIAL_LABELS) + len(TRIAL_LABELS) > MAX_LABELS:  # else every trial is refused
+            raise fail("job.labels", f"at most {MAX_LABELS - len(TRIAL_LABELS)} labels: each trial adds its own "
+                       f"{' and '.join(TRIAL_LABELS)}")
         if self.algorithm == "grid":
             for path, p in self.parameters.items():
                 if isinstance(p, FloatParameter) and p.step is None:
