@@ -195,6 +195,10 @@ class SweepSpec(StrictModel):
                 raise fail(path, "a parameter is a dotted path into the job spec, like training.learning_rate")
             if parts[0] in ("name", "labels", "spec_version"):
                 raise fail(path, f"{parts[0]} is the sweep's to set on each trial, not a parameter")
+            # One inside another would be set or not by the order the paths are applied in, which a trial's
+            # params read back from the database (JSONB orders keys by length) do not keep.
+            if inner := next((p for p in v if p.startswith(f"{path}.")), None):
+                raise fail(path, f"{inner} is inside it: a parameter sets a field, not one inside another parameter")
         return v
 
     @model_validator(mode="after")
