@@ -51,9 +51,10 @@ class EpochsRead:
     more: bool = False  # it holds more new epochs than `new`: the next step reads it again
 
 
-def last_epoch(job_spec: dict[str, Any], raw_trial_job: dict[str, Any]) -> int:
-    """The last epoch a trial's job trains: its training.epochs; a program's, only when its spec sets them."""
-    if job_spec.get("program") is not None and "epochs" not in (raw_trial_job.get("training") or {}):
+def last_epoch(job_spec: dict[str, Any], sets_epochs: bool) -> int:
+    """The last epoch a trial's job trains: its training.epochs; a program's, only when the trial's spec as
+    written sets them (`sets_epochs`: the stored spec holds the default either way)."""
+    if job_spec.get("program") is not None and not sets_epochs:
         return PROGRAM_EPOCHS
     return int((job_spec.get("training") or {}).get("epochs") or PROGRAM_EPOCHS)
 

@@ -377,7 +377,9 @@ class SweepEngine:
         import optuna
 
         curve = {int(e): float(v) for e, v in trial.curve}
-        epochs = last_epoch(job.spec, trial_spec(spec.job, trial.params))
+        # Whether the trial's spec as written sets its epochs, without a copy of the sweep's job each step.
+        sets_epochs = "training.epochs" in trial.params or "epochs" in (spec.job.get("training") or {})
+        epochs = last_epoch(job.spec, sets_epochs)
         read = read_new_epochs(JobPaths.for_job(str(job.id)).metrics, spec.objective.metric, epochs, set(curve),
                                trial.metrics_generation, job_ended=JobStatus(job.status).terminal)
         if read.refused is not None and read.generation != trial.metrics_generation:
