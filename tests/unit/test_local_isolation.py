@@ -4,6 +4,7 @@ code: tests/e2e/test_local_tenancy.py."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,14 @@ def test_only_a_real_buckets_machine_shares_the_hosts_network(monkeypatch, tmp_p
     assert ("--share-net" in command) == network
     guard_bound = ("--bind", str(tmp_path / "guard.sock"), sandbox.GUARD_SOCKET) in zip(command, command[1:], command[2:])
     assert guard_bound != network  # without a network, the guard's socket is the one way out
+
+
+def test_a_sandboxed_job_cannot_make_a_user_namespace_of_its_own(tmp_path: Path):
+    """Where it could, it would hold every capability there (the kernel's network and mount code, whose
+    bugs are how code without privileges usually becomes root)."""
+    if (problem := sandbox.probe()) is not None:  # .ci/run installs bubblewrap
+        pytest.skip(f"no bubblewrap sandbox on this host: {problem}")
+    command = sandbox.bwrap_command(command=["unshare", "--user", "true"], writable=[tmp_path], readable=[],
+                                    guard_socket=None, network=False, cwd=tmp_path)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    assert done.returncode != 0 and "unshare failed" in done.stderr, done

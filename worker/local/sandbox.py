@@ -29,6 +29,7 @@ says TRAINJOBS_LOCAL_TRUSTED=1 (every project on this host trusts every other).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -107,7 +108,7 @@ def probe() -> str | None:
     exe = bwrap()
     if exe is None:
         return "bwrap is not installed (Debian: apt-get install bubblewrap)"
-    command = [exe, *_namespaces(network=False), *_system(), "--", sys.executable, "-c", "pass"]
+    command = [exe, *_namespaces(exe, network=False), *_system(), "--", sys.executable, "-c", "pass"]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
                               stdin=subprocess.DEVNULL)
@@ -118,12 +119,25 @@ def probe() -> str | None:
     return None
 
 
-def _namespaces(network: bool) -> list[str]:
+def _namespaces(exe: str, network: bool) -> list[str]:
     # --unshare-all: user, IPC, PID, network, UTS and cgroup namespaces; no capability is kept inside
-    # (bubblewrap drops them all unless --cap-add says otherwise). No --die-with-parent: a machine
-    # outlives a worker that dies, as a VM does, and the next worker adopts it.
+    # (bubblewrap drops them all unless --cap-add says otherwise). --disable-userns: nor may the job make
+    # a user namespace of its own, where it would hold every capability (CAP_NET_ADMIN over nf_tables,
+    # say: the kernel's most attacked surface). No --die-with-parent: a machine outlives a worker that
+    # dies, as a VM does, and the next worker adopts it.
     return ["--unshare-all", *(["--share-net"] if network else []), "--unshare-user",
+            *(["--disable-userns"] if _disables_userns(exe) else []),
             "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "trainjobs-machine"]
+
+
+@functools.cache
+def _disables_userns(exe: str) -> bool:
+    """Whether this bubblewrap has --disable-userns (0.8 on; Debian bookworm ships 0.8.0)."""
+    try:
+        said = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "--disable-userns" in said.stdout + said.stderr
 
 
 def _ro(path: str | Path) -> list[str]:
@@ -154,7 +168,7 @@ def bwrap_command(*, command: list[str], writable: list[Path], readable: list[Pa
     exe = bwrap()
     if exe is None:
         raise SandboxUnavailable("bwrap is not installed")
-    args = [exe, *_namespaces(network), *_system()]
+    args = [exe, *_namespaces(exe, network), *_system()]
     for package in AGENT_PACKAGES:
         args += _ro(REPO_ROOT / package)
     for etc in ETC:
