@@ -118,7 +118,9 @@ def check_program(program: ProgramSpec, rules: DataAccessRules, bucket: str, pro
                                        f"{MAX_MODULE_BYTES >> 20} MiB code limit")
                 work.mkdir(parents=True, exist_ok=True)
                 try:
-                    blob.download_to_filename(str(work / name))
+                    # raw_download: the stored bytes that blob.size measured. A job can store an object of
+                    # its jobs/<id>/ gzip-encoded, and the client would inflate it onto this disk unbounded.
+                    blob.download_to_filename(str(work / name), raw_download=True)
                     entrypoint_in(archive_names(work / name), program.entrypoint)
                 finally:
                     shutil.rmtree(work, ignore_errors=True)

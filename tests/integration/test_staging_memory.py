@@ -123,6 +123,37 @@ def test_a_dataset_past_the_memory_limit_fails_its_job_and_the_worker_stages_the
     assert not worker.stopping.is_set()
 
 
+def test_a_gzip_encoded_program_archive_is_checked_as_stored_not_inflated_onto_the_workers_disk(
+        bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job can store an object of its jobs/<id>/ gzip-encoded; a later job naming it as its program is
+    checked by staging, which must download the stored 64 KB and not the 64 MiB the client would inflate."""
+    import uuid
+
+    from trainjobs import storage
+    from trainjobs.source_rules import DataAccessRules
+    from trainjobs.spec import ProgramSpec
+    from worker import staging_adapter
+    from worker.ports import ProgramError
+
+    stored = gzip.compress(bytes(64 << 20))
+    uri = f"gs://{bucket}/jobs/{uuid.uuid4()}/artifacts/program.tar.gz"
+    blob = storage.blob(uri)
+    blob.content_encoding = "gzip"
+    blob.upload_from_string(stored, content_type="application/octet-stream")
+    listed: list[int] = []
+    archive_names = staging_adapter.archive_names
+
+    def listing(path: Path) -> list[str]:
+        listed.append(path.stat().st_size)
+        return archive_names(path)
+
+    monkeypatch.setattr(staging_adapter, "archive_names", listing)
+    with pytest.raises(ProgramError, match="has no __main__.py"):  # 64 MiB of zeros: an empty tar
+        staging_adapter.check_program(ProgramSpec(source=uri), DataAccessRules(), bucket, str(uuid.uuid4()),
+                                      tmp_path / "work")
+    assert listed == [len(stored)]
+
+
 @pytest.fixture
 def silent_server() -> Iterator[str]:
     """An http://127.0.0.1 URL whose server accepts connections and never answers."""
