@@ -7,9 +7,11 @@ files; they have a PID namespace of their own (no other process to read /proc/<p
 namespace in which they hold no capability, and, when storage is the emulator, a network namespace with
 only a loopback in it: the one way out is a unix socket to the machine's own storage guard, which a relay
 inside (agent/sandbox_relay.py) serves on the loopback port the agent is told. A real bucket needs the
-internet, so there the sandbox shares the host's network, loopback included: a service there that trusts
-local connections (PostgreSQL with trust auth, say) is open to the job, which still sees none of the
-worker's credentials, files or processes.
+internet, so there the sandbox shares the host's network, loopback included: whatever the host reaches
+is open to the job, which still sees none of the worker's files or processes. That is a service that
+trusts where a connection comes from (PostgreSQL with trust auth, or with a password the job can guess),
+another machine's TF_CONFIG ports, and on a cloud VM the metadata server, which hands out the VM's own
+credentials.
 
 One sandbox per machine: the `workers: K` agents of a machine are one job, whose peers reach each other
 on the sandbox's loopback (TF_CONFIG unchanged). Inside, the processes run as uid 1000 with no capability
