@@ -101,6 +101,11 @@ def check_program(program: ProgramSpec, rules: DataAccessRules, bucket: str, pro
         check_source(source, rules=rules, bucket=bucket, project_id=project_id, own_job=None)
     except SourceRefused as exc:
         raise ProgramError(f"program.source: {exc}") from None
+    for i, line in enumerate(program.requirements):  # the hosts of today too; the agent checks only the rest
+        try:
+            rules.check_requirement(line)
+        except SourceRefused as exc:
+            raise ProgramError(f"program.requirements.{i}: {exc}") from None
     name = source.rstrip("/").rsplit("/", 1)[-1]
     try:
         if source.startswith("gs://"):

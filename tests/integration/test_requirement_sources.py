@@ -14,7 +14,10 @@ import pytest
 
 from agent.requirements import RequirementsError, install_requirements
 from tests.support.tenancy import refusal
-from trainjobs.source_rules import HOST_DATA_DIRS_ENV, REQUIREMENT_URL_HOSTS_ENV
+from trainjobs.source_rules import HOST_DATA_DIRS_ENV, REQUIREMENT_URL_HOSTS_ENV, DataAccessRules
+from trainjobs.spec import ProgramSpec
+from worker.ports import ProgramError
+from worker.staging_adapter import check_program
 
 WHEEL = "tjgreet-0.1-py3-none-any.whl"
 
@@ -80,3 +83,17 @@ def test_the_agent_refuses_before_pip_runs_what_submit_refuses(tmp_path: Path, u
     with pytest.raises(RequirementsError, match="must be https:// with a host name"):
         install_requirements([f"tjgreet @ {url}"], tmp_path / "scratch")
     assert not (tmp_path / "scratch").exists()  # no environment was made, pip never ran
+
+
+def test_staging_holds_a_queued_job_to_the_requirement_hosts_the_operator_lists_now(tmp_path: Path) -> None:
+    """A job admitted before its host left TRAINJOBS_REQUIREMENT_URL_HOSTS, or stored before the rule (the
+    agent checks only what no operator may allow), fails at staging, before a machine is paid for."""
+    source = tmp_path / "train.py"
+    source.write_text("print('hi')\n")
+    program = ProgramSpec(source=str(source),
+                          requirements=["six==1.16.0", f"tjgreet @ https://wheels.example.com/{WHEEL}"])
+    listed = DataAccessRules(host_dirs=(tmp_path.resolve(),), requirement_url_hosts=frozenset({"wheels.example.com"}))
+
+    check_program(program, listed, "bucket", "project", tmp_path / "work")
+    with pytest.raises(ProgramError, match=r"^program\.requirements\.1: .*only from hosts the operator lists"):
+        check_program(program, DataAccessRules(host_dirs=listed.host_dirs), "bucket", "project", tmp_path / "work")
