@@ -419,7 +419,8 @@ class SweepEngine:
     def _finish(self, session: Session, sweep: Sweep, status: SweepStatus, note: str | None) -> None:
         log.info("sweep %s: %s%s", sweep.id, status.value, f" ({note})" if note else "")
         data.finish_sweep(session, sweep, status, note, _now())
-        self._specs.pop(sweep.id, None)
+        with self._specs_lock:  # other step threads reorder it (a UUID's hash runs Python code: no atomic pop)
+            self._specs.pop(sweep.id, None)
 
 
 def _account(trial: SweepTrial, job: Job) -> None:
