@@ -90,14 +90,16 @@ class LocalIsolation:
     def describe(self) -> str:
         """The start-up line of a worker with local machines (`trainjobs up`, `trainjobs worker`)."""
         if self.sandbox:
-            return ("local machines run sandboxed (bubblewrap): each job sees only its own files, processes "
-                    "and storage guard")
+            return ("local machines run sandboxed (bubblewrap): each job sees only its own files and processes, "
+                    "and with the storage emulator reaches only its own storage guard (with a real bucket it "
+                    "shares this host's network)")
         if self.trusted:
             return ("local machines run UNSANDBOXED as the worker's user, for every project "
                     "(TRAINJOBS_LOCAL_TRUSTED=1): any job's code can read the worker's environment, database "
                     "and every project's files")
         return ("local machines run UNSANDBOXED as the worker's user: the first project to run a job claims "
-                "this host, and other projects' jobs are refused (TRAINJOBS_LOCAL_TRUSTED=1 allows them)")
+                "this host, and other projects' jobs are refused (TRAINJOBS_LOCAL_TRUSTED=1 allows them); its "
+                "jobs' code can still read the worker's environment and database")
 
 
 def bwrap() -> str | None:
