@@ -7,6 +7,7 @@ import tarfile
 import time
 import zipfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from trainjobs import storage
@@ -18,7 +19,7 @@ from trainjobs.spec import JobSpec, ProgramSpec
 from trainjobs.uploads import MAX_MODULE_BYTES
 from worker import prometheus
 from worker.ports import DatasetError, ProgramError, StagingStopped
-from worker.staging import StagedDataset, stage_dataset
+from worker.staging import stage_dataset
 from worker.staging.budget import StagingLimits
 from worker.staging.preflight import check_plan
 from worker.staging_child import run_in_child, warm_up
@@ -59,8 +60,17 @@ class GcsStager:
             shutil.rmtree(self.work_dir / f"{job_id}-program", ignore_errors=True)
 
 
+@dataclass(frozen=True)
+class Staged:
+    """What the staging child sends the worker: never the manifest, whose vocabularies are the dataset's
+    own cells (up to the child's memory) and which GCS holds anyway."""
+    uri: str
+    uploaded_objects: int  # 0 when the dataset was already staged
+    uploaded_bytes: int
+
+
 def stage_job(spec: JobSpec, job_id: str, project_id: str, rules: DataAccessRules, limits: StagingLimits,
-              work_dir: Path, bucket: str | None) -> StagedDataset | None:
+              work_dir: Path, bucket: str | None) -> Staged | None:
     """Everything staging checks and does for one job, in the staging child: the model module and the
     program may be named, the dataset staged and the plan fits it. None: the job names no dataset."""
     data_bucket = bucket or storage.bucket_name()
@@ -79,7 +89,7 @@ def stage_job(spec: JobSpec, job_id: str, project_id: str, rules: DataAccessRule
         # machine. A program's batches are its own to make.
         if spec.model is not None:
             check_plan(spec, staged.manifest)
-        return staged
+        return Staged(staged.uri, staged.uploaded_objects, staged.uploaded_bytes)
     finally:
         shutil.rmtree(work, ignore_errors=True)  # downloads and shards; GCS has them now
 

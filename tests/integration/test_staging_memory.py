@@ -75,6 +75,30 @@ def test_a_long_cell_stages_within_a_512_mib_limit_and_off_the_workers_memory(
     assert _max_rss_mib() - before < 256
 
 
+def test_what_a_staging_child_sends_the_worker_is_small_whatever_the_vocabulary_holds(
+        bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A categorical column of 200 distinct 5,000-character values: a 1 MB vocabulary in the manifest,
+    which stays in the child (and GCS); the worker receives the staged dataset's address."""
+    import pickle
+
+    from worker import staging_adapter
+
+    source = tmp_path / "wide.csv"
+    source.write_text("a,kind,label\n" + "".join(f"{r},{'k' * 5000}{r},{r % 2}\n" for r in range(200)))
+    answers: list[int] = []
+
+    def measured(*args: Any, **kwargs: Any) -> Any:
+        answer = run_in_child(*args, **kwargs)
+        answers.append(len(pickle.dumps(answer)))
+        return answer
+
+    monkeypatch.setattr(staging_adapter, "run_in_child", measured)
+    uri = GcsStager(tmp_path / "staging")(spec_of(source), "wide", project_id="p")
+
+    assert uri.startswith(f"gs://{bucket}/datasets/")
+    assert answers and answers[0] < 4096
+
+
 def test_a_cell_past_the_field_limit_is_refused_naming_the_file_and_line(bucket: str, tmp_path: Path) -> None:
     source = tmp_path / "long.csv"
     source.write_text("a,note,label\n1,short,0\n2," + "x" * 200_000 + ",1\n")
