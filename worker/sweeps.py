@@ -167,7 +167,11 @@ class SweepEngine:
             data.release_stepped(session, sweep.id, self.owner)
 
     def _advance(self, session: Session, sweep: Sweep) -> None:
-        spec = self._spec(sweep)
+        try:
+            spec = self._spec(sweep)
+        except ValidationError as exc:  # stored under rules since tightened: no step of it can ever succeed
+            self._abandon(session, sweep, f"the sweep's spec is no longer valid: {first_reason(exc)}")
+            return
         study = self._study(sweep, spec)
         rows = {t.number: (t, job) for t, job in data.trials_with_jobs(session, sweep.id)}
         import optuna
@@ -311,14 +315,29 @@ class SweepEngine:
 
         try:
             rows[number] = self._submit(session, sweep, spec, number, trial_id, params, rows, cap)
-        except (ValidationError, NotAdmitted) as exc:
+        except (ValidationError, NotAdmitted, job_data.IdempotencyConflict) as exc:
             study.tell(number, state=optuna.trial.TrialState.FAIL)
-            why = f"is not a valid job: {first_reason(exc)}" if isinstance(exc, ValidationError) else \
-                f"is not admitted: {exc}"
+            if isinstance(exc, ValidationError):
+                why = f"is not a valid job: {first_reason(exc)}"
+            elif isinstance(exc, NotAdmitted):
+                why = f"is not admitted: {exc}"
+            else:  # the project sent a job of its own under the trial's key (sweep-<id>-trial-<n>)
+                why = "has no job: another job of the project holds its idempotency key"
             sweep.note = f"trial {number} {params} {why}"
             log.warning("sweep %s: %s", sweep.id, sweep.note)
             return False
         return True
+
+    def _abandon(self, session: Session, sweep: Sweep, note: str) -> None:
+        """A sweep no step can drive any more ends FAILED with the reason, its running trials' jobs cancelled
+        (Optuna's study is left as it is: it cannot be loaded without the spec)."""
+        log.warning("sweep %s: %s", sweep.id, note)
+        for trial, job in data.trials_with_jobs(session, sweep.id):
+            if trial.state == TrialState.RUNNING:
+                self._record(trial, TrialState.FAIL, None, None)
+            if not JobStatus(job.status).terminal:
+                job_data.request_cancel(session, job.project_id, job.id, reason=CANCELLED_REASON)
+        self._finish(session, sweep, SweepStatus.FAILED, note)
 
     def _budget_left(self, spec: SweepSpec, rows: dict[int, tuple[SweepTrial, Job]]) -> float | None:
         """What a new trial may spend: the sweep's max_cost_usd less what its trials spent (finished) or

@@ -193,3 +193,43 @@ def test_a_project_has_at_most_max_active_sweeps(api: Any, api_url: str, db: Any
     engine(database_url, db).tick()  # the cancelled sweep ends (no trial of it ran)
     assert api.get(f"/v1/sweeps/{first['id']}").json()["status"] == "CANCELLED"
     assert api.post("/v1/sweeps", json=sweep_spec()).status_code == 201
+
+
+def test_a_stored_sweep_no_step_can_drive_ends_failed_with_the_reason_and_its_trials_jobs_cancelled(
+        api: Any, db: Any, database_url: str, bucket: str) -> None:
+    """A sweep stored under rules since tightened (here its stored spec edited to one no submit accepts) would
+    fail every step for ever, cancel included; it ends FAILED saying why, and its running trial's job is
+    cancelled."""
+    sweep = submit(api, max_trials=2, parallel_trials=1)
+    e = engine(database_url, db)
+    e.tick()
+    [running] = trials(api, sweep["id"])
+    with transaction(db) as session:
+        session.execute(text("UPDATE sweeps SET spec = jsonb_set(spec, '{parallel_trials}', '0') WHERE id = :id"),
+                        {"id": uuid.UUID(sweep["id"])})
+    fresh = engine(database_url, db, "w2")  # parses the stored spec anew (w1 keeps it parsed)
+    fresh.tick()
+    read = api.get(f"/v1/sweeps/{sweep['id']}").json()
+    assert read["status"] == "FAILED", read
+    assert read["note"].startswith("the sweep's spec is no longer valid: parallel_trials"), read["note"]
+    [trial] = trials(api, sweep["id"])
+    assert trial["state"] == "FAIL" and trial["job_status"] in ("CANCELLED", "CANCELLING"), trial
+    assert trial["job_id"] == running["job_id"]
+
+
+def test_a_job_the_project_sent_under_a_trials_idempotency_key_fails_that_trial_not_the_sweep(
+        api: Any, db: Any, database_url: str, bucket: str) -> None:
+    """The project POSTs a job of its own with Idempotency-Key sweep-<id>-trial-0 before the engine makes
+    trial 0's: that trial is told FAIL with a note and the next one runs (before, every step failed)."""
+    sweep = submit(api, max_trials=2, parallel_trials=2)
+    squat = api.post("/v1/jobs", json=IRIS_JOB, headers={"Idempotency-Key": f"sweep-{sweep['id']}-trial-0"})
+    assert squat.status_code == 201, squat.text
+    e = engine(database_url, db)
+    e.tick()
+    made = trials(api, sweep["id"])
+    assert [t["number"] for t in made] == [1], made
+    read = api.get(f"/v1/sweeps/{sweep['id']}").json()
+    assert read["status"] == "RUNNING" and "trial 0" in read["note"] and "idempotency key" in read["note"], read
+    play(db, made[0]["job_id"], [0.8], done=True)
+    e.tick()
+    assert api.get(f"/v1/sweeps/{sweep['id']}").json()["status"] == "SUCCEEDED"
