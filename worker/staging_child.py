@@ -7,8 +7,9 @@ every tenant's jobs. So each staging runs in a process of its own:
 - Its memory is capped with RLIMIT_DATA (TRAINJOBS_STAGING_MEMORY_MB, default 2048): an allocation
   past it fails inside the child (numpy and Python raise MemoryError), and the job fails at STAGING
   with "staging ran out of its N MiB memory limit". RLIMIT_DATA, not RLIMIT_AS: since Linux 4.7 it
-  counts every private writable mapping (heap and mmap alike) and not the address space that threads
-  and allocators reserve without using, so the cap is the memory staging actually takes.
+  counts every private writable mapping (heap and mmap alike) and not the address space allocators
+  reserve without using, so the cap is close to the memory staging takes; a thread's stack counts
+  whole (8 MiB: staging's pool of 8 download threads takes 64 MiB of it).
 - Its time is capped (TRAINJOBS_STAGING_TIMEOUT_S, default 3600 s): a child that hangs is killed and
   the job fails at STAGING with the reason. A cancel or a stopping worker kills it at once.
 - It answers with the staging's result or its exception, pickled as they are: DatasetError,
