@@ -12,8 +12,8 @@ trials of 64 CPU replicas and of 64 workers that POST /v1/jobs refuses.
 - Sources (the rules: trainjobs/source_rules.py): another project's uploads or jobs, other folders of our
   bucket, buckets the operator does not list, host paths the operator does not allow and URLs the worker
   would not fetch; a program's requirement that names its own URL is held to the operator's hosts and
-  folders (the spec alone cannot read the deployment's settings). The worker applies the data rules
-  again at staging.
+  folders (the spec alone cannot read the deployment's settings). The worker applies the data and
+  requirement rules again at staging.
 - Teacher (service/db/teachers.py): a distillation's teacher job.
 
 Every setting is read at each call: an operator's change needs no restart, and applies to the trials a

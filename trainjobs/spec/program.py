@@ -9,8 +9,8 @@ version is let through: the agent checks it against the image's own versions bef
 Whether the entrypoint exists in the uploaded source is staging's to check (worker/staging_adapter.py).
 A requirement's own URL (`name @ url`) is fetched by pip on the machine, past any check of ours: at
 submit it must be https:// to a public host name or a file:// (trainjobs/requirement_urls.py); whether
-the operator lets pip fetch from that host or folder is the deployment's to check (service/db/admission.py),
-as it reads the deployment's settings.
+the operator lets pip fetch from that host or folder is the deployment's to check (service/db/admission.py,
+and staging again), as it reads the deployment's settings.
 """
 
 from __future__ import annotations
