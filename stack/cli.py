@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import signal
 import threading
 import time
@@ -243,7 +244,9 @@ def _serve_api(url: str, host: str, port: int) -> _ApiThread:
 
 
 def _make_worker(url: str, data_dir: Path, provisioner: str, concurrency: int, devices: int,
-                 accelerators: tuple[str, ...] | None = None) -> Worker:
+                 accelerators: tuple[str, ...] | None = None, local_project: str | None = None) -> Worker:
+    """`local_project`: the project an unsandboxed local host runs (`up`'s own; TRAINJOBS_LOCAL_PROJECT
+    names it for `worker`, and overrides `up`'s)."""
     from service.db.session import get_engine
     from stack.wiring import build_runtime
     from worker.driver import DriverConfig
@@ -261,6 +264,11 @@ def _make_worker(url: str, data_dir: Path, provisioner: str, concurrency: int, d
         isolation = rt.provisioner.isolation  # whether local jobs are sandboxed, said once at start-up
         logging.getLogger("trainjobs.worker").log(logging.INFO if isolation.sandbox else logging.WARNING,
                                                   "%s", isolation.describe())
+        from worker.local.host_claim import PROJECT_ENV
+
+        local_project = os.environ.get(PROJECT_ENV) or local_project
+        if not (isolation.sandbox or isolation.trusted) and local_project:
+            _assign_local_host(url, rt.provisioner.root, local_project)
         rt.provisioner.start_zygote()  # its TensorFlow import overlaps the wait for the first job
         # A local agent's status is a file in the emulator on this machine: reading it four times a second
         # costs little, and a small job's end is seen 0.4 s sooner on average than at the default 1 s.
@@ -269,6 +277,18 @@ def _make_worker(url: str, data_dir: Path, provisioner: str, concurrency: int, d
     reap = 300.0 if provisioner == "gcp" else None
     return Worker(get_engine(url), rt.provisioner, rt.channel, rt.stager,
                   WorkerConfig(concurrency=concurrency, reap_every_s=reap, accelerator_types=accelerators, driver=driver))
+
+
+def _assign_local_host(url: str, machines: Path, project: str) -> None:
+    """The one project whose jobs this unsandboxed host runs, by the operator's word (worker/local/host_claim.py)."""
+    from service.db.projects import ensure_project
+    from service.db.session import get_engine, session_factory, transaction
+    from worker.local.host_claim import assign_host
+
+    with transaction(session_factory(get_engine(url))) as session:
+        project_id = ensure_project(session, project)
+    assign_host(machines, str(project_id))
+    logging.getLogger("trainjobs.worker").warning("local machines run project %s's jobs only", project)
 
 
 def _wait_for_signal() -> None:
@@ -411,7 +431,7 @@ def up(host: str, port: int, data_dir: Path, provisioner: str, concurrency: int,
         with transaction(session_factory(get_engine(url))) as session:
             key = create_api_key(session, project)
         server = _serve_api(url, host, port)
-        w = _make_worker(url, data_dir, provisioner, concurrency, local_devices)
+        w = _make_worker(url, data_dir, provisioner, concurrency, local_devices, local_project=project)
         w.start()
         api_url = f"http://{host}:{port}"
         cfg = save_client_config(api_url, key)

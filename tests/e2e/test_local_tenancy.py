@@ -3,7 +3,7 @@ findings 10 and 7), each attack run from a real program job's own code through t
 
 - In the sandbox (worker/local/sandbox.py): a program looks for the worker's environment in /proc, the
   database and the emulator on the loopback, the worker's files, and still does its own storage.
-- Without it: a second project's job is refused (worker/local/host_claim.py).
+- Without it: only the project the operator names runs (worker/local/host_claim.py).
 - The requirements cache: another project's planted environment never runs in a job (per-project caches).
 """
 
@@ -18,9 +18,12 @@ from typing import Any
 import httpx
 import pytest
 
+from service.db.projects import ensure_project
+from service.db.session import transaction
 from tests.support.jobs import make_key, wait_for_job
 from tests.support.local import AGENT_JOB_S, local_stack_running
 from tests.support.wheels import make_wheel
+from worker.local.host_claim import assign_host
 from worker.local.sandbox import LocalIsolation, probe
 
 pytestmark = pytest.mark.tf
@@ -152,22 +155,25 @@ def test_a_sandboxed_jobs_code_sees_no_worker_process_file_or_port_and_still_rea
         "read the worker's file": "FileNotFoundError"}, found
 
 
-FINISHES = 'print("a job of the project that claimed this host")\n'
+FINISHES = 'print("a job of the project this host runs")\n'
 
 
-def test_without_the_sandbox_a_second_projects_job_is_refused_with_the_reason(db, api, api_url, bucket,
-                                                                              database_url, tmp_path):  # type: ignore[no-untyped-def]
-    with local_stack_running(database_url, tmp_path, isolation=LocalIsolation(sandbox=False, trusted=False)):
-        first = _program(api, "first.py", FINISHES)
-        wait_for_job(api, first["id"], {"SUCCEEDED"}, timeout=AGENT_JOB_S)
+def test_without_the_sandbox_only_the_project_the_operator_names_runs_even_if_another_submits_first(
+        db, api, api_url, bucket, database_url, tmp_path):  # type: ignore[no-untyped-def]
+    """Unsandboxed, a job's code reads the worker's environment and so holds the deployment: the host runs the
+    project the operator named (here alpha, as `up` names its own), never the first to submit (beta here)."""
+    with transaction(db) as session:
+        alpha = ensure_project(session, "alpha")
+    with local_stack_running(database_url, tmp_path, isolation=LocalIsolation(sandbox=False, trusted=False)) as machines:
+        assign_host(machines.root, str(alpha))
         with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {make_key(db, 'beta')}"},
                           timeout=30) as beta:
-            second = _program(beta, "second.py", FINISHES)
-            refused = wait_for_job(beta, second["id"], {"FAILED"}, timeout=AGENT_JOB_S)
-        again = _program(api, "again.py", FINISHES)  # the project that holds the host goes on as before
-        wait_for_job(api, again["id"], {"SUCCEEDED"}, timeout=AGENT_JOB_S)
-    assert "belongs to another project" in refused["error"], refused["error"]
-    assert "TRAINJOBS_LOCAL_TRUSTED=1" in refused["error"]
+            first = _program(beta, "first.py", FINISHES)
+            refused = wait_for_job(beta, first["id"], {"FAILED"}, timeout=AGENT_JOB_S)
+        named = _program(api, "named.py", FINISHES)
+        wait_for_job(api, named["id"], {"SUCCEEDED"}, timeout=AGENT_JOB_S)
+    assert "for another project only" in refused["error"], refused["error"]
+    assert "TRAINJOBS_LOCAL_TRUSTED=1" in refused["error"] and "TRAINJOBS_LOCAL_PROJECT" in refused["error"]
 
 
 PLANTER = r'''

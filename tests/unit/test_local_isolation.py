@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from worker.local import sandbox
-from worker.local.host_claim import HostClaimed, claim_host
+from worker.local.host_claim import HostClaimed, assign_host, check_host
 from worker.local.sandbox import LocalIsolation, SandboxUnavailable
 
 
@@ -40,15 +40,21 @@ def test_without_bubblewrap_auto_runs_unsandboxed_and_trusts_nobody_unless_told(
     assert "UNSANDBOXED" in LocalIsolation(sandbox=False, trusted=True).describe()
 
 
-def test_the_first_project_claims_an_unsandboxed_host_and_another_is_refused(tmp_path: Path):
-    claim_host(tmp_path, "project-a")
-    claim_host(tmp_path, "project-a")  # its next job
-
-    with pytest.raises(HostClaimed, match="belongs to another project") as refused:
-        claim_host(tmp_path, "project-b")
-    assert "TRAINJOBS_LOCAL_TRUSTED=1" in str(refused.value)
+def test_an_unsandboxed_host_runs_only_the_project_the_operator_names(tmp_path: Path):
+    with pytest.raises(HostClaimed, match="no project is named") as unnamed:
+        check_host(tmp_path, "project-a")  # no job claims the host by coming first
+    assert "TRAINJOBS_LOCAL_PROJECT" in str(unnamed.value) and "TRAINJOBS_LOCAL_TRUSTED=1" in str(unnamed.value)
+    assign_host(tmp_path, "project-a")
+    check_host(tmp_path, "project-a")
+    check_host(tmp_path, "project-a")  # its next job
+    with pytest.raises(HostClaimed, match="for another project only"):
+        check_host(tmp_path, "project-b")
     with pytest.raises(HostClaimed):
-        claim_host(tmp_path, None)  # a request that names no project runs nowhere another one holds
+        check_host(tmp_path, None)  # a request that names no project runs nowhere
+    assign_host(tmp_path, "project-b")  # the operator's word replaces the last
+    check_host(tmp_path, "project-b")
+    with pytest.raises(HostClaimed):
+        check_host(tmp_path, "project-a")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["project-claim"]
 
 

@@ -18,7 +18,7 @@ Each machine runs in a bubblewrap sandbox of its own where the host allows it (w
 its own files, processes and storage guard only; TRAINJOBS_LOCAL_SANDBOX). Without the sandbox, agents are
 forked from a zygote that has imported TensorFlow, Keras and the agent once (`agent/zygote.py`), or
 started as processes of their own if it cannot serve (TRAINJOBS_LOCAL_ZYGOTE=0 turns it off), and the
-host runs one project's jobs only unless the operator trusts them all (worker/local/host_claim.py).
+host runs the jobs of the one project the operator names, unless it trusts them all (worker/local/host_claim.py).
 Requirement environments (agent/requirements.py) are cached per project, never shared between projects.
 
 What a job's code reaches: an environment built from an allow-list (`agent_environment`), and
@@ -55,7 +55,7 @@ from worker.boundary.tokens import TokenFileRefresher, downscoped_minter
 from worker.boundary.guard_refusals import RefusalForwarder
 from worker.ports import MachineInfo, MachineRefused, MachineRequest, MachineState, NoCapacity
 from worker.local import sandbox
-from worker.local.host_claim import HostClaimed, claim_host
+from worker.local.host_claim import HostClaimed, check_host
 from worker.local.processes import pid_alive, same_process, signal_group, start_time, writing_into
 from worker.local.sandbox import AgentLaunch, LocalIsolation
 from worker.local.zygote_client import Zygote, ZygoteUnavailable
@@ -114,7 +114,7 @@ class LocalProvisioner:
                 return self._info(existing)
             if not (self.isolation.sandbox or self.isolation.trusted):
                 try:
-                    claim_host(self.root, request.project_id)
+                    check_host(self.root, request.project_id)
                 except HostClaimed as exc:
                     raise MachineRefused(str(exc)) from None
             busy = sum(1 for r in self._records() if self._alive(r))

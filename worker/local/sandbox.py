@@ -25,8 +25,8 @@ unprivileged user namespaces), and every namespace and mount is one flag on one 
 TRAINJOBS_LOCAL_SANDBOX: `auto` (the default: bubblewrap when a trivial sandbox starts on this host,
 probed once at start-up), `bwrap` (required: the worker refuses to start without it), `off`.
 Without the sandbox a job's code can read everything the worker can (its environment, its database),
-so the first project to run a local job claims the host (worker/local/host_claim.py), unless the operator
-says TRAINJOBS_LOCAL_TRUSTED=1 (every project on this host trusts every other).
+so the host runs the jobs of the one project the operator names (worker/local/host_claim.py), unless the
+operator says TRAINJOBS_LOCAL_TRUSTED=1 (every project on this host trusts every other).
 """
 
 from __future__ import annotations
@@ -97,9 +97,10 @@ class LocalIsolation:
             return ("local machines run UNSANDBOXED as the worker's user, for every project "
                     "(TRAINJOBS_LOCAL_TRUSTED=1): any job's code can read the worker's environment, database "
                     "and every project's files")
-        return ("local machines run UNSANDBOXED as the worker's user: the first project to run a job claims "
-                "this host, and other projects' jobs are refused (TRAINJOBS_LOCAL_TRUSTED=1 allows them); its "
-                "jobs' code can still read the worker's environment and database")
+        return ("local machines run UNSANDBOXED as the worker's user, for one project only, the one the operator "
+                "names (TRAINJOBS_LOCAL_PROJECT; `up`: its own); other projects' jobs are refused "
+                "(TRAINJOBS_LOCAL_TRUSTED=1 allows them); that project's code can still read the worker's "
+                "environment and database")
 
 
 def bwrap() -> str | None:
