@@ -252,3 +252,22 @@ def test_an_error_in_the_child_reaches_the_driver_as_the_same_class_or_by_name()
     assert outage_of(down.value) is Outage.STORAGE
     with pytest.raises(StagingCrashed, match=r"test_staging_memory\._Unpicklable: half done"):
         run_in_child(_raises_unpicklable, memory_mb=2048, timeout_s=scaled(60))
+
+
+def test_a_gzip_encoded_dataset_object_is_staged_as_stored_not_inflated_past_the_byte_budget(
+        bucket: str, tmp_path: Path) -> None:
+    """An object stored with Content-Encoding: gzip (a job can store its own that way) is 20 KB in storage and
+    8 MiB of valid CSV inflated; the budget counts stored bytes, so staging reads the stored bytes: not a
+    CSV, refused, instead of 8 MiB written to the worker's disk under a 1 MiB limit."""
+    from tests.support.staging import PROJECT, stage
+    from trainjobs import storage
+    from worker.staging.budget import StagingLimits
+
+    inflated = b"1.0,2.0,0\n1.0,2.0,1\n" * (400 << 10)
+    uri = f"gs://{bucket}/uploads/{PROJECT}/{'a' * 64}/data.csv"
+    blob = storage.blob(uri)
+    blob.content_encoding = "gzip"
+    blob.upload_from_string(gzip.compress(inflated), content_type="text/csv")
+    with pytest.raises(DatasetError, match="UTF-8"):
+        stage(uri, bucket, tmp_path / "work", limits=StagingLimits(max_bytes=1 << 20),
+              options={"header": "none"})

@@ -98,7 +98,9 @@ class GcsSource:
             if not target.resolve().is_relative_to(inside):  # object names are not paths: '..' must stay out
                 raise DatasetError(f"object {blob.name} has a name that cannot be a file name")
             target.parent.mkdir(parents=True, exist_ok=True)
-            blob.download_to_filename(str(target))
+            # As stored: an object a job wrote with Content-Encoding: gzip would otherwise be inflated here,
+            # past the byte budget, which counts stored sizes (issue 36: job-written objects are read raw).
+            blob.download_to_filename(str(target), raw_download=True)
 
         with ThreadPoolExecutor(max_workers=8) as pool:
             list(pool.map(one, pairs))
