@@ -182,12 +182,18 @@ from pathlib import Path
 
 from agent.requirements import cached_environment, image_versions
 
-# The environment a job of any project asking for these requirements would reuse, as the agent finds it.
-python = cached_environment(["six==1.17.0"], image_versions()) / "bin" / "python"
-python.parent.mkdir(parents=True, exist_ok=True)
-python.write_text("#!/bin/sh\necho planted > \"$TRAINJOBS_MODEL_DIR/planted.txt\"\n")
-python.chmod(0o755)
-print("planted", python)
+# The environment a job of any project asking for these requirements would reuse, as the agent finds it,
+# and the same environment in the victim's own cache, at the path the provisioner gives it on the host.
+own = cached_environment(["six==1.17.0"], image_versions())
+for env in [own, *(Path(root) / "requirements" / own.name for root in sys.argv[1:])]:
+    python = env / "bin" / "python"
+    try:
+        python.parent.mkdir(parents=True, exist_ok=True)
+        python.write_text("#!/bin/sh\necho planted > \"$TRAINJOBS_MODEL_DIR/planted.txt\"\n")
+        python.chmod(0o755)
+        print("planted", python)
+    except OSError as exc:
+        print("could not plant", python, exc)
 '''
 
 USES_SIX = r'''
@@ -198,13 +204,22 @@ with open(os.path.join(os.environ["TRAINJOBS_MODEL_DIR"], "ran.txt"), "w") as f:
 '''
 
 
+@pytest.mark.parametrize("sandboxed", [False, True], ids=["unsandboxed-trusted", "sandboxed"])
 def test_a_requirements_environment_another_project_planted_never_runs_in_a_job(
-        db, api, api_url, bucket, database_url, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+        db, api, api_url, bucket, database_url, tmp_path, monkeypatch, sandboxed):  # type: ignore[no-untyped-def]
+    """Unsandboxed and trusted, the caches are apart by project (the planter writes only where its own agent
+    looks); in the sandbox, the planter also writes to the victim's cache at its host path, which it cannot see."""
+    if sandboxed and (problem := probe()) is not None:  # .ci/run installs bubblewrap, so CI never skips this
+        pytest.skip(f"no bubblewrap sandbox on this host: {problem}")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # where an agent's default cache would be
-    with local_stack_running(database_url, tmp_path) as provisioner:
+    isolation = LocalIsolation(sandbox=True) if sandboxed else LocalIsolation(sandbox=False, trusted=True)
+    with transaction(db) as session:
+        alpha = ensure_project(session, "alpha")
+    with local_stack_running(database_url, tmp_path, isolation=isolation) as provisioner:
+        victims_cache = provisioner.project_cache(str(alpha))
         with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {make_key(db, 'beta')}"},
                           timeout=30) as beta:
-            planter = _program(beta, "planter.py", PLANTER)
+            planter = _program(beta, "planter.py", PLANTER, args=[str(victims_cache)] if sandboxed else [])
             wait_for_job(beta, planter["id"], {"SUCCEEDED"}, timeout=AGENT_JOB_S)
         victim = _program(api, "victim.py", USES_SIX, requirements=["six==1.17.0"])
         wait_for_job(api, victim["id"], {"SUCCEEDED"}, timeout=AGENT_JOB_S)
