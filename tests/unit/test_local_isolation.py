@@ -4,6 +4,8 @@ code: tests/e2e/test_local_tenancy.py."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -78,3 +80,30 @@ def test_a_sandboxed_job_cannot_make_a_user_namespace_of_its_own(tmp_path: Path)
                                     guard_socket=None, network=False, cwd=tmp_path)
     done = subprocess.run(command, capture_output=True, text=True, timeout=30)
     assert done.returncode != 0 and "unshare failed" in done.stderr, done
+
+
+def test_deleting_a_machine_removes_a_disk_whose_folders_nest_past_pythons_recursion(tmp_path: Path):
+    """A job can nest folders a few thousand deep on its disk; Python 3.11's rmtree raised RecursionError on
+    them (not caught by ignore_errors), after the machine's record was gone: the disk stayed for ever."""
+    from worker.local.provisioner import LocalProvisioner
+
+    provisioner = LocalProvisioner(tmp_path / "machines", isolation=LocalIsolation(sandbox=False, trusted=True))
+    disk = tmp_path / "machines" / "tj-deep-a1" / "disk-0"
+    disk.mkdir(parents=True)
+    fd = os.open(disk, os.O_RDONLY)
+    try:
+        for _ in range(3000):  # by descriptors: a path this long is past PATH_MAX
+            os.mkdir("d", dir_fd=fd)
+            inner = os.open("d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+    finally:
+        os.close(fd)
+    record = {"name": "tj-deep-a1", "labels": {}, "devices": 1, "created": 0, "logs": str(disk.parent),
+              "pids": [], "started": {}}
+    (tmp_path / "machines" / "tj-deep-a1.json").write_text(json.dumps(record))
+    try:
+        provisioner.delete("tj-deep-a1")
+    finally:
+        provisioner.close()
+    assert not disk.parent.exists() and provisioner.list({}) == []

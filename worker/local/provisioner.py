@@ -308,7 +308,7 @@ class LocalProvisioner:
             signal_group(pid, signal.SIGKILL)
         self._stop_storage_access(name, record)  # after the agents' last words: their final status needs it
         self._path(name).unlink(missing_ok=True)
-        shutil.rmtree(record["logs"], ignore_errors=True)  # the machine's disk goes with it, as a VM's does
+        _remove_tree(Path(record["logs"]))  # the machine's disk goes with it, as a VM's does
 
     def list(self, labels: dict[str, str]) -> builtins.list[MachineInfo]:
         return [self._info(r) for r in self._records() if labels.items() <= r["labels"].items()]
@@ -357,6 +357,15 @@ class LocalProvisioner:
         # VM whose startup script ended. The worker reads success or failure from GCS, not from here.
         state = MachineState.READY if self._alive(record) else MachineState.STOPPED
         return MachineInfo(record["name"], state, record["labels"], detail=f"logs in {record['logs']}")
+
+
+def _remove_tree(path: Path) -> None:
+    """rmtree, and `rm -rf` where a job's folders nest deeper than Python 3.11's recursive rmtree can go
+    (a few thousand levels raise RecursionError, which ignore_errors does not catch): the disk never stays."""
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+    except RecursionError:
+        subprocess.run(["rm", "-rf", "--", str(path)], check=False, stdin=subprocess.DEVNULL, timeout=600)
 
 
 def _job_of(record: dict) -> str:
