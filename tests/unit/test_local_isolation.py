@@ -104,6 +104,8 @@ def test_deleting_a_machine_removes_a_disk_whose_folders_nest_past_pythons_recur
     (tmp_path / "machines" / "tj-deep-a1.json").write_text(json.dumps(record))
     try:
         provisioner.delete("tj-deep-a1")
+        assert not disk.parent.exists() and provisioner.list({}) == []
     finally:
         provisioner.close()
-    assert not disk.parent.exists() and provisioner.list({}) == []
+        # Never left behind, even by a failure here: pytest's own cleanup of old runs would hit the same limit.
+        subprocess.run(["rm", "-rf", "--", str(disk.parent)], check=False)
