@@ -2,8 +2,7 @@
 (worker/local/sandbox.py). It starts the machine's agents and relays the loopback port their
 STORAGE_EMULATOR_HOST names to the storage guard's unix socket, the sandbox's one way out.
 
-PLAN is JSON: {"relay": {"port": P, "socket": PATH} or null, "agents": [{"args", "env", "log_fd"}],
-"own_pid_namespace": true}.
+PLAN is JSON: {"relay": {"port": P, "socket": PATH} or null, "agents": [{"args", "env", "log_fd"}]}.
 Each agent runs `python -m agent ARGS` with ENV, its output on LOG_FD, a descriptor the provisioner
 opened on the machine's log outside the sandbox and bubblewrap passed in. All `workers: K` of a machine
 share one sandbox: they are one job, and MultiWorkerMirroredStrategy's peers reach each other on the
@@ -83,8 +82,8 @@ def start_agent(agent: dict[str, Any]) -> subprocess.Popen[bytes]:
 
 def end_the_rest() -> None:
     """SIGKILL every other process of the sandbox. Only as the sandbox's first process (pid 2, bubblewrap's
-    init being 1) of a PID namespace of its own, which the plan says: kill(-1) anywhere else would reach
-    every process of the user."""
+    init being 1) of a PID namespace of its own (--unshare-all): kill(-1) anywhere else would reach every
+    process of the user."""
     if os.getpid() != 2 or os.getppid() != 1:
         return
     try:
@@ -104,8 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     for a in plan["agents"]:
         os.close(int(a["log_fd"]))
     codes = [p.wait() for p in agents]
-    if plan.get("own_pid_namespace"):
-        end_the_rest()
+    end_the_rest()  # does nothing unless it is the first process of a PID namespace of its own
     return next((c for c in codes if c != 0), 0) & 0xFF
 
 

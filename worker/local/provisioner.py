@@ -131,8 +131,7 @@ class LocalProvisioner:
         logs = self.root / request.name
         logs.mkdir(exist_ok=True)
         record: dict = {"name": request.name, "labels": request.labels, "devices": devices, "created": time.time(),
-                        "logs": str(logs), "pids": [], "started": {}, "starting": True,
-                        "sandboxed": self.isolation.sandbox}
+                        "logs": str(logs), "pids": [], "started": {}, "starting": True}
         self._save(record)  # before anything starts: a worker killed from here on leaves this to delete by
         try:
             storage_env = self._storage_access(request.name, request.storage_boundary(), logs, record)

@@ -210,8 +210,7 @@ def start_machine(agents: list[AgentLaunch], *, machine_dir: Path, writable: lis
     try:
         plan = {"relay": {"port": guard[1], "socket": GUARD_SOCKET} if guard else None,
                 "agents": [{"args": a.args, "env": {**a.env, "HOME": str(a.disk / "home"), "TMPDIR": str(a.disk / "tmp")},
-                            "log_fd": f.fileno()} for a, f in zip(agents, logs)],
-                "own_pid_namespace": True}  # --unshare-all: the relay may end what the job left behind
+                            "log_fd": f.fileno()} for a, f in zip(agents, logs)]}
         command = bwrap_command(command=[sys.executable, "-m", "agent.sandbox_relay", json.dumps(plan)],
                                 writable=writable, readable=readable, guard_socket=guard[0] if guard else None,
                                 network=network, cwd=writable[0])
