@@ -33,3 +33,8 @@ def literal_address(host: str) -> IpAddress | None:
         return ipaddress.IPv4Address(socket.inet_aton(host))
     except OSError:
         return None
+
+
+def shown(url: str, limit: int = 120) -> str:
+    """A source or URL as a refusal shows it: cut to `limit` characters (a request may send kilobytes)."""
+    return url if len(url) <= limit else url[: limit - 3] + "..."

@@ -11,11 +11,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from trainjobs.addresses import is_public, literal_address
-
-
-def _short(text: str, limit: int = 120) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+from trainjobs.addresses import is_public, literal_address, shown
 
 
 def requirement_url(line: str) -> str | None:
@@ -32,21 +28,21 @@ def requirement_url_problem(line: str) -> str | None:
     """Why pip may never be pointed where a requirement line says, whatever the operator allows, or None.
     Pure, for the spec at submit and the agent before pip runs; the operator's part: check_requirement."""
     if "${" in line:
-        return f"{_short(line)}: '${{' is filled in by pip from the machine's environment; it is not taken"
+        return f"{shown(line)}: '${{' is filled in by pip from the machine's environment; it is not taken"
     url = requirement_url(line)
     if url is None:
         return None
     try:
         parts = urlsplit(url)
     except ValueError:  # a bracketed host that is not an address
-        return f"{_short(url)} is not a URL"
+        return f"{shown(url)} is not a URL"
     if parts.scheme == "file":
         return None  # the operator's host directories decide
     host = (parts.hostname or "").rstrip(".")
     if parts.scheme != "https" or not host:
-        return (f"{_short(url)}: a requirement's own URL must be https:// with a host name (or a file:// the operator "
+        return (f"{shown(url)}: a requirement's own URL must be https:// with a host name (or a file:// the operator "
                 "allows); http://, version-control (git+...) and other URLs are not fetched")
     address = literal_address(host)
     if host == "localhost" or host.endswith(".localhost") or (address is not None and not is_public(address)):
-        return f"{_short(url)}: {host} is not a public address; pip fetches only from public hosts"
+        return f"{shown(url)}: {host} is not a public address; pip fetches only from public hosts"
     return None

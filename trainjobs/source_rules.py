@@ -38,7 +38,7 @@ from urllib.parse import unquote, urlsplit
 from trainjobs import uploads
 # The address rules are their own module: the spec checks requirement URLs with them, and this one
 # reaches the storage client through uploads.
-from trainjobs.addresses import is_public as is_public, literal_address
+from trainjobs.addresses import is_public as is_public, literal_address, shown
 from trainjobs.job_paths import DATASETS, JOBS, UPLOADS
 from trainjobs.requirement_urls import requirement_url, requirement_url_problem
 
@@ -54,10 +54,6 @@ OwnJob = Callable[[str], bool]  # is this job id one of the submitting project's
 
 class SourceRefused(ValueError):
     """A source or module the rules refuse; the message is for the user and names no host facts."""
-
-
-def _short(text: str, limit: int = 120) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def is_host_path(source: str) -> bool:
@@ -88,10 +84,10 @@ class DataAccessRules:
             raise SourceRefused("host paths are not accepted by this deployment: upload the file (trainjobs submit "
                                 "uploads local files; or POST /v1/datasets, POST /v1/modules) or name a gs:// or https:// source")
         raw = unquote(source.removeprefix("file://")) if source.startswith("file://") else source
-        refused = SourceRefused(f"{_short(source)} is not inside a directory this deployment allows host data from")
+        refused = SourceRefused(f"{shown(source)} is not inside a directory this deployment allows host data from")
         path = Path(raw)
         if not path.is_absolute():
-            raise SourceRefused(f"{_short(source)}: a host path must be absolute (inside a directory the operator allows)")
+            raise SourceRefused(f"{shown(source)}: a host path must be absolute (inside a directory the operator allows)")
         try:
             resolved = path.resolve()
         except (OSError, ValueError, RuntimeError):  # too long, NUL bytes, a symlink loop: refused like any other
@@ -108,14 +104,14 @@ class DataAccessRules:
         parts = urlsplit(url)
         host = (parts.hostname or "").rstrip(".")
         if parts.scheme not in ("https", "http") or not host:
-            raise SourceRefused(f"{_short(url)}: only https:// URLs with a host name are fetched")
+            raise SourceRefused(f"{shown(url)}: only https:// URLs with a host name are fetched")
         if self.allows_host(host):
             return host
         if parts.scheme == "http":
-            raise SourceRefused(f"{_short(url)}: plain http:// is not fetched; use https:// (or ask the operator to allow the host)")
+            raise SourceRefused(f"{shown(url)}: plain http:// is not fetched; use https:// (or ask the operator to allow the host)")
         address = literal_address(host)
         if host == "localhost" or host.endswith(".localhost") or (address is not None and not is_public(address)):
-            raise SourceRefused(f"{_short(url)}: {host} is not a public address; only public hosts are fetched")
+            raise SourceRefused(f"{shown(url)}: {host} is not a public address; only public hosts are fetched")
         return host
 
     def check_requirement(self, line: str) -> None:
@@ -129,7 +125,7 @@ class DataAccessRules:
         if parts.scheme == "file":
             self.host_path(url)
         elif (parts.hostname or "").rstrip(".") not in self.requirement_url_hosts:
-            raise SourceRefused(f"{_short(url)}: pip fetches a requirement's own URL on the job's machine, past any "
+            raise SourceRefused(f"{shown(url)}: pip fetches a requirement's own URL on the job's machine, past any "
                                 f"check of ours, so only from hosts the operator lists ({REQUIREMENT_URL_HOSTS_ENV}); "
                                 "or name the package and its versions, installed from the deployment's index")
 
@@ -142,7 +138,7 @@ def check_bucket_uri(uri: str, *, bucket: str, project_id: str, own_job: OwnJob 
     name, _, key = uri.removeprefix("gs://").partition("/")
     if name != bucket:
         if name not in source_buckets:
-            raise SourceRefused(f"{_short(uri)}: data is read from gs://{name} only if the operator allows that bucket "
+            raise SourceRefused(f"{shown(uri)}: data is read from gs://{name} only if the operator allows that bucket "
                                 f"({SOURCE_BUCKETS_ENV}); upload the data instead (POST /v1/datasets)")
         return
     top, _, rest = key.partition("/")
@@ -159,7 +155,7 @@ def check_bucket_uri(uri: str, *, bucket: str, project_id: str, own_job: OwnJob 
     )
     if not allowed:
         where = f"gs://{bucket}/"
-        raise SourceRefused(f"{_short(uri)}: in {where} a job may name only its own project's uploads "
+        raise SourceRefused(f"{shown(uri)}: in {where} a job may name only its own project's uploads "
                             f"({where}{UPLOADS}/<project>/...) and jobs ({where}{JOBS}/<job id>/...)")
 
 
