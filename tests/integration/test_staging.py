@@ -296,6 +296,20 @@ def _images(layout: dict[str, int], corrupt: str | None = None) -> Callable[[Pat
     return make
 
 
+def _npy_folder(with_subfolder: bool) -> Callable[[Path], str]:
+    """SageMaker's mnist example's channel as people upload it: four .npy arrays (and, from a Mac, a
+    stray folder beside them)."""
+    def make(tmp: Path) -> str:
+        root = tmp / "mnist"
+        root.mkdir()
+        for name in ("train_data", "train_labels", "eval_data", "eval_labels"):
+            np.save(root / f"{name}.npy", np.zeros((4, 3), dtype=np.float32))
+        if with_subfolder:
+            (root / "__MACOSX").mkdir()
+        return str(root)
+    return make
+
+
 # Example{features{feature{"a": Feature{int64_list{1}}}}}: a valid Example, not in our schema.
 _FOREIGN_EXAMPLE = b"\x0a\x0c\x0a\x0a\x0a\x01a\x12\x05\x1a\x03\x0a\x01\x01"
 
@@ -332,6 +346,12 @@ BAD_DATA = [
      "it has 1 other features"),
     ("tfrecord-empty", _write("r.tfrecord", b""), {}, "r.tfrecord holds no examples"),
     ("unknown-extension", _write("data.bin", b"123"), {}, "cannot tell the format of 'data.bin'"),
+    ("npy-file", _write("x.npy", b"\x93NUMPY"), {}, "x.npy' from its name; set dataset.format (npz, csv, tfrecord, image_folder); "
+     ".npy arrays are not a dataset of their own: save features and labels in one .npz"),
+    ("npy-folder", _npy_folder(with_subfolder=False), {},
+     "cannot tell the format of folder 'mnist' (4 file(s): eval_data.npy, eval_labels.npy, train_data.npy, "
+     "train_labels.npy)"),
+    ("npy-folder-beside-a-folder", _npy_folder(with_subfolder=True), {}, "give the folder as a channel (program.channels"),
     ("missing-path", lambda tmp: str(tmp / "nope.csv"), {}, "no file or folder at"),
     ("unknown-upload", lambda tmp: "dataset:" + "0" * 64, {}, "no dataset 0000"),
     ("empty-gcs-prefix", lambda tmp: f"{operators_folder()}/nothing/", {}, "no objects at gs://"),

@@ -75,16 +75,35 @@ def _guess(path: Path) -> str:
         fmt = file_format(path)
         if fmt is None:
             raise DatasetError(
-                f"cannot tell the format of {path.name!r} from its name; set dataset.format (npz, csv, tfrecord, image_folder)"
+                f"cannot tell the format of {path.name!r} from its name; set dataset.format (npz, csv, tfrecord, "
+                f"image_folder){_loose_arrays_hint([path])}"
             )
         return fmt
     entries = visible(list(path.iterdir()))
     files = [p for p in entries if p.is_file()]
     if files and all(is_tfrecord_name(p.name) for p in files):
         return "tfrecord"
-    if any(p.is_dir() for p in entries):
+    data_files = [p for p in files if p.suffix.lower() in _ARRAY_SUFFIXES or file_format(p) is not None]
+    if any(p.is_dir() for p in entries) and not data_files:  # class folders (beside a LICENSE.txt, say)
         return "image_folder"
-    raise DatasetError(f"cannot tell the format of folder {path.name!r}: expected TFRecord files or one sub-folder of images per class")
+    shown = ", ".join(sorted(p.name for p in files)[:5]) + (", ..." if len(files) > 5 else "")
+    raise DatasetError(f"cannot tell the format of folder {path.name!r} ({len(files)} file(s): {shown or 'none'}): "
+                       "a dataset folder holds TFRecord files, or one sub-folder of images per class; give a "
+                       f"single .npz or .csv file otherwise{_loose_arrays_hint(files)}")
+
+
+_ARRAY_SUFFIXES = (".npy", ".npz", ".csv", ".gz", ".pkl", ".pickle", ".parquet", ".h5", ".hdf5", ".json", ".txt")
+
+
+def _loose_arrays_hint(files: list[Path]) -> str:
+    """What to do with files a managed dataset does not read as they are (a script's own .npy arrays,
+    as SageMaker's examples ship them)."""
+    if not any(p.suffix.lower() == ".npy" for p in files):
+        return ""
+    return ("; .npy arrays are not a dataset of their own: save features and labels in one .npz "
+            "(numpy.savez(path, x=features, y=labels); dataset.options.x_key and y_key name other keys), or, "
+            "for a program that reads its own files, give the folder as a channel (program.channels: "
+            "{training: FOLDER}) and it arrives as it is")
 
 
 def _unwrap(path: Path) -> Path:
