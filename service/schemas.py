@@ -145,6 +145,13 @@ class JobLogs(BaseModel):
     end_cursor: str | None = None  # where this text ends: ?cursor= (or ?follow=true&cursor=) reads what comes after
 
 
+class JobMetrics(BaseModel):
+    """A job's per-epoch metrics so far: the entries of its metrics.json, which the agent rewrites each
+    epoch (the job's code can write that file too: what is not an epoch's object is left out)."""
+
+    epochs: list[dict[str, Any]]  # one object per epoch, oldest first: `epoch`, `attempt`, loss, val_*, ...
+
+
 class DatasetPublic(BaseModel):
     dataset: str  # use as dataset.source in a job spec
     sha256: str

@@ -18,7 +18,7 @@ from service.db.session import transaction
 from service.deps import ApiSecret, Factory, ProjectId
 from service.errors import ApiError
 from service.routes import streams
-from service.schemas import AUTHED, ArtifactList, ArtifactPublic, JobLogs, error_responses
+from service.schemas import AUTHED, ArtifactList, ArtifactPublic, JobLogs, JobMetrics, error_responses
 from trainjobs import storage
 from trainjobs.job_paths import ARTIFACT_MANIFEST, JobPaths
 
@@ -121,18 +121,28 @@ def job_logs(job_id: uuid.UUID, project: ProjectId, secret: ApiSecret, factory: 
     return JobLogs(text=page.text, next_cursor=page.next_cursor, end_cursor=page.end_cursor)
 
 
-@router.get("/{job_id}/metrics", responses=error_responses(*AUTHED, 404, 422))
+@router.get("/{job_id}/metrics", response_model=JobMetrics, responses=error_responses(*AUTHED, 404, 422))
 def job_metrics(job_id: uuid.UUID, project: ProjectId, secret: ApiSecret, factory: Factory, follow: bool = FOLLOW,
-                cursor: str | None = STREAM_CURSOR, last_event_id: str | None = LAST_EVENT_ID) -> Any:
-    """Per-epoch metrics so far (loss, accuracy, examples/s, step time, input-wait fraction); with
-    ?follow=true, `text/event-stream` with one event per epoch until the job ends. A metrics.json
-    over storage.METRICS_MAX_BYTES (the job's code can write it) is a 422, not read."""
+                cursor: str | None = STREAM_CURSOR, last_event_id: str | None = LAST_EVENT_ID) -> JobMetrics | Response:
+    """Per-epoch metrics so far (loss, accuracy, examples/s, step time, input-wait fraction), one
+    object per epoch in `epochs`; with ?follow=true, `text/event-stream` with one event per epoch until
+    the job ends. A metrics.json over storage.METRICS_MAX_BYTES (the job's code can write it) is a 422,
+    not read."""
     paths = _paths(factory, project, job_id)
     if follow:
         return streams.follow_metrics(factory, streams.Follower(project, secret, job_id), last_event_id or cursor)
     try:
-        return {"epochs": storage.read_json_bounded(paths.metrics, storage.METRICS_MAX_BYTES) or []}
+        doc = storage.read_json_bounded(paths.metrics, storage.METRICS_MAX_BYTES)
     except storage.ObjectTooLarge as exc:
         raise _too_large(exc) from None
     except ValueError as exc:  # the job's code wrote something that is not JSON there
         raise ApiError(422, f"the job's metrics.json is not JSON ({exc})", "not_json") from None
+    return job_metrics_of(doc)
+
+
+def job_metrics_of(doc: Any) -> JobMetrics:
+    """metrics.json ({attempt, epochs, initial_epoch, history: [...]}: agent/run.py, agent/program.py) as
+    the API answers it: its history, the entries the stream sends one by one (service/routes/streams.py).
+    Until issue 37 the whole document was answered under `epochs`, where clients expect the list."""
+    history = doc.get("history") if isinstance(doc, dict) else None
+    return JobMetrics(epochs=[e for e in history if isinstance(e, dict)] if isinstance(history, list) else [])

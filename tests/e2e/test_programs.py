@@ -235,7 +235,7 @@ def test_the_keras_mnist_example_trains_as_a_program_and_its_model_scores_on_hel
     accuracy = float(np.mean(model.predict(x, verbose=0).argmax(axis=-1) == y))
     assert accuracy >= 0.95, accuracy
     # What the callbacks reported: one entry per epoch, in the job's metrics and history.
-    history = client.get(f"/v1/jobs/{ids['mnist']}/metrics").json()["epochs"]["history"]
+    history = client.get(f"/v1/jobs/{ids['mnist']}/metrics").json()["epochs"]
     assert [e["epoch"] for e in history] == list(range(1, 9))
     assert all(0.0 <= e["val_accuracy"] <= 1.0 for e in history)
     assert job["progress"] == 1.0
@@ -252,7 +252,7 @@ def test_a_custom_training_loop_on_two_workers_in_bfloat16_reports_its_metrics_a
         "multi_worker_mirrored", 2, 2)
     assert job["runtime"]["precision"] == "mixed_bfloat16"
     client, ids = jobs
-    history = client.get(f"/v1/jobs/{ids['loop']}/metrics").json()["epochs"]["history"]
+    history = client.get(f"/v1/jobs/{ids['loop']}/metrics").json()["epochs"]
     assert [e["epoch"] for e in history] == list(range(1, 7))
     assert history[-1]["loss"] < history[0]["loss"]
     # The metrics stream a watcher follows gives the same epochs, then ends with the job.
@@ -282,7 +282,7 @@ def test_keras_fit_in_a_program_trains_on_two_workers_under_multi_worker_mirrore
         "multi_worker_mirrored", 2, 2)
     assert any("keras multi-worker repair" in note for note in job["runtime"]["notes"]), job["runtime"]
     client, ids = jobs
-    assert [e["epoch"] for e in client.get(f"/v1/jobs/{ids['fit_two_workers']}/metrics").json()["epochs"]["history"]] == [
+    assert [e["epoch"] for e in client.get(f"/v1/jobs/{ids['fit_two_workers']}/metrics").json()["epochs"]] == [
         1, 2, 3]
     model = keras.saving.load_model(_download(jobs, "fit_two_workers", "model.keras", tmp_path / "model.keras"))
     x, y = load_digits(return_X_y=True)
@@ -375,7 +375,7 @@ def test_a_programs_own_code_reaches_nothing_outside_its_job_and_cannot_make_the
     assert log.count("not uploaded: leak.txt is a link to") == 1  # the directory is walked once
     assert log.count("ignored a report line") == 5  # not JSON, epoch 'first', fraction 'all', epoch 10**9, 3 MiB
     # What the agent kept of the reports it could read: two epochs, each within its bounds.
-    history = client.get(f"/v1/jobs/{ids['attacker']}/metrics").json()["epochs"]["history"]
+    history = client.get(f"/v1/jobs/{ids['attacker']}/metrics").json()["epochs"]
     assert [e["epoch"] for e in history] == [1, 2]
     assert len([k for k in history[0] if k.startswith("m")]) == 64
     assert history[1]["loss"] == 0.5 and history[1]["note"] == "y" * 200

@@ -194,7 +194,7 @@ def test_a_regression_on_the_diabetes_csv_predicts_held_out_patients_in_the_targ
     job = _done(jobs, "regression")
     assert job["status"] == "SUCCEEDED", job.get("error")
     client, ids = jobs
-    history = client.get(f"/v1/jobs/{ids['regression']}/metrics").json()["epochs"]["history"]
+    history = client.get(f"/v1/jobs/{ids['regression']}/metrics").json()["epochs"]
     assert {"loss", "mae", "rmse", "r2", "val_loss", "val_mae", "val_rmse", "val_r2"} <= set(history[-1])
     x_train, y_train, manifest = _split(ids["regression"], "train", tmp_path)
     x_val, y_val, _ = _split(ids["regression"], "validation", tmp_path)
@@ -284,7 +284,7 @@ def test_a_users_build_model_that_takes_the_task_trains_a_regression_in_bfloat16
     ours = r2_score(y_val[:, 0], served.serve(tf.constant(x_val)).numpy()[:, 0])
     assert ours >= 0.35
     # training.metrics: r2 and mape, in the target's units, and none of the task's others.
-    history = jobs[0].get(f"/v1/jobs/{jobs[1]['regression_user_model']}/metrics").json()["epochs"]["history"]
+    history = jobs[0].get(f"/v1/jobs/{jobs[1]['regression_user_model']}/metrics").json()["epochs"]
     assert {"r2", "mape", "val_r2", "val_mape"} <= set(history[-1]) and "val_mae" not in history[-1], history[-1]
     assert 5 < history[-1]["val_mape"] < 100  # percent of a target of 25 to 346, not of a standardised one
     assert job["metrics"]["val_r2"] == pytest.approx(ours, abs=0.05)
@@ -298,7 +298,7 @@ def test_early_stopping_ends_a_job_whose_validation_r2_stops_improving_and_keeps
     job = _done(jobs, "regression")  # its model is judged above
     assert job["status"] == "SUCCEEDED", job.get("error")
     client, ids = jobs
-    history = client.get(f"/v1/jobs/{ids['regression']}/metrics").json()["epochs"]["history"]
+    history = client.get(f"/v1/jobs/{ids['regression']}/metrics").json()["epochs"]
     final = json.loads(client.get(f"/v1/jobs/{ids['regression']}/artifacts/metrics.json").content)
     assert final["stopped_at_epoch"] == len(history) < 60, final
     best: dict[str, Any] = {"val_r2": float("-inf")}

@@ -89,6 +89,20 @@ def test_without_follow_the_json_answers_are_unchanged(api, bucket):
     assert api.get(f"/v1/jobs/{job['id']}/metrics").json() == {"epochs": []}
 
 
+@pytest.mark.parametrize(("doc", "epochs"), [
+    ({"attempt": 1, "epochs": 3, "initial_epoch": 0, "history": [{"epoch": 1, "loss": 0.5}, "junk", {"epoch": 2}]},
+     [{"epoch": 1, "loss": 0.5}, {"epoch": 2}]),
+    ({"history": "not a list"}, []),
+    ([{"epoch": 1}], []),
+], ids=["the agent's", "a bad history", "not an object"])
+def test_without_follow_the_metrics_are_the_epochs_the_stream_sends(api, bucket, doc, epochs):
+    """Issue 37: `epochs` held metrics.json whole, and `trainjobs metrics` failed on every job that had one.
+    The job's code can write the file: what is not an epoch's object is left out."""
+    job = api.post("/v1/jobs", json=digits_spec()).json()
+    storage.write_json(JobPaths.for_job(job["id"]).metrics, doc)
+    assert api.get(f"/v1/jobs/{job['id']}/metrics").json() == {"epochs": epochs}
+
+
 @pytest.mark.parametrize("route", ["logs", "metrics"])
 def test_a_cursor_the_stream_never_sent_is_a_422(api, bucket, route):
     job = api.post("/v1/jobs", json=digits_spec()).json()

@@ -148,8 +148,10 @@ class Client:
 
     def metrics(self, job_id: str) -> builtins.list[dict[str, Any]]:
         """Per-epoch records so far (loss, accuracy, val_*, examples_per_sec, input_wait_fraction, ...)."""
-        epochs: builtins.list[dict[str, Any]] = self._call("GET", f"/v1/jobs/{job_id}/metrics")["epochs"]
-        return epochs
+        epochs = self._call("GET", f"/v1/jobs/{job_id}/metrics").get("epochs")
+        if isinstance(epochs, dict):  # an API from before issue 37 answered metrics.json whole under `epochs`
+            epochs = epochs.get("history")
+        return [e for e in epochs if isinstance(e, dict)] if isinstance(epochs, builtins.list) else []
 
     def follow(self, job_id: str, what: str, reconnects: int = 5) -> Iterator[StreamEvent]:
         """Server-sent events of `what` ("logs" or "metrics") until the job ends (`end` is the last one).
