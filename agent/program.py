@@ -68,7 +68,9 @@ def sync_every_s() -> float:
 
 def run_program(job: AgentJob, work: WorkDir, reporter: StatusReporter, terminated: type[BaseException]) -> None:
     from agent.data import download_dataset, save_local
-    from agent.requirements import install_requirements
+    from agent.requirements import (
+        LEGACY_KERAS_ENV, image_versions, install_requirements, installed_version, keras_2_requirements,
+    )
     from agent.models import local_code_path
 
     spec = job.spec
@@ -86,10 +88,13 @@ def run_program(job: AgentJob, work: WorkDir, reporter: StatusReporter, terminat
 
     python = sys.executable
     timings: dict[str, float] = {}
-    if program.requirements:
+    requirements = list(program.requirements)
+    if program.keras == 2:  # tf_keras, where the image lacks it (agent/requirements.py)
+        requirements += keras_2_requirements(requirements, image_versions(), installed_version("tf-keras"))
+    if requirements:
         reporter.set_phase("installing")
         started = time.monotonic()
-        python = str(install_requirements(program.requirements, work.root / "requirements"))
+        python = str(install_requirements(requirements, work.root / "requirements"))
         timings["install_s"] = round(time.monotonic() - started, 3)
 
     model_dir = work.artifacts if job.is_chief else work.root / "model-not-chief"
@@ -106,6 +111,8 @@ def run_program(job: AgentJob, work: WorkDir, reporter: StatusReporter, terminat
         "spec": spec.model_dump(mode="json"), "restored_checkpoint": bool(restored),
     }))
     env = _environment(program.env, program.args, runtime_file, reports, model_dir, work, data_dir)
+    if program.keras == 2:
+        env[LEGACY_KERAS_ENV] = "1"  # `tf.keras` is tf_keras, and the runtime follows (trainjobs/runtime)
 
     follower = ReportFollower(job, reporter, reports, summary, timings)
     syncer = CheckpointSync(work.checkpoints, job.paths.checkpoints, upload=job.is_chief)

@@ -5,6 +5,11 @@ missing is installed. TensorFlow, Keras and NumPy stay the image's: a requiremen
 out the installed one is refused with that reason before pip runs, and pip runs with them pinned as
 constraints, so nothing it resolves can replace them.
 
+A Keras 2 program (`program.keras: 2`) runs with TF_USE_LEGACY_KERAS=1, under which `tf.keras` is tf_keras:
+`keras_2_requirements` adds the tf-keras release of the image's TensorFlow to what is installed, unless
+the image has it (or its Keras is Keras 2 already). tf-keras is released with each TensorFlow and
+requires that one (tf-keras 2.21 needs TensorFlow 2.21), so the pin on the image's TensorFlow chooses it.
+
 Environments are kept on the machine by the hash of the requirements and the interpreter, under
 TRAINJOBS_CACHE_DIR (default ~/.cache/trainjobs): a second attempt or job on the same machine with the same
 requirements starts at once. A half-built environment (the install failed or was killed) is never
@@ -36,6 +41,8 @@ from trainjobs.requirement_urls import requirement_url_problem
 log = logging.getLogger("trainjobs.agent")
 
 IMAGE_PACKAGES = ("tensorflow", "tensorflow-cpu", "tensorflow-tpu", "keras", "numpy")
+TF_KERAS = "tf-keras"
+LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"  # TensorFlow's switch: `tf.keras` is tf_keras where it is "1"
 PIP_TIMEOUT_S = 1800.0
 PIP_OUTPUT_CHARS = 4000  # of pip's output, in the job's error
 # Set by the local provisioner on a sandboxed machine whose one way out is its storage guard.
@@ -48,15 +55,39 @@ class RequirementsError(Exception):
     """The requirements cannot be installed; the message says why (pip's own words where pip said it)."""
 
 
+def installed_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def image_versions() -> dict[str, str]:
     """The installed versions of the packages a program may not replace."""
-    found = {}
-    for name in IMAGE_PACKAGES:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
-    return found
+    return {name: version for name in IMAGE_PACKAGES if (version := installed_version(name)) is not None}
+
+
+def keras_2_requirements(requirements: list[str], installed: dict[str, str], tf_keras: str | None) -> list[str]:
+    """What a `program.keras: 2` program needs installed beyond `requirements`: `tf-keras==X.Y.*` for the
+    image's TensorFlow X.Y, or nothing where the image's tf-keras (version `tf_keras`) is that release,
+    where its Keras is Keras 2 (TensorFlow <= 2.15, whose `tf.keras` is Keras 2 itself), or where the
+    program names tf-keras itself."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+    from packaging.version import InvalidVersion, Version
+
+    if any(canonicalize_name(Requirement(line).name) == TF_KERAS for line in requirements):
+        return []
+    tensorflow = next((installed[n] for n in ("tensorflow", "tensorflow-cpu", "tensorflow-tpu") if n in installed), None)
+    try:
+        if tensorflow is None or ("keras" in installed and Version(installed["keras"]).major < 3):
+            return []
+        tf = Version(tensorflow)
+        if tf_keras is not None and Version(tf_keras).release[:2] == tf.release[:2]:
+            return []
+    except InvalidVersion:
+        return []
+    return [f"{TF_KERAS}=={tf.major}.{tf.minor}.*"]
 
 
 def refusals(requirements: list[str], installed: dict[str, str]) -> list[str]:

@@ -26,6 +26,11 @@ saves, and calls `tj.checkpoint_saved()`. A program that asked for neither is en
 The next attempt finds the checkpoint directory as it was saved (the agent restores it first), and
 `tj.callbacks()`' BackupAndRestore continues from it.
 
+Keras 2 or 3: a program run with TF_USE_LEGACY_KERAS=1 (`program.keras: 2`) builds its models with
+tf_keras, TensorFlow's rule for what `tf.keras` is; the runtime then sets tf_keras' precision policy and
+seed and gives it tf_keras callbacks (a Keras 3 callback in a tf_keras fit is refused, and Keras 3's
+policy does not reach tf_keras layers). Otherwise, Keras 3.
+
 Run outside a job (by hand, on a laptop), the same code works: the spec is TRAINJOBS_SPEC's (a JSON
 file) or the defaults, on this machine's devices, and the directories are under ./trainjobs-local.
 
@@ -50,6 +55,7 @@ _state: dict[str, Any] = {}
 _stop = threading.Event()
 _cooperative = threading.Event()  # the program reads the stop flag (callbacks or should_stop)
 LOCAL_ROOT = "trainjobs-local"
+LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"  # set by the agent for `program.keras: 2`
 
 _PLAN_VALUES = ("steps_per_execution", "global_batch_size", "per_replica_batch_size", "learning_rate", "epochs",
                 "precision", "replicas", "seed", "strategy_name")
@@ -128,9 +134,20 @@ def plan() -> dict[str, Any]:
     return dict(_state["plan"])
 
 
-def _build() -> Any:
-    import keras
+def legacy_keras() -> bool:
+    """True when `tf.keras` is tf_keras in this process: TensorFlow's own test of TF_USE_LEGACY_KERAS
+    (tensorflow/python/util/lazy_loader.py)."""
+    return os.environ.get(LEGACY_KERAS_ENV) in ("true", "True", "1")
 
+
+def _keras() -> Any:
+    """The Keras the program's models are built with: tf_keras under TF_USE_LEGACY_KERAS, else Keras 3."""
+    import importlib
+
+    return importlib.import_module("tf_keras" if legacy_keras() else "keras")
+
+
+def _build() -> Any:
     from agent import devices, keras_compat
     from agent.plan import strategy_to_build
     from trainjobs.spec.derived import (
@@ -145,11 +162,13 @@ def _build() -> Any:
     built = devices.build_strategy(name, hardware)
     replicas = int(built.num_replicas_in_sync)
     precision = resolve_precision(spec.precision, hardware.kind, hardware.gpu_compute_capability)
+    keras = _keras()
     keras.mixed_precision.set_global_policy(precision)
     # What the managed trainer repairs in the Keras at hand (agent/keras_compat.py), for the program's
     # models too: metrics over every replica in the images' older Keras, and fit under multi-worker.
-    repairs = keras_compat.repair_before_build()
-    if name == "multi_worker_mirrored":
+    # Each is a repair of Keras 3's internals: tf_keras has neither fault.
+    repairs = [] if legacy_keras() else keras_compat.repair_before_build()
+    if name == "multi_worker_mirrored" and not legacy_keras():
         repairs += keras_compat.repair_multi_worker_fit(None, built)
     keras.utils.set_random_seed(spec.training.seed)
     batch = global_batch_size(spec.training, replicas)
@@ -196,11 +215,12 @@ def callbacks(*, checkpoint_every_steps: int | None = None, tensorboard: bool = 
     """Keras callbacks for `fit`: resume from the checkpoint directory (BackupAndRestore, saved every
     epoch, or every `checkpoint_every_steps` steps, and at the next step after a SIGTERM), the job's
     progress and per-epoch metrics, and TensorBoard events in tensorboard_dir."""
-    import keras
-
+    keras = _keras()
     _watch_sigterm()
     _cooperative.set()
-    found = [_backup_callback(keras, checkpoint_every_steps), _report_callback(keras), _step_fusion_callback(keras)]
+    found = [_backup_callback(keras, checkpoint_every_steps), _report_callback(keras)]
+    if not legacy_keras():  # tf_keras runs steps_per_execution under every strategy itself
+        found.append(_step_fusion_callback(keras))
     if tensorboard:
         found.append(_tensorboard_callback(keras))
     return found
@@ -267,6 +287,8 @@ def _watch_sigterm() -> None:
 
 
 def _backup_callback(keras: Any, every_steps: int | None) -> Any:
+    legacy = legacy_keras()
+
     class Backup(keras.callbacks.BackupAndRestore):
         """BackupAndRestore that also saves at the next step after a SIGTERM, tells the agent when a
         save is complete, and keeps its checkpoint when fit ends because the job is stopping."""
@@ -275,10 +297,27 @@ def _backup_callback(keras: Any, every_steps: int | None) -> Any:
             super().__init__(str(__getattr__("checkpoint_dir")), save_freq=every_steps or "epoch")
             self._stopping = False
             self._call_began_at = 0
+            if legacy:
+                import tensorflow as tf
 
-        def _save_model(self) -> None:
+                # tf_keras refuses a model built under OneDeviceStrategy (its list names the multi-device
+                # strategies only), which the runtime builds for one device: its checkpoint is like any other.
+                self._supported_strategies += (tf.distribute.OneDeviceStrategy,)
+
+        def _save_model(self) -> None:  # Keras 3's save
             super()._save_model()
             checkpoint_saved()
+
+        def _backup(self, epoch: int, batch: int = 0) -> None:  # tf_keras' save
+            if self.save_freq != "epoch":
+                # tf_keras resumes at the step after the one it saved, and records the step a call began at
+                # (on_train_batch_begin): with steps_per_execution > 1 the call's other steps ran again.
+                self._training_state._ckpt_saved_batch.assign(batch)
+            super()._backup(epoch, batch)
+            checkpoint_saved()
+
+        def _implements_train_batch_hooks(self) -> bool:  # tf_keras: the stop is seen at a step's end
+            return True
 
         def on_train_begin(self, logs: Any = None) -> None:
             # The restore builds the optimizer's variables; older Keras (3.4, the TF 2.17 images) does
@@ -294,9 +333,18 @@ def _backup_callback(keras: Any, every_steps: int | None) -> Any:
             super().on_train_batch_end(batch, logs)
             if _stop.is_set() and not self._stopping:
                 self._stopping = True
-                self._last_batch_seen = self._last_step(batch)  # where in the epoch (Keras restores the epoch only)
-                self._save_model()
+                self._save_stopped(self._last_step(batch))
                 self.model.stop_training = True
+
+        def _save_stopped(self, last_step: int) -> None:
+            if not legacy:
+                self._last_batch_seen = last_step  # where in the epoch (Keras restores the epoch only)
+                self._save_model()
+            elif self.save_freq != "epoch":
+                self._backup(self._current_epoch, last_step)
+            # else nothing: tf_keras reads any checkpoint of save_freq="epoch" as a finished epoch
+            # (worker_training_state.maybe_load_initial_counters_from_ckpt), so a save now would skip the
+            # rest of this one. The last finished epoch's stays; this epoch is trained again from its start.
 
         def _last_step(self, batch: int) -> int:
             """The index of the last step the call that just ended ran. Newer Keras (3.15) passes it;
@@ -371,10 +419,20 @@ def _report_callback(keras: Any) -> Any:
             self._steps = self.params.get("steps")
             self._epoch = int(getattr(self.model, "_initial_epoch", 0) or 0)
             self._last = 0.0
+            # tf_keras' fit reads the epoch to resume at from the checkpoint after on_train_begin: told
+            # as its first epoch begins.
+            self._told = not legacy_keras()
+            if self._told:
+                self._tell_initial_epoch()
+
+        def _tell_initial_epoch(self) -> None:
             _emit({"kind": "runtime", "plan": {"initial_epoch": self._epoch, "epochs": self._epochs}})
 
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
             self._epoch = epoch
+            if not self._told:
+                self._told = True
+                self._tell_initial_epoch()
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
             now = time.monotonic()

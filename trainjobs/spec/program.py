@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from pathlib import PurePosixPath
+from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
@@ -45,6 +46,12 @@ class ProgramSpec(StrictModel):
         "PEP 508 lines, installed on the machine over the image's packages (TensorFlow, Keras and "
         "NumPy stay the image's)."))
     env: dict[str, str] = Field(default_factory=dict, description="Environment variables for the program.")
+    keras: Literal[2, 3] = Field(default=3, description=(
+        "The Keras the program is written for. 3: the image's Keras (`import keras`; `tf.keras` is Keras 3 "
+        "from TensorFlow 2.16 on). 2: tf_keras, the Keras 2 of TensorFlow <= 2.15, for scripts written for those "
+        "containers (`model.save(dir)` to a SavedModel, `.h5` files, `keras.optimizers.legacy`): the program runs "
+        "with TF_USE_LEGACY_KERAS=1, so `tf.keras` is tf_keras, and the tf-keras release of the machine's "
+        "TensorFlow is installed if the image lacks it."))
 
     @field_validator("entrypoint")
     @classmethod
