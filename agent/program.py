@@ -25,12 +25,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +87,11 @@ def run_program(job: AgentJob, work: WorkDir, reporter: StatusReporter, terminat
         data = download_dataset(job.dataset_uri, work.data)
         save_local(data, work.data)
         data_dir, summary = work.data, data.summary()
+    channel_files: dict[str, list[str]] = {}
+    if program.channels:  # as SageMaker does: each in <input>/data/<name> before the program starts
+        from agent.channels import download_channels
+
+        channel_files = download_channels(list(program.channels), job.paths, work.root / "input" / "data")
 
     python = sys.executable
     timings: dict[str, float] = {}
@@ -110,7 +117,9 @@ def run_program(job: AgentJob, work: WorkDir, reporter: StatusReporter, terminat
         "job_id": job.job_id, "attempt": job.attempt, "task_index": job.task_index,
         "spec": spec.model_dump(mode="json"), "restored_checkpoint": bool(restored),
     }))
-    env = _environment(program.env, program.args, runtime_file, reports, model_dir, work, data_dir)
+    argv = [*program.args, *program_env.hyperparameter_args(program.hyperparameters)]
+    env = _environment(job, entrypoint.relative_to(root).as_posix(), argv, runtime_file, reports, model_dir, work,
+                       data_dir, channel_files)
     if program.keras == 2:
         env[LEGACY_KERAS_ENV] = "1"  # `tf.keras` is tf_keras, and the runtime follows (trainjobs/runtime)
 
@@ -119,10 +128,10 @@ def run_program(job: AgentJob, work: WorkDir, reporter: StatusReporter, terminat
     reporter.runtime = {"program": True, "entrypoint": entrypoint.relative_to(root).as_posix(),
                         "restored_checkpoint": bool(restored), **({"dataset": summary} if summary else {}), **timings}
     reporter.set_phase("training")
-    log.info("running %s %s", entrypoint.relative_to(root).as_posix(), " ".join(program.args))
+    log.info("running %s %s", entrypoint.relative_to(root).as_posix(), " ".join(argv))
     # In the agent's process group, so a provisioner's delete (which signals the group) reaches it, and
     # killed by the kernel if the agent dies without a word (SIGKILL, say): never left training alone.
-    proc = subprocess.Popen([python, str(entrypoint), *program.args], cwd=root, env=env, stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen([python, str(entrypoint), *argv], cwd=root, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
     tail: deque[str] = deque(maxlen=OUTPUT_TAIL_LINES)
     pump = threading.Thread(target=_pump, args=(proc, tail), name="program-output", daemon=True)
@@ -164,6 +173,7 @@ def run_program(job: AgentJob, work: WorkDir, reporter: StatusReporter, terminat
                         "come from its reports only", name)
         else:
             (out / name).write_text(json.dumps(doc, indent=2))
+    _keep_output_data(work, out)
     files = storage.local_files(out)  # listed once: the manifest names exactly what is uploaded
     manifest = export.artifact_manifest(out, job.paths.artifacts, files)
     storage.upload_dir(out, job.paths.artifacts, found=files)
@@ -184,11 +194,14 @@ def _fetch(local: Path, entrypoint: str | None, dest: Path) -> tuple[Path, Path]
     return local.parent, local
 
 
-def _environment(own: dict[str, str], args: list[str], runtime_file: Path, reports: Path, model_dir: Path,
-                 work: WorkDir, data_dir: Path | None) -> dict[str, str]:
+def _environment(job: AgentJob, entry_point: str, argv: list[str], runtime_file: Path, reports: Path,
+                 model_dir: Path, work: WorkDir, data_dir: Path | None,
+                 channel_files: dict[str, list[str]]) -> dict[str, str]:
     """The agent's environment (already the allow-listed one the provisioner gave it), the program's own
-    variables, and what the runtime and other platforms' scripts read."""
-    env = {**os.environ, **own}
+    variables, and what the runtime and other platforms' scripts read (trainjobs/program_env.py)."""
+    program = job.spec.program
+    assert program is not None
+    env = {**os.environ, **program.env}
     places = {program_env.MODEL_DIR: model_dir, program_env.CHECKPOINT_DIR: work.checkpoints,
               program_env.TENSORBOARD_DIR: work.tensorboard}
     if data_dir is not None:
@@ -197,9 +210,26 @@ def _environment(own: dict[str, str], args: list[str], runtime_file: Path, repor
         env[name] = str(path)
         for alias in program_env.ALIASES.get(name, ()):
             env[alias] = str(path)
+    input_dir, output_dir = work.root / "input", work.root / "output"
+    channels = {name: str(input_dir / "data" / name) for name in channel_files}
+    if data_dir is not None:  # the staged dataset is SageMaker's default channel, unless the job names one
+        channels.setdefault(program_env.TRAINING_CHANNEL, str(data_dir))
+    setting = program_env.ProgramSetting(
+        job_id=job.job_id, workers=job.spec.workers, task_index=job.task_index,
+        instance_type=_instance_type(job), num_cpus=len(os.sched_getaffinity(0)), num_gpus=_gpus(job),
+        entry_point=entry_point, module_dir=program.source,
+        hyperparameters=_hyperparameters(program.args, program.hyperparameters), user_args=argv,
+        channels=channels, model_dir=str(model_dir), input_dir=str(input_dir), output_dir=str(output_dir),
+        channel_files=channel_files, tf_config=os.environ.get("TF_CONFIG") or None)
+    env.update(program_env.sagemaker_env(setting))
+    env.update(program_env.vertex_env(setting))
+    # SageMaker's folders exist before its script starts, and its config files with them.
+    for d in (input_dir / "config", output_dir / "data"):
+        d.mkdir(parents=True, exist_ok=True)
+    for name, doc in program_env.sagemaker_config_files(setting).items():
+        (input_dir / "config" / name).write_text(json.dumps(doc))
     env[program_env.RUNTIME_FILE] = str(runtime_file)
     env[program_env.REPORTS_FILE] = str(reports)
-    env[program_env.SM_HPS] = json.dumps(_hyperparameters(args))
     env["PYTHONUNBUFFERED"] = "1"  # its output is the live log
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TensorFlow's start-up notices, unless the program asks
     # The agent's own code and the runtime, importable by the program under any interpreter.
@@ -208,17 +238,34 @@ def _environment(own: dict[str, str], args: list[str], runtime_file: Path, repor
     return env
 
 
-def _hyperparameters(args: list[str]) -> dict[str, str]:
-    """SageMaker's SM_HPS: `--name value` pairs of the arguments."""
-    hps: dict[str, str] = {}
-    i = 0
-    while i < len(args):
-        if args[i].startswith("--") and i + 1 < len(args) and not args[i + 1].startswith("--"):
-            hps[args[i][2:]] = args[i + 1]
-            i += 2
-        else:
-            i += 1
-    return hps
+def _hyperparameters(args: list[str], given: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """SageMaker's SM_HPS: the `--name value` pairs of the arguments, and program.hyperparameters over
+    them (passed after the arguments, they are what argparse keeps of a name given twice)."""
+    return {**program_env.hyperparameters_of_args(args), **(given or {})}
+
+
+def _instance_type(job: AgentJob) -> str:
+    acc = job.spec.accelerator
+    kind = getattr(acc, "gpu_type", None) or getattr(acc, "tpu_type", None)
+    return f"{acc.type}:{kind}" if kind else acc.type
+
+
+def _gpus(job: AgentJob) -> int:
+    return int(getattr(job.spec.accelerator, "count", 0)) if job.spec.accelerator.type == "gpu" else 0
+
+
+def _keep_output_data(work: WorkDir, out: Path) -> None:
+    """SageMaker keeps what a script writes to SM_OUTPUT_DATA_DIR (its output.tar.gz): here it goes with
+    the artifacts, under output/data/, unless the program made an output/ of its own there."""
+    data = work.root / "output" / "data"
+    if data.is_dir() and any(data.iterdir()) and not (out / "output").exists():
+        shutil.copytree(data, out / "output" / "data", symlinks=True)
+
+
+def _killed_at(proc: subprocess.Popen[bytes], alive_at: float) -> float | None:
+    """None if the program exited by itself (its files are as it left them); else when it was last seen
+    alive (a signal may have cut a file off mid-write after that)."""
+    return None if proc.returncode is not None and proc.returncode >= 0 else alive_at
 
 
 def _pump(proc: subprocess.Popen[bytes], tail: deque[str]) -> None:

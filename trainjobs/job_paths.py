@@ -14,6 +14,7 @@ Layout of one job, `gs://BUCKET/jobs/<job id>/`:
     logs/agent-<attempt>-<task>.log
     checkpoints/              tf.train.Checkpoint files, mirrored from the agent's disk
     tensorboard/              TensorBoard event files
+    channels/<name>/          a program's channels, copied there by staging as they are (worker/staging_channels.py)
     cluster/attempt-<N>.json  the hosts of a multi-VM attempt, for their TF_CONFIG (worker/gcp/compute.py)
     _credentials/storage-token.json  the job's current storage token on cloud VMs (worker/gcp/job_tokens.py)
     artifacts/manifest.json   every artifact: path, size, sha256 (written last)
@@ -46,6 +47,7 @@ CONTROL = "control.json"
 LOGS = "logs"
 CHECKPOINTS = "checkpoints"
 TENSORBOARD = "tensorboard"
+CHANNELS = "channels"
 CLUSTER = "cluster"
 STORAGE_TOKEN = "_credentials/storage-token.json"
 ARTIFACTS = "artifacts"
@@ -124,6 +126,10 @@ class JobPaths:
     @property
     def tensorboard(self) -> str:
         return self.key(TENSORBOARD)
+
+    def channel(self, name: str) -> str:
+        """The folder of a program's channel `name` (program.channels)."""
+        return self.key(f"{CHANNELS}/{name}")
 
     def cluster(self, attempt: int) -> str:
         return self.key(f"{CLUSTER}/attempt-{attempt}.json")

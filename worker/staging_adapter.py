@@ -22,6 +22,7 @@ from worker.ports import DatasetError, ProgramError, StagingStopped
 from worker.staging import stage_dataset
 from worker.staging.budget import StagingLimits
 from worker.staging.preflight import check_plan
+from worker.staging_channels import stage_channels
 from worker.staging_child import run_in_child, warm_up
 
 
@@ -58,6 +59,7 @@ class GcsStager:
             # What a killed child left: downloads, shards, a program archive (GCS has what it needs).
             shutil.rmtree(self.work_dir / job_id, ignore_errors=True)
             shutil.rmtree(self.work_dir / f"{job_id}-program", ignore_errors=True)
+            shutil.rmtree(self.work_dir / f"{job_id}-channels", ignore_errors=True)
 
 
 @dataclass(frozen=True)
@@ -72,12 +74,16 @@ class Staged:
 def stage_job(spec: JobSpec, job_id: str, project_id: str, rules: DataAccessRules, limits: StagingLimits,
               work_dir: Path, bucket: str | None) -> Staged | None:
     """Everything staging checks and does for one job, in the staging child: the model module and the
-    program may be named, the dataset staged and the plan fits it. None: the job names no dataset."""
+    program may be named, the program's channels copied, the dataset staged and the plan fits it. None:
+    the job names no dataset."""
     data_bucket = bucket or storage.bucket_name()
     if spec.model is not None and spec.model.module is not None:
         _check_module(spec.model.module, rules, data_bucket, project_id)
     if spec.program is not None:
         check_program(spec.program, rules, data_bucket, project_id, work_dir / f"{job_id}-program")
+        if spec.program.channels:  # the program's own files, as they are, in the job's directory
+            stage_channels(spec.program.channels, job_id=job_id, project_id=project_id, rules=rules, limits=limits,
+                           bucket=data_bucket, work=work_dir / f"{job_id}-channels")
     if spec.dataset is None:
         return None
     work = work_dir / job_id

@@ -9,11 +9,11 @@ trials of 64 CPU replicas and of 64 workers that POST /v1/jobs refuses.
   on this host, so the defaults fit a laptop; an operator with real clouds raises them
   (TRAINJOBS_MAX_WORKERS, TRAINJOBS_MAX_CPU_REPLICAS).
 - Quota sizing: a job needing more accelerators than its project may ever hold at once would wait forever.
-- Sources (the rules: trainjobs/source_rules.py): another project's uploads or jobs, other folders of our
-  bucket, buckets the operator does not list, host paths the operator does not allow and URLs the worker
-  would not fetch; a program's requirement that names its own URL is held to the operator's hosts and
-  folders (the spec alone cannot read the deployment's settings). The worker applies the data and
-  requirement rules again at staging.
+- Sources (the rules: trainjobs/source_rules.py) of the dataset, the code and a program's channels: another
+  project's uploads or jobs, other folders of our bucket, buckets the operator does not list, host paths
+  the operator does not allow and URLs the worker would not fetch; a program's requirement that names its
+  own URL is held to the operator's hosts and folders (the spec alone cannot read the deployment's
+  settings). The worker applies the data and requirement rules again at staging.
 - Teacher (service/db/teachers.py): a distillation's teacher job.
 
 Every setting is read at each call: an operator's change needs no restart, and applies to the trials a
@@ -116,6 +116,8 @@ def source_refusals(session: Session, project_id: uuid.UUID, spec: JobSpec) -> l
     named = dict([("dataset.source", spec.dataset.source)] if spec.dataset is not None else [])
     if spec.code is not None:
         named[spec.code[0]] = spec.code[1]
+    for name, source in (spec.program.channels if spec.program is not None else {}).items():
+        named[f"program.channels.{name}"] = source  # a program's channels obey its data's rules
     for field, value in named.items():
         try:
             check_source(value, rules=rules, bucket=storage.bucket_name(), project_id=str(project_id), own_job=own_job)

@@ -162,6 +162,28 @@ def _upload_local_files(c: Any, spec: dict[str, Any], base: Path) -> None:
     if source is not None:
         uploaded, dataset["source"] = dataset["source"], c.upload_dataset(source)["dataset"]
         click.echo(f"uploaded dataset {uploaded} -> {dataset['source']}", err=True)
+    _upload_channels(c, program.get("channels"), base)
+
+
+def _upload_channels(c: Any, channels: Any, base: Path) -> None:
+    """A program's channel that is a local file or folder goes up packed (one upload each); staging
+    unpacks it into the channel's folder, its files as they are."""
+    import tempfile
+
+    from trainjobs.client.local_paths import LocalPathError, local_upload, pack_channel
+
+    for name, value in (channels.items() if isinstance(channels, dict) else []):
+        try:
+            path = local_upload(value, base, f"program.channels.{name}")
+        except LocalPathError as exc:
+            raise click.ClickException(str(exc)) from None
+        if path is None or not isinstance(name, str):
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            channels[name] = c.upload_dataset(pack_channel(path, Path(tmp) / "channel.tar.gz"))["dataset"]
+        click.echo(f"uploaded channel {name} {value} -> {channels[name]}", err=True)
+
+
 
 
 def _stream_or_poll(c: Any, job_id: str, what: str, poll_s: float = 2.0) -> Iterator[Any]:

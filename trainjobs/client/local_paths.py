@@ -9,6 +9,8 @@ Anything with a scheme (gs://, https://, dataset:, sklearn:) is not a local path
 
 from __future__ import annotations
 
+import gzip
+import tarfile
 from pathlib import Path
 
 
@@ -39,3 +41,20 @@ def requirements_lines(text: str) -> list[str]:
         if line and not line.startswith("#"):
             lines.append(line)
     return lines
+
+
+def pack_channel(path: Path, into: Path) -> Path:
+    """A program's channel (a local file or folder) as one .tar.gz holding its files at the top, for
+    staging to unpack into the channel's folder as they are. Times and owners are left out, so the same
+    files pack to the same bytes and upload once (uploads are stored by content)."""
+    def plain(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+        return info
+
+    with into.open("wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as zipped, \
+            tarfile.open(fileobj=zipped, mode="w") as tar:
+        members = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+        for member in members:
+            tar.add(member, arcname=member.name if member == path else member.relative_to(path).as_posix(),
+                    recursive=False, filter=plain)
+    return into

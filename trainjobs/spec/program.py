@@ -15,14 +15,15 @@ and staging again), as it reads the deployment's settings.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from pathlib import PurePosixPath
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, Strict, ValidationInfo, field_validator
 
-from trainjobs.program_env import reserved
+from trainjobs.program_env import reserved, reserved_reason
 from trainjobs.requirement_urls import requirement_url_problem
 from trainjobs.spec.strict import StrictModel, fail, submitting
 
@@ -32,6 +33,14 @@ MAX_REQUIREMENTS = 64
 # The image's own: a requirement may name them only to say which versions the program works with.
 IMAGE_PACKAGES = frozenset({"tensorflow", "tensorflow-cpu", "tensorflow-tpu", "keras", "numpy"})
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+# SageMaker's own limits: 100 hyperparameters, names of 256 characters, values of 2,500; 20 channels,
+# named as its InputDataConfig names them (a name is also a folder, and SM_CHANNEL_<NAME> upper-cased).
+MAX_HYPERPARAMETERS, MAX_HP_NAME, MAX_HP_VALUE = 100, 256, 2500
+MAX_CHANNELS, MAX_CHANNEL_SOURCE = 20, 2048
+_HP_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+_CHANNEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# A hyperparameter is a JSON scalar, kept as given: true stays a boolean, 3 an integer.
+Hyperparameter = Annotated[bool, Strict()] | Annotated[int, Strict()] | Annotated[float, Strict()] | str
 
 
 class ProgramSpec(StrictModel):
@@ -46,6 +55,15 @@ class ProgramSpec(StrictModel):
         "PEP 508 lines, installed on the machine over the image's packages (TensorFlow, Keras and "
         "NumPy stay the image's)."))
     env: dict[str, str] = Field(default_factory=dict, description="Environment variables for the program.")
+    hyperparameters: dict[str, Hyperparameter] = Field(default_factory=dict, description=(
+        "SageMaker's hyperparameters: JSON scalars, passed to the program after `args` as `--name value`, "
+        "sorted by name, as SageMaker passes them, and in SM_HPS and SM_HP_<NAME>."))
+    channels: dict[str, str] = Field(default_factory=dict, description=(
+        "SageMaker's channels: {name: source}. Each source's files (a gs:// object or prefix, an upload "
+        "`dataset:<sha256>`, whose archive is unpacked, an allowed host path or an https:// file; a local "
+        "path `trainjobs submit` uploads) are copied as they are to the channel's own folder before the "
+        "program starts: SM_CHANNEL_<NAME>, listed in SM_CHANNELS; training/validation/test also as "
+        "Vertex AI's AIP_TRAINING_DATA_URI, AIP_VALIDATION_DATA_URI and AIP_TEST_DATA_URI."))
     keras: Literal[2, 3] = Field(default=3, description=(
         "The Keras the program is written for. 3: the image's Keras (`import keras`; `tf.keras` is Keras 3 "
         "from TensorFlow 2.16 on). 2: tf_keras, the Keras 2 of TensorFlow <= 2.15, for scripts written for those "
@@ -81,10 +99,38 @@ class ProgramSpec(StrictModel):
             if not _ENV_NAME.match(name):
                 raise fail(name, f"{name!r} is not an environment variable name (letters, digits, '_')")
             if reserved(name):
-                raise fail(name, f"{name} is set by trainjobs for every program (the runtime's "
-                                          "directories, TF_CONFIG, storage); it cannot be overridden")
+                raise fail(name, reserved_reason(name))
             if len(value) > MAX_ENV_VALUE:
                 raise fail(name, f"a value of {len(value)} characters, over the limit of {MAX_ENV_VALUE}")
+        return v
+
+    @field_validator("hyperparameters")
+    @classmethod
+    def _hyperparameters(cls, v: dict[str, bool | int | float | str]) -> dict[str, bool | int | float | str]:
+        _each(list(v), "hyperparameters", MAX_HYPERPARAMETERS, "hyperparameters", lambda name: None)
+        for name, value in v.items():
+            if len(name) > MAX_HP_NAME or not _HP_NAME.match(name):
+                raise fail(name[:MAX_HP_NAME], f"{name[:60]!r} is not a hyperparameter name: a letter or '_', "
+                           f"then letters, digits, '_', '.' or '-', at most {MAX_HP_NAME} characters (passed as --name)")
+            if len(str(value)) > MAX_HP_VALUE:
+                raise fail(name, f"a value of {len(str(value))} characters, over the limit of {MAX_HP_VALUE}")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise fail(name, f"{value} is not a number a program can be passed")
+        return v
+
+    @field_validator("channels")
+    @classmethod
+    def _channels(cls, v: dict[str, str]) -> dict[str, str]:
+        _each(list(v), "channels", MAX_CHANNELS, "channels", lambda name: None)
+        seen: dict[str, str] = {}
+        for name, source in v.items():
+            if not _CHANNEL_NAME.match(name):
+                raise fail(name[:64], f"{name[:70]!r} is not a channel name: a letter or digit, then letters, digits, "
+                                      "'_', '.' or '-', at most 64 characters (SageMaker's rule; it names a folder)")
+            if (other := seen.setdefault(name.upper(), name)) != name:
+                raise fail(name, f"channels {other!r} and {name!r} would both be SM_CHANNEL_{name.upper()}")
+            if problem := channel_source_problem(source):
+                raise fail(name, problem)
         return v
 
     @field_validator("requirements")
@@ -103,6 +149,18 @@ def _each(items: list[str], field: str, limit: int, what: str, problem: Callable
         if found := problem(item):
             raise fail(str(i), found)
     return items
+
+
+def channel_source_problem(source: str) -> str | None:
+    """Why a channel's source is refused whatever the deployment allows, or None (where it may point is
+    service/db/admission.py's to check, and staging's again)."""
+    if not source.strip() or len(source) > MAX_CHANNEL_SOURCE:
+        return (f"a channel's source is a gs:// URI, an upload, a host path or an https:// URL of at most "
+                f"{MAX_CHANNEL_SOURCE} characters")
+    if source.startswith("sklearn:"):
+        return (f"{source[:80]} is bundled data, not files: give it as dataset.source (staged into "
+                "TRAINJOBS_DATA_DIR), or save its arrays to a file and give that")
+    return None
 
 
 def _submitted_requirement_problem(line: str) -> str | None:

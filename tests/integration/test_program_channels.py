@@ -1,0 +1,146 @@
+"""A program's channels (issue 37): each source's files copied as they are into the job's own directory at
+staging (worker/staging_channels.py), under the same rules as its data: another project's objects are a
+422 naming the channel, and what only the data tells (a missing object, an empty folder, too many bytes)
+fails the job at STAGING, before any machine. Against the real API, PostgreSQL and the GCS emulator."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support import scaled
+from tests.support.jobs import make_key
+from tests.support.tenancy import project_id, refusal
+from tests.support.worker import make_worker, path, wait_for
+from trainjobs import storage
+from trainjobs.addresses import shown
+from trainjobs.client.local_paths import pack_channel
+from trainjobs.job_paths import JobPaths
+from trainjobs.source_rules import DataAccessRules
+from worker.ports import ProgramError
+from worker.staging.budget import StagingLimits
+from worker.staging_adapter import GcsStager
+from worker.staging_channels import MAX_BYTES_ENV, stage_channels
+
+PROGRAM = b"print('hi')\n"
+
+
+def _module(api: httpx.Client) -> str:
+    r = api.post("/v1/modules", files={"file": ("train.py", PROGRAM)})
+    assert r.status_code == 201, r.text
+    return str(r.json()["module"])
+
+
+def _dataset(api: httpx.Client, name: str, data: bytes) -> str:
+    r = api.post("/v1/datasets", files={"file": (name, data)})
+    assert r.status_code == 201, r.text
+    return str(r.json()["dataset"])
+
+
+def _upload_uri(bucket: str, project: str, sha: str) -> str:
+    [blob] = storage.client().list_blobs(bucket, prefix=f"uploads/{project}/{sha}/")
+    return f"gs://{bucket}/{blob.name}"
+
+
+def _copied(job_id: str, name: str) -> dict[str, bytes]:
+    prefix = JobPaths.for_job(job_id).channel(name) + "/"
+    return {uri.removeprefix(prefix): storage.blob(uri).download_as_bytes() for uri in storage.list_uris(prefix)}
+
+
+def test_a_channel_naming_another_projects_upload_is_refused_at_submit(api, db, api_url, bucket) -> None:
+    with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {make_key(db, 'beta')}"},
+                      timeout=scaled(30)) as beta:
+        theirs = _dataset(beta, "secret.csv", b"a,label\n1,0\n").removeprefix("dataset:")
+    theirs_uri = _upload_uri(bucket, project_id(db, "beta"), theirs)
+
+    answer = refusal(api.post("/v1/jobs", json={"program": {"source": _module(api), "channels": {
+        "training": theirs_uri}}}))
+
+    assert answer["field"] == "program.channels.training"
+    assert "only its own project's uploads" in answer["reason"]
+    # Named by content address, another project's upload is not found in this one's: staging says so.
+    with pytest.raises(ProgramError, match=r"^program\.channels\.training: no upload dataset:"):
+        stage_channels({"training": f"dataset:{theirs}"}, job_id=str(uuid.uuid4()), project_id=project_id(db, "alpha"),
+                       rules=DataAccessRules(), limits=StagingLimits(), bucket=bucket, work=Path("/nonexistent"))
+
+
+def test_a_missing_channel_object_fails_the_job_at_staging_before_any_machine(
+        api, db, database_url, bucket, tmp_path: Path, running_workers: list[Any]) -> None:
+    from service.db.models import JobStatus
+    from worker.memory_cloud import MemoryCloud
+
+    alpha = project_id(db, "alpha")
+    real = _upload_uri(bucket, alpha, _dataset(api, "train.csv", b"a,label\n1,0\n").removeprefix("dataset:"))
+    missing = f"gs://{bucket}/uploads/{alpha}/{'0' * 64}/test.csv"
+    submitted = api.post("/v1/jobs", json={"program": {"source": _module(api), "channels": {
+        "training": real, "testing": missing}}})
+    assert submitted.status_code == 201, submitted.text
+    job_id = uuid.UUID(submitted.json()["id"])
+    worker = make_worker(database_url, MemoryCloud(), "w", stager=GcsStager(tmp_path / "staging"), concurrency=1)
+    running_workers.append(worker)
+    worker.start()
+
+    failed = wait_for(db, job_id, {JobStatus.FAILED}, timeout=scaled(60))
+
+    assert failed.error == f"program.channels.testing: no object or folder at {shown(missing)}"
+    assert path(db, job_id) == ["QUEUED", "STAGING", "FAILED"]
+    assert _copied(str(job_id), "training") == {}  # listed and counted first: nothing was copied
+
+
+def test_each_kind_of_source_is_copied_as_it_is(api, db, bucket, tmp_path: Path, monkeypatch) -> None:
+    alpha = project_id(db, "alpha")
+    # A folder packed as `trainjobs submit` packs it, uploaded, and unpacked at staging.
+    folder = tmp_path / "mnist"
+    (folder / "nested").mkdir(parents=True)
+    (folder / "train_data.npy").write_bytes(b"\x93NUMPY fake array")
+    (folder / "nested" / "labels.bin").write_bytes(bytes(range(256)))
+    packed = _dataset(api, "channel.tar.gz", pack_channel(folder, tmp_path / "channel.tar.gz").read_bytes())
+    # The same files pack to the same bytes: uploaded once.
+    again = pack_channel(folder, tmp_path / "again.tar.gz").read_bytes()
+    assert hashlib.sha256(again).hexdigest() == packed.removeprefix("dataset:")
+    csv = _upload_uri(bucket, alpha, _dataset(api, "eval.csv", b"x,y\n1,2\n").removeprefix("dataset:"))
+    hosted = tmp_path / "host" / "test"
+    hosted.mkdir(parents=True)
+    (hosted / "t10k.gz").write_bytes(b"\x1f\x8b not really")
+    monkeypatch.setenv("TRAINJOBS_HOST_DATA_DIRS", str(tmp_path / "host"))
+    job_id = str(uuid.uuid4())
+
+    stage_channels({"training": packed, "eval": csv, "folder": csv.rsplit("/", 1)[0] + "/", "test": str(hosted)},
+                   job_id=job_id, project_id=alpha, rules=DataAccessRules.from_env(), limits=StagingLimits(),
+                   bucket=bucket, work=tmp_path / "work")
+
+    assert _copied(job_id, "training") == {"train_data.npy": b"\x93NUMPY fake array",
+                                           "nested/labels.bin": bytes(range(256))}
+    assert _copied(job_id, "eval") == {"eval.csv": b"x,y\n1,2\n"} == _copied(job_id, "folder")
+    assert _copied(job_id, "test") == {"t10k.gz": b"\x1f\x8b not really"}  # no gzip undone: as it is
+    assert not (tmp_path / "work").exists()
+
+
+def test_channels_over_the_byte_limit_fail_naming_the_setting_and_copy_nothing(api, db, bucket, tmp_path: Path,
+                                                                              monkeypatch) -> None:
+    alpha = project_id(db, "alpha")
+    small = _upload_uri(bucket, alpha, _dataset(api, "a.csv", b"x\n" * 10).removeprefix("dataset:"))
+    big = _upload_uri(bucket, alpha, _dataset(api, "b.csv", b"x\n" * 100).removeprefix("dataset:"))
+    monkeypatch.setenv(MAX_BYTES_ENV, "150")
+    job_id = str(uuid.uuid4())
+
+    with pytest.raises(ProgramError, match=rf"^program\.channels\.b: the job's channels hold more than 150 bytes "
+                                           rf"\({MAX_BYTES_ENV}\)"):
+        stage_channels({"a": small, "b": big}, job_id=job_id, project_id=alpha, rules=DataAccessRules(),
+                       limits=StagingLimits(), bucket=bucket, work=tmp_path / "work")
+    assert _copied(job_id, "a") == {}
+
+
+def test_an_empty_folder_fails_its_channel(db, bucket, tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "host" / "empty").mkdir(parents=True)
+    monkeypatch.setenv("TRAINJOBS_HOST_DATA_DIRS", str(tmp_path / "host"))
+
+    with pytest.raises(ProgramError, match=r"^program\.channels\.training: .*empty holds no files"):
+        stage_channels({"training": str(tmp_path / "host" / "empty")}, job_id=str(uuid.uuid4()),
+                       project_id=project_id(db, "alpha"), rules=DataAccessRules.from_env(), limits=StagingLimits(),
+                       bucket=bucket, work=tmp_path / "work")

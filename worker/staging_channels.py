@@ -1,0 +1,199 @@
+"""A program's channels at staging (issue 37): each source's files copied, as they are, into the job's
+own directory (jobs/<id>/channels/<name>/), before any machine starts; the agent downloads them from
+there (agent/channels.py).
+
+What the job may name is the same as for its dataset (trainjobs/source_rules.py, applied again here as
+the operator's rules stand today); what only the data can tell fails the job here, naming the channel:
+a source that does not exist, holds no files, or passes the limits of what a job's channels may hold
+together (TRAINJOBS_CHANNELS_MAX_BYTES, and staging's TRAINJOBS_STAGING_MAX_FILES). Every file is
+listed and counted before the first is copied, so a source too large copies nothing.
+
+    gs://bucket/key            one object, under its own name
+    gs://bucket/prefix/        every object under it, by its name below the prefix (server-side copies)
+    dataset:<sha256>           the project's upload; an archive (.zip, .tar, .tar.gz, .tgz) is unpacked,
+                               which is how `trainjobs submit` sends a local file or folder
+    /host/path                 a file or folder inside the operator's TRAINJOBS_HOST_DATA_DIRS
+    https://host/file          downloaded under its name (fetch.py's rules)
+
+The copies are the job's: what the program reads is what was staged, whatever becomes of the source.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tarfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from trainjobs import storage
+from trainjobs.addresses import shown
+from trainjobs.job_paths import JobPaths
+from trainjobs.source_rules import DataAccessRules, SourceRefused, check_source
+from trainjobs.uploads import find_upload
+from worker.ports import DatasetError, ProgramError
+from worker.staging.budget import StagingBudget, StagingLimits
+from worker.staging.fetch import fetch
+
+MAX_BYTES_ENV = "TRAINJOBS_CHANNELS_MAX_BYTES"
+DEFAULT_MAX_BYTES = 20 << 30  # a job's channels together: what one machine's disk is asked to hold
+ARCHIVES = (".zip", ".tar", ".tar.gz", ".tgz")
+
+
+@dataclass(frozen=True)
+class ChannelFile:
+    """One file of a channel: its name in the channel's folder, its size, and how to copy it."""
+
+    name: str
+    size: int
+    blob: Any = None  # a gs:// object, copied server-side
+    path: Path | None = None  # a file on this host (an allowed host path, a download, an unpacked member)
+
+
+class ChannelCounter:
+    """The files and bytes of a job's channels together, against their limits."""
+
+    def __init__(self, limits: StagingLimits):
+        self.max_files = limits.max_files
+        self.max_bytes = int(os.environ.get(MAX_BYTES_ENV) or DEFAULT_MAX_BYTES)
+        self.files = self.bytes = 0
+
+    def count(self, name: str, size: int) -> None:
+        self.files, self.bytes = self.files + 1, self.bytes + size
+        if self.files > self.max_files:
+            raise ProgramError(f"program.channels.{name}: the job's channels hold more than {self.max_files} files "
+                               "(TRAINJOBS_STAGING_MAX_FILES)")
+        if self.bytes > self.max_bytes:
+            raise ProgramError(f"program.channels.{name}: the job's channels hold more than {self.max_bytes} bytes "
+                               f"({MAX_BYTES_ENV})")
+
+
+def stage_channels(channels: dict[str, str], *, job_id: str, project_id: str, rules: DataAccessRules,
+                   limits: StagingLimits, bucket: str, work: Path) -> None:
+    """Every channel listed and counted, then copied to the job's directory; ProgramError naming the
+    channel when one cannot be."""
+    counter = ChannelCounter(limits)
+    found: dict[str, list[ChannelFile]] = {}
+    try:
+        for name, source in channels.items():
+            found[name] = _files(name, source, project_id, rules, limits, bucket, work / name)
+            if not found[name]:
+                raise ProgramError(f"program.channels.{name}: {shown(source)} holds no files")
+            for f in found[name]:
+                counter.count(name, f.size)
+        paths = JobPaths.for_job(job_id)  # the job's own directory, where its agent reads
+        for name, files in found.items():
+            _copy(files, paths.channel(name))
+    except DatasetError as exc:
+        if isinstance(exc, ProgramError):
+            raise
+        raise ProgramError(f"program.channels: {exc}") from None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _files(name: str, source: str, project_id: str, rules: DataAccessRules, limits: StagingLimits, bucket: str,
+           scratch: Path) -> list[ChannelFile]:
+    field = f"program.channels.{name}"
+    try:
+        check_source(source, rules=rules, bucket=bucket, project_id=project_id, own_job=None)
+    except SourceRefused as exc:
+        raise ProgramError(f"{field}: {exc}") from None
+    if source.startswith("gs://"):
+        return _gcs_files(field, source)
+    if source.startswith("dataset:"):
+        blob = find_upload(project_id, source.removeprefix("dataset:"), bucket=bucket)
+        if blob is None:
+            raise ProgramError(f"{field}: no upload {shown(source)} in this project (POST /v1/datasets)")
+        file_name = PurePosixPath(blob.name).name
+        if not file_name.lower().endswith(ARCHIVES):
+            return [ChannelFile(file_name, int(blob.size or 0), blob=blob)]
+        scratch.mkdir(parents=True, exist_ok=True)
+        blob.download_to_filename(str(scratch / file_name), raw_download=True)
+        return _unpacked(field, scratch / file_name, scratch / "unpacked", limits)
+    if source.startswith(("https://", "http://")):
+        file_name = PurePosixPath(unquote(urlparse(source).path)).name or "download"
+        target = fetch(source, scratch / file_name, rules=rules, budget=StagingBudget(limits))
+        return [ChannelFile(file_name, target.stat().st_size, path=target)]
+    path = rules.host_path(source)  # allowed and resolved: check_source said so
+    if path.is_file():
+        return [ChannelFile(path.name, path.stat().st_size, path=path)]
+    if not path.is_dir():
+        raise ProgramError(f"{field}: no file or folder at {shown(source)}")
+    return _tree(path, lambda p: any(p.is_relative_to(d) for d in rules.host_dirs))
+
+
+def _gcs_files(field: str, uri: str) -> list[ChannelFile]:
+    from google.api_core.exceptions import Forbidden, NotFound
+
+    bucket_name, key = storage.split_uri(uri)
+    try:
+        if key and not key.endswith("/"):
+            one = storage.bucket(bucket_name).get_blob(key)
+            if one is not None:
+                return [ChannelFile(PurePosixPath(key).name, int(one.size or 0), blob=one)]
+            key += "/"
+        files = []
+        for blob in storage.client().list_blobs(bucket_name, prefix=key):
+            rel = blob.name[len(key):]
+            if rel.endswith("/") or not rel:  # a console's folder placeholder
+                continue
+            if any(part in ("", ".", "..") for part in rel.split("/")):
+                raise ProgramError(f"{field}: object {blob.name} has a name that cannot be a file's")
+            files.append(ChannelFile(rel, int(blob.size or 0), blob=blob))
+    except NotFound:
+        raise ProgramError(f"{field}: bucket gs://{bucket_name} does not exist") from None
+    except Forbidden:
+        raise ProgramError(f"{field}: the worker may not read {shown(uri)}") from None
+    if not files:
+        raise ProgramError(f"{field}: no object or folder at {shown(uri)}")
+    return files
+
+
+def _unpacked(field: str, archive: Path, into: Path, limits: StagingLimits) -> list[ChannelFile]:
+    """An archive's files, unpacked after their sizes were counted: a bomb fails before a byte is written."""
+    counted = StagingBudget(limits)
+    into.mkdir(parents=True)
+    try:
+        if archive.name.lower().endswith(".zip"):
+            with zipfile.ZipFile(archive) as z:
+                for info in z.infolist():
+                    counted.count(info.file_size, archive.name)
+                z.extractall(into)  # ZipFile drops absolute paths and '..' from member names
+        else:
+            with tarfile.open(archive) as t:
+                for member in t:
+                    counted.count(member.size, archive.name)
+                t.extractall(into, filter="data")  # refuses links out and paths that escape `into`
+    except DatasetError as exc:
+        raise ProgramError(f"{field}: {exc}") from None
+    except (zipfile.BadZipFile, tarfile.TarError, OSError, EOFError, ValueError) as exc:
+        raise ProgramError(f"{field}: {archive.name} is not a readable archive ({type(exc).__name__})") from None
+    return _tree(into, lambda p: p.is_relative_to(into.resolve()))
+
+
+def _tree(root: Path, inside: Any) -> list[ChannelFile]:
+    """The files under root, by their names below it; a link that leads outside what `inside` allows is
+    left out (it would copy the worker's files into the job)."""
+    files = []
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and inside(path.resolve()):
+            files.append(ChannelFile(path.relative_to(root).as_posix(), path.stat().st_size, path=path))
+    return files
+
+
+def _copy(files: list[ChannelFile], prefix: str) -> None:
+    """Into the job's folder for the channel: what an earlier staging of the job left there goes first."""
+    bucket_name, key = storage.split_uri(prefix + "/")
+    dest = storage.bucket(bucket_name)
+    for old in storage.client().list_blobs(bucket_name, prefix=key):
+        old.delete()
+    for f in files:
+        if f.blob is not None:
+            f.blob.bucket.copy_blob(f.blob, dest, key + f.name)
+        else:
+            assert f.path is not None
+            dest.blob(key + f.name).upload_from_filename(str(f.path))
