@@ -101,9 +101,7 @@ def _api_call(f: F) -> F:
 @_api_call
 def submit(spec_file: Path, idempotency_key: str | None, follow: bool, wait: bool, dry_run: bool, as_json: bool) -> None:
     """Submit a job spec (YAML or JSON). Local files and folders it names are uploaded first."""
-    import yaml
-
-    spec = yaml.safe_load(spec_file.read_text())
+    spec = read_spec(spec_file, "job")
     if dry_run:
         _dry_run(spec)
         return
@@ -116,6 +114,41 @@ def submit(spec_file: Path, idempotency_key: str | None, follow: bool, wait: boo
         click.echo(terminal.one_line(job))
     if follow or wait:
         sys.exit(_follow_job(c, job, as_json))
+
+
+def read_spec(path: Path, what: str) -> dict[str, Any]:
+    """The spec in a YAML or JSON file, as a mapping of its fields; anything else is one message naming
+    the file (an empty file, a list, a bare string, a syntax error), never a traceback."""
+    import yaml
+
+    try:
+        text = path.read_text()
+        spec = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        at = f" (line {where.line + 1}, column {where.column + 1})" if where is not None else ""
+        reason = getattr(exc, "problem", None) or str(exc)
+        raise click.ClickException(f"{path} is not YAML or JSON{at}: {reason}") from None
+    except UnicodeDecodeError:
+        raise click.ClickException(f"{path} is not a text file: a {what} spec is YAML or JSON") from None
+    fields = SPEC_FIELDS[what]
+    if spec is None and not any(line.strip() and not line.lstrip().startswith("#") for line in text.splitlines()):
+        raise click.ClickException(f"{path} is empty: a {what} spec is a YAML or JSON mapping of its fields "
+                                   f"({fields})")
+    if not isinstance(spec, dict):
+        raise click.ClickException(f"{path} holds a {_yaml_kind(spec)}, not a {what} spec: a {what} spec is a "
+                                   f"mapping of its fields ({fields})")
+    return spec
+
+
+# What a spec file's top level looks like, for the message about one that is not a mapping.
+SPEC_FIELDS = {"job": "name: ..., dataset: ..., model: ..., training: ...; README: The job spec",
+               "sweep": "name: ..., job: ..., parameters: ..., objective: ...; README: Sweeps"}
+
+
+def _yaml_kind(value: Any) -> str:
+    kinds = {list: "list", str: "string", bool: "boolean", int: "number", float: "number", type(None): "null"}
+    return kinds.get(type(value), type(value).__name__)
 
 
 def _dry_run(raw: Any) -> None:
@@ -184,8 +217,6 @@ def _upload_channels(c: Any, channels: Any, base: Path) -> None:
         click.echo(f"uploaded channel {name} {value} -> {channels[name]}", err=True)
 
 
-
-
 def _stream_or_poll(c: Any, job_id: str, what: str, poll_s: float = 2.0) -> Iterator[Any]:
     """The job's `what` ("logs" or "metrics") stream; against a server that does not stream, the same
     events made by polling (new log text, new epochs, and `end` once the job is terminal)."""
@@ -238,16 +269,24 @@ def _follow_job(c: Any, job: dict[str, Any], as_json: bool) -> int:
         threading.Thread(target=read_stream, args=(Client(api_url=c.api_url),), name="metrics-stream",
                          daemon=True).start()
         view = None if as_json else terminal.LiveView(terminal.console())
+        ended, ending_since = False, None
         while True:
             job = c.get(job["id"])
+            ended = _drain(events, view) or ended
+            if job["status"] in TERMINAL and not ended and _stream_alive(events):
+                # The job has ended, and the stream has yet to bring its last epochs and its `end` (it polls
+                # storage): they are shown before the end, so the last epoch shown is the last one trained.
+                ending_since = ending_since or time.monotonic()
+                if time.monotonic() - ending_since < END_WAIT_S:
+                    time.sleep(0.2)
+                    continue
             state = (job["status"], job.get("progress"))
             if view:
                 view.job(job)
             elif state != last:
                 terminal.emit_json({"event": "status", "status": job["status"], "progress": job.get("progress")})
             last = state
-            ended = _drain(events, view)
-            if job["status"] in TERMINAL and (ended or not _stream_alive(events)):
+            if job["status"] in TERMINAL:
                 break
             time.sleep(1.0)
     except KeyboardInterrupt:
@@ -266,6 +305,11 @@ def _follow_job(c: Any, job: dict[str, Any], as_json: bool) -> int:
         if job["status"] == "SUCCEEDED":
             click.echo(f"artifacts: trainjobs artifacts {job['id']} --download DIR")
     return EXIT_FOR_STATUS.get(job["status"], EXIT_FAILED)
+
+
+# How long a follow waits, once the job has ended, for the stream to bring what is left (an API polls a
+# job's storage every 0.5 s, and says `end` after its last epoch); then it shows the end without them.
+END_WAIT_S = 30.0
 
 
 def _drain(events: queue.Queue[Any], view: terminal.LiveView | None) -> bool:
@@ -365,7 +409,7 @@ def metrics(job_id: str, follow: bool, as_json: bool) -> None:
             for rec in epochs:
                 terminal.emit_json(rec)
         else:
-            terminal.show(terminal.epochs_table(epochs))
+            terminal.show(terminal.epochs_table(epochs, None if epochs else c.get(job_id)))
         return
     for ev in _stream_or_poll(c, job_id, "metrics"):
         if as_json:
@@ -400,6 +444,9 @@ def artifacts(job_id: str, download: Path | None, as_json: bool) -> None:
     else:
         for item in listing["artifacts"]:
             click.echo(f"{item['size']:>12}  {item['sha256'][:12]}  {item['path']}")
+        if not listing["artifacts"]:
+            click.echo(f"no artifacts: the job is {c.get(job_id)['status']} (a job's artifacts are kept when it "
+                       "succeeds)", err=True)
     if download:
         paths = c.download_artifacts(job_id, download)
         click.echo(f"downloaded {len(paths)} file(s) to {download}", err=as_json)
@@ -420,11 +467,9 @@ def sweep() -> None:
 @_api_call
 def sweep_submit(spec_file: Path, wait: bool, as_json: bool) -> None:
     """Submit a sweep spec (YAML or JSON). Local files its job names are uploaded first, relative to SPEC_FILE."""
-    import yaml
-
-    spec = yaml.safe_load(spec_file.read_text())
+    spec = read_spec(spec_file, "sweep")
     c = _client()
-    if isinstance(spec, dict) and isinstance(spec.get("job"), dict):  # anything else: the API's 422 says what
+    if isinstance(spec.get("job"), dict):  # anything else: the API's 422 says what
         _upload_local_files(c, spec["job"], spec_file.parent)
     found = c.submit_sweep(spec)
     terminal.emit_json(found) if as_json else click.echo(terminal.sweep_line(found))
@@ -494,3 +539,5 @@ def sweep_cancel(sweep_id: str, as_json: bool) -> None:
     No trial starts after it; the worker cancels the running trials' jobs, then the sweep is CANCELLED."""
     found = _client().cancel_sweep(sweep_id)
     terminal.emit_json(found) if as_json else click.echo(terminal.sweep_line(found))
+    if found["status"] in ("SUCCEEDED", "FAILED"):  # the API answers an ended sweep as it is
+        click.echo(f"sweep {sweep_id} had already ended {found['status']}: nothing to cancel", err=True)

@@ -150,11 +150,17 @@ def job_detail(job: dict[str, Any], events: list[dict[str, Any]] | None = None) 
     grid.add_row("phases", _phases(job))
     if rt := job.get("runtime"):
         grid.add_row("runtime", _runtime(rt))
+        if isinstance(rt.get("dataset"), dict) and (data := _dataset(rt["dataset"])):
+            grid.add_row("", f"data: {data}")
         for note in rt.get("notes") or []:
             grid.add_row("", f"note: {note}")
     if m := job.get("metrics"):
         shown_apart = (MODELS, step_time.BREAKDOWN, step_time.PROFILE)
-        grid.add_row("metrics", "  ".join(f"{k} {_fmt(v)}" for k, v in m.items() if v is not None and k not in shown_apart))
+        rest = {k: v for k, v in m.items() if v is not None and k not in shown_apart}
+        grid.add_row("metrics", metrics_grid({k: v for k, v in rest.items() if not isinstance(v, dict | list)}))
+        for k, v in rest.items():  # a record of its own (pruning, distillation, class weights...): a line each
+            if isinstance(v, dict | list):
+                grid.add_row(k.replace("_", " "), Text(_fmt(v)))
         if isinstance(rows := m.get(MODELS), list) and rows:
             grid.add_row("models", models_table(rows))
         if isinstance(b := m.get(step_time.BREAKDOWN), dict) and b:
@@ -166,6 +172,24 @@ def job_detail(job: dict[str, Any], events: list[dict[str, Any]] | None = None) 
     for e in events or []:
         grid.add_row("event", f"{e['at']}  {e['from_status'] or '-':>12} -> {e['to_status']:<12} {e['reason']}")
     return grid
+
+
+# The final metrics' names shown first, in this order: the ones each epoch reports (EPOCH_COLUMNS and
+# TASK_COLUMNS), then the rest by name.
+_FIRST = ("epoch", "loss", "accuracy", "val_loss", "val_accuracy", "mae", "r2", "auc", "val_mae", "val_r2", "val_auc")
+
+
+def metrics_grid(m: dict[str, Any], per_row: int = 3) -> Text:
+    """The final metrics' scalars as aligned `name value` pairs, `per_row` to a line (not one wrapped
+    line); a long text (early_stopping's reason) on a line of its own after them."""
+    names = [k for k in _FIRST if k in m] + sorted(k for k in m if k not in _FIRST)
+    short = [k for k in names if len(_fmt(m[k])) <= 24]
+    cells = [f"{k} {_fmt(m[k])}" for k in short]
+    widths = [max((len(c) for c in cells[col::per_row]), default=0) for col in range(per_row)]
+    lines = ["  ".join(c.ljust(widths[i % per_row]) for i, c in enumerate(cells[r:r + per_row])).rstrip()
+             for r in range(0, len(cells), per_row)]
+    lines += [f"{k} {_fmt(m[k])}" for k in names if k not in short]
+    return Text("\n".join(lines))
 
 
 def advice_rows(advice: Any) -> list[tuple[str, Text]]:
@@ -234,22 +258,46 @@ def _phases(job: dict[str, Any]) -> str:
 
 def _runtime(rt: dict[str, Any]) -> str:
     """What the agent chose, leaving out what it did not say (a program counts its own steps)."""
-    shown = [("strategy {}", "strategy"), ("{} replicas", "replicas"), ("precision {}", "precision"),
+    shown = [("strategy {}", "strategy"), ("{} replica" + ("" if rt.get("replicas") == 1 else "s"), "replicas"), ("precision {}", "precision"),
              ("global batch {}", "global_batch_size"), ("learning rate {}", "learning_rate"),
              ("steps_per_execution {}", "steps_per_execution"), ("{} steps/epoch", "steps_per_epoch"),
              ("program {}", "entrypoint"), ("requirements installed in {}s", "install_s")]
     return ", ".join(form.format(_fmt(rt[key])) for form, key in shown if rt.get(key) is not None)
 
 
-def _fmt(v: Any) -> str:
+def _dataset(d: dict[str, Any]) -> str:
+    """The runtime's `dataset` (staging's summary) in a few words."""
+    parts = [f"{d['train_examples']} training" if isinstance(d.get("train_examples"), int) else "",
+             f"{d['validation_examples']} validation examples" if isinstance(d.get("validation_examples"), int) else "",
+             f"{d['dropped_examples']} dropped" if d.get("dropped_examples") else "",
+             f"features {_fmt(d['feature_shape'], 40)}" if d.get("feature_shape") else "",
+             f"task {d['task']}" if d.get("task") else ""]
+    return ", ".join(p for p in parts if p)
+
+
+def _fmt(v: Any, room: int = 160) -> str:
+    """A value in a line of at most about `room` characters: a record as `name value, ...` and a list as
+    its items, cut short with how many more there are, never a Python repr of a dict."""
     if isinstance(v, float):
         return f"{v:.4g}" if abs(v) < 1e-3 or abs(v) >= 1e5 else f"{v:.4f}".rstrip("0").rstrip(".")
+    if isinstance(v, dict | list):
+        items = [f"{k} {_fmt(x, room // 2)}" for k, x in v.items()] if isinstance(v, dict) else \
+            [_fmt(x, room // 2) for x in v]
+        shown: list[str] = []
+        for item in items:
+            if sum(len(x) + 2 for x in shown) + len(item) > room:
+                shown.append(f"... ({len(items) - len(shown)} more)")
+                break
+            shown.append(item)
+        text = ", ".join(shown)
+        return f"{{{text}}}" if isinstance(v, dict) and room < 160 else f"[{text}]" if room < 160 else text
     return str(v)
 
 
-def epochs_table(epochs: list[dict[str, Any]]) -> Table | str:
+def epochs_table(epochs: list[dict[str, Any]], job: dict[str, Any] | None = None) -> Table | str:
+    """One row per epoch; without any, what that means for this job (`job`: the job as last read)."""
     if not epochs:
-        return "no epochs finished yet"
+        return no_epochs(job)
     table = Table(box=None, pad_edge=False, header_style="bold")
     columns = epoch_columns(epochs)
     for title, *_ in columns:
@@ -257,6 +305,19 @@ def epochs_table(epochs: list[dict[str, Any]]) -> Table | str:
     for rec in epochs:
         table.add_row(*(fmt.format(rec[key]) if rec.get(key) is not None else "-" for _, key, fmt in columns))
     return table
+
+
+def no_epochs(job: dict[str, Any] | None) -> str:
+    """What a job without an epoch in its metrics has: none yet, none at all, or a program's own metrics."""
+    job = job or {}
+    status = job.get("status")
+    if status not in ("SUCCEEDED", "FAILED", "CANCELLED"):
+        return "no epochs finished yet" + (f" (the job is {status})" if status else "")
+    if (job.get("spec") or {}).get("program"):
+        reported = [k for k, v in (job.get("metrics") or {}).items() if v is not None]
+        shown = f"; its final metrics: {', '.join(reported)} (trainjobs status {job.get('id')})" if reported else ""
+        return f"the program reported no epochs{shown}"
+    return f"no epoch finished: the job is {status}"
 
 
 def epoch_line(rec: dict[str, Any], epochs: int | None) -> str:
