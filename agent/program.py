@@ -8,14 +8,17 @@ process only). What it does around the program:
 - fetches the code (the uploaded .py, archive or folder; trainjobs/program_source.py decides its root
   and entrypoint) and the staged dataset, if the job names one;
 - installs `program.requirements` into an environment layered over its own (agent/requirements.py);
-- restores the checkpoint directory from the job's storage before the program starts, and uploads it
-  whenever the runtime says it saved one, every TRAINJOBS_PROGRAM_SYNC_S (60) seconds, and at the end;
+- restores the checkpoint directory from the job's storage before the program starts, and uploads each
+  save the program writes there as soon as it is whole (agent/checkpoint_sync.py);
 - follows the runtime's reports (trainjobs/program_env.REPORTS_FILE: JSON lines) into the job's status,
   metrics.json and progress;
 - passes a SIGTERM on to the program (the runtime's callback saves at the next step and stops), kills
   it when the grace runs out, and uploads the checkpoint it left;
 - on exit 0, uploads the chief's model directory as the job's artifacts, with the manifest; on any other
-  status the job fails with the exit status and the end of the program's output.
+  status the job fails with the exit status and the end of the program's output, except when a signal
+  killed the program (the kernel's out-of-memory killer, a crash in native code) while the agent was
+  not stopping it: that attempt failed for the machine's reason and the worker retries it
+  (ProgramKilled, within limits.max_retries).
 
 The program's output is the job's live log, line by line, in the agent's log file.
 """
@@ -41,8 +44,9 @@ from trainjobs.job_paths import ARTIFACT_HISTORY, ARTIFACT_METRICS
 from trainjobs.program_source import entrypoint_in, is_archive, root_of, single_file_entrypoint, unpack
 from trainjobs.stop_request import term_grace_s
 from agent import export
+from agent.checkpoint_sync import CheckpointWatch, restore as restore_checkpoints
 from agent.job import AgentJob, WorkDir, wait_for_chief
-from agent.status import StatusReporter
+from agent.status import RetryableFailure, StatusReporter
 
 log = logging.getLogger("trainjobs.agent")
 program_log = logging.getLogger("trainjobs.program")
@@ -61,11 +65,29 @@ class ProgramFailed(Exception):
     """The program exited with a status other than 0; the message says which and how it ended."""
 
 
-def sync_every_s() -> float:
+class ProgramKilled(ProgramFailed, RetryableFailure):
+    """A signal the agent did not send ended the program: another attempt may well succeed (the worker
+    retries it within limits.max_retries), where a program that exits non-zero by itself would fail again."""
+
+
+# What a signal that ends a program most often means, for the message the user reads.
+_SIGNAL_CAUSES = {
+    signal.SIGKILL: "often the kernel's out-of-memory killer: the machine ran out of memory",
+    signal.SIGSEGV: "a crash in native code (TensorFlow, a driver, an extension module)",
+    signal.SIGBUS: "a crash in native code, or a file it had mapped shrank or its disk filled",
+    signal.SIGABRT: "an abort in native code (a failed check in TensorFlow or a library)",
+    signal.SIGTERM: "stopped by another process of the machine",
+}
+
+
+def killed_by(signum: int) -> str:
+    """'signal 9 (SIGKILL: often the kernel's out-of-memory killer: ...)'."""
     try:
-        return float(os.environ.get("TRAINJOBS_PROGRAM_SYNC_S") or 60.0)
+        sig = signal.Signals(signum)
     except ValueError:
-        return 60.0
+        return f"signal {signum}"
+    cause = _SIGNAL_CAUSES.get(sig)
+    return f"signal {signum} ({sig.name}{': ' + cause if cause else ''})"
 
 
 def run_program(job: AgentJob, work: WorkDir, reporter: StatusReporter, terminated: type[BaseException]) -> None:
@@ -107,10 +129,10 @@ def run_program(job: AgentJob, work: WorkDir, reporter: StatusReporter, terminat
     model_dir = work.artifacts if job.is_chief else work.root / "model-not-chief"
     for d in (model_dir, work.checkpoints, work.tensorboard):
         d.mkdir(parents=True, exist_ok=True)
-    restored = storage.download_prefix(f"{job.paths.checkpoints}/", work.checkpoints)
-    if restored:
-        log.info("restored %d checkpoint file(s) of an earlier attempt into the program's checkpoint directory",
-                 len(restored))
+    restored, committed = restore_checkpoints(job.paths.checkpoints, work.checkpoints, clean=job.is_chief)
+    if committed is not None:
+        log.info("restored checkpoint set %s (%d file(s), attempt %s) into the program's checkpoint directory",
+                 committed.get("set"), len(restored), committed.get("attempt"))
     reports = work.root / "reports.jsonl"
     runtime_file = work.root / "runtime.json"
     runtime_file.write_text(json.dumps({
@@ -124,7 +146,8 @@ def run_program(job: AgentJob, work: WorkDir, reporter: StatusReporter, terminat
         env[LEGACY_KERAS_ENV] = "1"  # `tf.keras` is tf_keras, and the runtime follows (trainjobs/runtime)
 
     follower = ReportFollower(job, reporter, reports, summary, timings)
-    syncer = CheckpointSync(work.checkpoints, job.paths.checkpoints, upload=job.is_chief)
+    watch = CheckpointWatch(work.checkpoints, job.paths.checkpoints, upload=job.is_chief, attempt=job.attempt,
+                            committed=committed)
     reporter.runtime = {"program": True, "entrypoint": entrypoint.relative_to(root).as_posix(),
                         "restored_checkpoint": bool(restored), **({"dataset": summary} if summary else {}), **timings}
     reporter.set_phase("training")
@@ -136,28 +159,32 @@ def run_program(job: AgentJob, work: WorkDir, reporter: StatusReporter, terminat
     tail: deque[str] = deque(maxlen=OUTPUT_TAIL_LINES)
     pump = threading.Thread(target=_pump, args=(proc, tail), name="program-output", daemon=True)
     pump.start()
-    next_sync = time.monotonic() + sync_every_s()
+    alive_at = time.time()  # the last time the program was seen running
     try:
-        while proc.poll() is None:
+        while True:
+            seen = time.time()
+            if proc.poll() is not None:
+                break
+            alive_at = seen
             time.sleep(0.2)
-            saved = follower.poll()  # the runtime said a save is complete: all of it goes up now
-            if saved or time.monotonic() >= next_sync:
-                syncer.sync(settled_s=0.0 if saved else 2.0)
-                next_sync = time.monotonic() + sync_every_s()
+            saved = follower.poll()  # the runtime said a save is complete: no need to wait for quiet
+            watch.turn(saved=saved)
     except terminated:
         _stop(proc)
         pump.join(timeout=2)
         follower.poll()
-        syncer.sync(settled_s=0.0)
+        watch.last(alive_until=_killed_at(proc, alive_at))
         raise
     pump.join(timeout=10)
     follower.poll()
-    syncer.sync(settled_s=0.0)
+    watch.last(alive_until=_killed_at(proc, alive_at))
     if proc.returncode != 0:
-        how = (f"was killed by signal {-proc.returncode}" if proc.returncode < 0
-               else f"exited with status {proc.returncode}")
         # The end of the output is what says why (a traceback's last line): it is what job.error keeps.
-        raise ProgramFailed(f"the program {how}; its last output:\n" + "\n".join(tail)[-OUTPUT_TAIL_CHARS:])
+        output = "its last output:\n" + "\n".join(tail)[-OUTPUT_TAIL_CHARS:]
+        if proc.returncode < 0:
+            raise ProgramKilled(f"the program was killed by {killed_by(-proc.returncode)}; an attempt that failed "
+                                f"for the machine's reason, retried within limits.max_retries; {output}")
+        raise ProgramFailed(f"the program exited with status {proc.returncode}; {output}")
     follower.finish()
     if not job.is_chief:
         reporter.set_phase("waiting_for_chief")
@@ -443,39 +470,3 @@ def _scalars(values: dict[str, Any]) -> dict[str, Any]:
             kept[str(name)[:MAX_REPORTED_CHARS]] = [cut(v) for v in value[:MAX_REPORTED_LIST]]
     return kept
 
-
-class CheckpointSync:
-    """Mirrors the program's checkpoint directory into the job's: new and changed files up, files the
-    program removed deleted. Files changed in the last `settled_s` seconds wait for the next sync (the
-    program may still be writing them)."""
-
-    def __init__(self, local: Path, remote: str, upload: bool):
-        self.local, self.remote, self.upload = local, remote.rstrip("/"), upload
-        self._sent: dict[str, tuple[int, int]] = {}
-
-    def sync(self, settled_s: float) -> None:
-        if not self.upload:
-            return
-        try:
-            self._sync(settled_s)
-        except Exception as exc:  # the next sync tries again; the job goes on
-            log.warning("could not upload the program's checkpoints: %s", exc)
-
-    def _sync(self, settled_s: float) -> None:
-        now = time.time()
-        seen = set()
-        for path in storage.local_files(self.local):
-            rel = path.relative_to(self.local).as_posix()
-            seen.add(rel)
-            st = path.stat()
-            key = (st.st_size, st.st_mtime_ns)
-            if self._sent.get(rel) == key or now - st.st_mtime < settled_s:
-                continue
-            storage.blob(f"{self.remote}/{rel}").upload_from_filename(str(path))
-            self._sent[rel] = key
-        for rel in [r for r in self._sent if r not in seen]:
-            try:
-                storage.blob(f"{self.remote}/{rel}").delete()
-            except Exception:
-                pass
-            del self._sent[rel]

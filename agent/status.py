@@ -45,6 +45,11 @@ class _TailHandler(logging.Handler):
         self.lines.append(self.format(record))
 
 
+class RetryableFailure(Exception):
+    """An attempt that failed for the machine's reason, not the job's: reported FAILED with `retry`, and
+    the worker starts another attempt within limits.max_retries (worker/driver.py)."""
+
+
 def setup_logging(log_file: Path) -> _TailHandler:
     log_file.parent.mkdir(parents=True, exist_ok=True)
     fmt = logging.Formatter(LOG_FORMAT)
@@ -128,7 +133,8 @@ class StatusReporter:
         if self._thread is not None:
             self._thread.join(timeout=30)  # else a beat could carry a terminal state before the log is up
         if error is not None:
-            self.error = AgentError(type=type(error).__name__, message=_message(error), logs=list(self.tail.lines))
+            self.error = AgentError(type=type(error).__name__, message=_message(error), logs=list(self.tail.lines),
+                                    retry=isinstance(error, RetryableFailure))
         self.state = state
         if state == AgentState.SUCCEEDED:
             self.progress = 1.0

@@ -55,6 +55,10 @@ class AgentError(_Message):
     type: str = "Error"
     message: str = "the agent failed without a message"
     logs: list[str] = Field(default_factory=list)  # the last log lines before the failure
+    # The attempt failed for the machine's reason, not the job's (its program killed by a signal: the
+    # kernel's out-of-memory killer, say): the worker starts another within limits.max_retries, as for a
+    # lost machine. An older worker ignores it and fails the job, as it always did.
+    retry: bool = False
 
     def summary(self) -> str:
         return f"{self.type}: {self.message}"

@@ -175,7 +175,7 @@ class JobDriver:
             if last is not None and last.state == AgentState.SUCCEEDED:
                 return self._move(job, S.RUNNING, f"agent succeeded on {machine.name}", record={"runtime": last.runtime})
             if last is not None and last.state == AgentState.FAILED:
-                return self._finish_failed(job, last.error)
+                return self._attempt_failed(job, last.error)
             return self._move(job, S.RECOVERING, f"machine {machine.state.value.lower()} while starting")
         if machine.state == MachineState.READY:
             self._note(job, request, "ready_at")
@@ -187,7 +187,7 @@ class JobDriver:
                 return self._move(job, S.RUNNING, f"agent {status.state.value} on {machine.name}",
                                   record={"runtime": status.runtime})
             if status.state == AgentState.FAILED:
-                return self._finish_failed(job, status.error)
+                return self._attempt_failed(job, status.error)
         booting = _age(job.provisioning_at)
         if self._waiting_seen is not None:
             booting = min(booting, time.monotonic() - self._waiting_seen)
@@ -214,7 +214,7 @@ class JobDriver:
                 self._record(**progress, **advice)
                 self._recorded = progress
             if status.state == AgentState.FAILED:
-                return self._finish_failed(job, status.error)
+                return self._attempt_failed(job, status.error)
         machine = self.provisioner.get(request)
         if machine is None or machine.state in (MachineState.PREEMPTED, MachineState.STOPPED):
             # The agent may have finished between the read above and this look at its machine (a local
@@ -223,7 +223,7 @@ class JobDriver:
             if last is not None and last.state == AgentState.SUCCEEDED:
                 return self._finish_succeeded(job, last, "agent finished; machine deleted")
             if last is not None and last.state == AgentState.FAILED:
-                return self._finish_failed(job, last.error)
+                return self._attempt_failed(job, last.error)
             what = "gone" if machine is None else machine.state.value.lower()
             return self._move(job, S.RECOVERING, f"machine {request.name} {what} before the agent finished")
         if status is not None and _age(status.heartbeat_at) > self.config.agent_stale_s:
@@ -237,8 +237,12 @@ class JobDriver:
         status = self.channel.read_status(str(job.id), job.attempt) if job.attempt else None
         if status is not None and status.state == AgentState.SUCCEEDED:
             return self._finish_succeeded(job, status, "the agent had finished; machine deleted")
+        # An attempt failed for the machine's reason (error.retry) goes on below to the next attempt.
+        retried: AgentError | None = None
         if status is not None and status.state == AgentState.FAILED:
-            return self._finish_failed(job, status.error)
+            if status.error is None or not status.error.retry:
+                return self._finish_failed(job, status.error)
+            retried = status.error
         request = self._request(job, spec)
         machine = self.provisioner.get(request) if job.attempt else None
         if (machine and machine.state == MachineState.READY and status and status.state == AgentState.RUNNING
@@ -248,8 +252,10 @@ class JobDriver:
             return self._move(job, S.STAGING, "restaging: the previous worker had not finished staging")
         self._delete_machines(job, f"attempt {job.attempt} was given up")
         if job.attempt > spec.limits.max_retries:
-            return self._move(job, S.FAILED, "retries exhausted",
-                              error=f"machine lost {job.attempt} times; limits.max_retries is {spec.limits.max_retries}")
+            limit = f"limits.max_retries is {spec.limits.max_retries}"
+            error = (f"machine lost {job.attempt} times; {limit}" if retried is None
+                     else f"attempt {job.attempt} failed and {limit}: {retried.summary()}")
+            return self._move(job, S.FAILED, "retries exhausted", error=error)
         return self._move(job, S.PROVISIONING, f"starting attempt {job.attempt + 1}", bump_attempt=True)
 
     # --- a step that raised ---
@@ -320,6 +326,15 @@ class JobDriver:
         artifacts = self.channel.artifact_manifest(str(job.id))
         return self._move(job, S.SUCCEEDED, reason, record={"progress": status.progress, "metrics": metrics,
                                                             "runtime": status.runtime, "artifacts": artifacts})
+
+    def _attempt_failed(self, job: Job, error: AgentError | None) -> bool:
+        """The agent said its attempt failed: the job fails with its error, unless the attempt failed for
+        the machine's reason (error.retry: its program killed by a signal, the kernel's out-of-memory
+        killer say), which goes RECOVERING like a lost machine, and on to another attempt there."""
+        if error is not None and error.retry:
+            first_line = error.message.split("\n", 1)[0]
+            return self._move(job, S.RECOVERING, f"attempt {job.attempt} failed: {first_line[:500]}")
+        return self._finish_failed(job, error)
 
     def _finish_failed(self, job: Job, error: AgentError | None) -> bool:
         self._delete_machines(job, "the job failed")

@@ -1,6 +1,6 @@
 """An in-memory cloud for tests: machines boot, "train" on a timer and report like an agent would.
 
-Tests steer it: `fail_next`, `preempt(name)`, and timings. It is both the Provisioner and the
+Tests steer it: `fail_next`, `killed_next`, `preempt(name)`, and timings. It is both the Provisioner and the
 JobChannel, because its fake agents live inside it.
 """
 
@@ -24,6 +24,7 @@ class _FakeMachine:
     created: float
     state: MachineState = MachineState.CREATING
     fail: str | None = None
+    retry: bool = False  # its failure is one the agent reports for the machine's reason
 
 
 @dataclass
@@ -32,6 +33,8 @@ class MemoryCloud:
     train_s: float = 0.2
     kind: str = "memory"
     fail_next: list[str] = field(default_factory=list)  # error messages for the next agents
+    # ... for the next agents whose program a signal killed (reported with AgentError.retry), taken first
+    killed_next: list[str] = field(default_factory=list)
     created: list[str] = field(default_factory=list)  # every machine name ever created, in order
     stop_requests: list[tuple[str, int, str]] = field(default_factory=list)  # (job, up to attempt, reason)
     _machines: dict[str, _FakeMachine] = field(default_factory=dict)
@@ -41,8 +44,9 @@ class MemoryCloud:
     def create(self, request: MachineRequest) -> MachineInfo:
         with self._lock:
             if request.name not in self._machines:
-                fail = self.fail_next.pop(0) if self.fail_next else None
-                self._machines[request.name] = _FakeMachine(request, time.monotonic(), fail=fail)
+                retry = bool(self.killed_next)
+                fail = self.killed_next.pop(0) if retry else self.fail_next.pop(0) if self.fail_next else None
+                self._machines[request.name] = _FakeMachine(request, time.monotonic(), fail=fail, retry=retry)
                 self.created.append(request.name)
             return self._info(self._machines[request.name])
 
@@ -88,7 +92,8 @@ class MemoryCloud:
             now = datetime.now(UTC)
             if m.fail:
                 return AgentReport(state=AgentState.FAILED, attempt=attempt, heartbeat_at=now,
-                                   error=AgentError(type="RuntimeError", message=m.fail))
+                                   error=AgentError(type="ProgramKilled" if m.retry else "RuntimeError",
+                                                    message=m.fail, retry=m.retry))
             if elapsed < self.train_s:
                 return AgentReport(state=AgentState.RUNNING, attempt=attempt, heartbeat_at=now,
                                    progress=elapsed / self.train_s,

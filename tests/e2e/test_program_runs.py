@@ -5,6 +5,7 @@ continues instead of starting over. Through the whole product: tests/e2e/test_pr
 
 from __future__ import annotations
 
+import json
 import signal
 import uuid
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from agent.checkpoint_sync import read_committed
 from tests.support.agent import make_job, read, run_agent, start_agent, wait_for
 from trainjobs import storage
 from trainjobs.job_paths import JobPaths
@@ -33,15 +35,19 @@ def _job(bucket: str, job_id: str, attempt: int) -> str:
     return make_job(bucket, spec, "", attempt=attempt, job_id=job_id)
 
 
+def _backup(job_dir: str) -> dict[str, Any] | None:
+    """The runtime's BackupAndRestore metadata in the last whole checkpoint set uploaded (agent/checkpoint_sync.py)."""
+    data = read_committed(JobPaths(job_dir).checkpoints, "training_metadata.json")
+    return None if data is None else dict(json.loads(data))
+
+
 def _epochs_in_metrics(job_dir: str) -> list[int]:
     doc = read(JobPaths(job_dir).metrics) or {}
     return [e["epoch"] for e in doc.get("history", [])]
 
 
 @pytest.mark.parametrize("how", ["killed", "sigterm"])
-def test_a_stopped_program_resumes_from_its_checkpoint_and_counts_on(bucket: str, how: str,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TRAINJOBS_PROGRAM_SYNC_S", "1")
+def test_a_stopped_program_resumes_from_its_checkpoint_and_counts_on(bucket: str, how: str) -> None:
     job_id = str(uuid.uuid4())
     job_dir = _job(bucket, job_id, attempt=1)
     checkpoints = f"{JobPaths(job_dir).checkpoints}/"
@@ -51,8 +57,7 @@ def test_a_stopped_program_resumes_from_its_checkpoint_and_counts_on(bucket: str
         # Two epochs in the job's metrics and their checkpoint in storage: the program is paused there.
         # The backup taken at the end of epoch 2 (Keras records the epoch to resume at), not epoch 1's: the sync
         # that uploads it may come after the metrics say epoch 2 ended.
-        wait_for(lambda: _epochs_in_metrics(job_dir) == [1, 2]
-                 and (read(f"{checkpoints}training_metadata.json") or {}).get("epoch") == 2, first)
+        wait_for(lambda: _epochs_in_metrics(job_dir) == [1, 2] and (_backup(job_dir) or {}).get("epoch") == 2, first)
         if how == "killed":
             first.kill()  # nothing gets to clean up, as when a VM vanishes
         else:
@@ -68,7 +73,7 @@ def test_a_stopped_program_resumes_from_its_checkpoint_and_counts_on(bucket: str
         assert status["state"] == "terminated", status
         assert "asking the program to checkpoint and stop" in out
         # Saved at the next step after the signal: in epoch 3, one call of four steps in.
-        saved = read(f"{checkpoints}training_metadata.json")
+        saved = _backup(job_dir)
         assert saved == {"epoch": 2, "batch": 3}, (saved, "\n".join(l for l in out.splitlines() if "I0000" not in l)[-3000:])
     else:
         assert status["state"] == "running"  # it never got to say otherwise
