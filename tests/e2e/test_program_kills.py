@@ -5,7 +5,8 @@ the next attempt its own process after epoch 4 (SIGKILL both, as the kernel's ou
 each time the backup of the epoch just finished is in storage by then, uploaded because the program wrote it
 (the agent's timer alone would take a minute). The job succeeds in its third attempt, within max_retries 2,
 and every epoch was trained once: the program's own lines in each attempt's log, and its CSVLogger history,
-one row an epoch, in the artifacts. One job answers every assertion."""
+one row an epoch, in the artifacts. One job answers every assertion. And a program killed because its agent
+is being stopped (a delete signals the machine's process group) is still a stop, not a retry."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import pytest
 
 from agent.checkpoint_sync import read_committed
 from tests.support import eventually
+from tests.support.agent import make_job, read, start_agent, wait_for
 from tests.support.jobs import make_key, module_jobs, wait_for_job
 from tests.support.local import AGENT_JOB_S, local_stack_running
 from trainjobs import storage
@@ -117,3 +119,31 @@ def test_each_epoch_was_trained_exactly_once_across_the_three_attempts(killed_tw
     # Each attempt went on from the weights the last one saved: epoch 3's loss is not epoch 1's again.
     losses = [float(r["loss"]) for r in rows]
     assert losses[2] < losses[1] < losses[0] and losses[4] < losses[3], losses
+
+
+SLEEPER = """
+import time
+print("sleeping", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_program_killed_as_its_agent_is_stopped_is_a_stop_not_a_retry(bucket: str, tmp_path: Path) -> None:
+    program = tmp_path / "sleeper.py"
+    program.write_text(SLEEPER)
+    job_dir = make_job(bucket, {"name": "stopped", "accelerator": {"type": "cpu"}, "program": {"source": str(program)}}, "")
+    agent = start_agent(job_dir)
+    try:
+        wait_for(lambda: (read(JobPaths(job_dir).status) or {}).get("phase") == "training"
+                 and psutil.Process(agent.pid).children(), agent)
+        [child] = psutil.Process(agent.pid).children()
+        # As a provisioner's delete signals the process group: the program dies of it at once (it has no
+        # handler), its agent stops.
+        os.kill(child.pid, signal.SIGTERM)
+        agent.send_signal(signal.SIGTERM)
+        out = agent.communicate(timeout=120)[0].decode(errors="replace")
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+    status = read(JobPaths(job_dir).status)
+    assert (agent.returncode, status["state"], status["error"]) == (143, "terminated", None), out[-3000:]
