@@ -14,7 +14,8 @@ holds as soon as it is whole:
   save's temporary files (TensorFlow's `<prefix>_temp/`, `.tempstate`, `.tmp`) are newer than
   STALE_TEMP_S.
 
-A directory that changes and never settles goes up anyway once TRAINJOBS_PROGRAM_SYNC_S (60) has passed.
+A directory that changed and has not gone up for TRAINJOBS_PROGRAM_SYNC_S (60) goes up anyway, settled or
+not, whole by those rules or not (a file of the program's own may be called `checkpoint`), with a warning.
 
 A set goes up as new objects, `sets/<set>/<path>`, beside those of the last set whose files did not
 change, and becomes what a restore reads with one write of `committed.json`, which names every file's
@@ -183,7 +184,7 @@ class CheckpointWatch:
             self._changed_since = now
         overdue = now - self._changed_since >= sync_every_s()
         if saved or overdue or found.settled_at(time.time()):
-            self._commit(found, why="saved" if saved else "overdue" if overdue else "settled")
+            self._commit(found, why="saved" if saved else "overdue" if overdue else "settled", overdue=overdue)
 
     def last(self, *, alive_until: float | None) -> None:
         """After the program ended. `alive_until`: None if it exited by itself (nothing writes any
@@ -206,11 +207,14 @@ class CheckpointWatch:
         return found.files.keys() != self._stored.keys() or any(
             self._stored[rel][:2] != state for rel, state in found.files.items())
 
-    def _commit(self, found: Scan, why: str) -> None:
+    def _commit(self, found: Scan, why: str, overdue: bool = False) -> None:
         now = time.monotonic()
         if (reason := unfinished(self.local, found, time.time())) is not None:
-            log.debug("checkpoint directory not uploaded yet: %s", reason)
-            return
+            if not overdue:
+                log.debug("checkpoint directory not uploaded yet: %s", reason)
+                return
+            log.warning("the checkpoint directory changed %.0fs ago and has not been whole since (%s): uploading "
+                        "it as it is", sync_every_s(), reason)
         if len(found.files) > MAX_FILES:
             log.warning("the checkpoint directory holds %d files, over the %d a set may have: not uploaded",
                         len(found.files), MAX_FILES)

@@ -4,13 +4,14 @@ killed in the middle of; real Keras and TensorFlow saves count as whole when the
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agent.checkpoint_sync import COMMITTED, SETS, CheckpointWatch, read_committed, restore, scan, unfinished
+from agent.checkpoint_sync import COMMITTED, MIN_SCAN_S, SETS, CheckpointWatch, read_committed, restore, scan, unfinished
 from trainjobs import storage
 
 
@@ -28,8 +29,13 @@ def _save(root: Path, epoch: int) -> dict[str, bytes]:
     return files
 
 
-def _settle() -> None:
-    time.sleep(0.6)  # the directory quiet past SETTLE_S, as after a save
+def _settle(root: Path) -> None:
+    """The directory as a moment after its last save (every modification time 10 s back: SETTLE_S is 0.5 s),
+    at the agent's next loop turn."""
+    back = time.time() - 10
+    for path in [root, *root.rglob("*")]:
+        os.utime(path, (back, back), follow_symlinks=False)
+    time.sleep(MIN_SCAN_S)
 
 
 def _restored(bucket: str, tmp_path: Path, name: str) -> dict[str, bytes]:
@@ -47,11 +53,11 @@ def test_an_agent_killed_mid_upload_leaves_the_last_whole_set_to_restore(bucket:
     local = tmp_path / "program"
     watch = CheckpointWatch(local, _remote(bucket), upload=True, attempt=1, committed=None)
     first = _save(local, 1)
-    _settle()
+    _settle(local)
     watch.turn()
     assert watch.commits == 1
     _save(local, 2)
-    _settle()
+    _settle(local)
     real_upload = CheckpointWatch._upload
 
     def killed_after_uploading(self: CheckpointWatch, objects: dict[str, str]) -> None:
@@ -72,7 +78,7 @@ def test_a_save_written_while_it_uploads_is_left_for_the_next_set(bucket: str, t
     local = tmp_path / "program"
     watch = CheckpointWatch(local, _remote(bucket), upload=True, attempt=1, committed=None)
     _save(local, 1)
-    _settle()
+    _settle(local)
     real_upload = CheckpointWatch._upload
 
     def program_saves_meanwhile(self: CheckpointWatch, objects: dict[str, str]) -> None:
@@ -85,7 +91,7 @@ def test_a_save_written_while_it_uploads_is_left_for_the_next_set(bucket: str, t
     assert watch.commits == 0 and storage.read_json(f"{_remote(bucket)}/{COMMITTED}") is None
     assert storage.list_uris(f"{_remote(bucket)}/{SETS}/") == []  # the voided set's objects went
     second = _save(local, 2)
-    _settle()
+    _settle(local)
     watch._not_before = 0.0  # past the wait after a voided set
     watch.turn()
     assert _restored(bucket, tmp_path, "attempt-2") == second
@@ -95,7 +101,7 @@ def test_a_killed_programs_last_unsettled_write_is_not_uploaded_and_one_that_exi
     local = tmp_path / "program"
     watch = CheckpointWatch(local, _remote(bucket), upload=True, attempt=1, committed=None)
     first = _save(local, 1)
-    _settle()
+    _settle(local)
     watch.turn()
     _save(local, 2)
     watch.last(alive_until=time.time())  # killed just after writing: a file may be cut off
@@ -109,7 +115,7 @@ def test_the_next_attempt_uploads_only_what_changed_and_removed_files_leave_the_
     watch = CheckpointWatch(local, _remote(bucket), upload=True, attempt=1, committed=None)
     _save(local, 1)
     (local / "history.csv").write_text("epoch,loss\n0,1.0\n")
-    _settle()
+    _settle(local)
     watch.turn()
     again = tmp_path / "attempt-2"
     paths, committed = restore(_remote(bucket), again, clean=True)
@@ -118,12 +124,27 @@ def test_the_next_attempt_uploads_only_what_changed_and_removed_files_leave_the_
     assert heir.commits == 0  # what it restored is what is stored
     (again / "history.csv").unlink()
     _save(again, 2)
-    _settle()
+    _settle(again)
     heir.turn()
     doc: dict[str, Any] = storage.read_json(f"{_remote(bucket)}/{COMMITTED}")
     assert set(doc["files"]) == {"backup/latest.weights.h5", "backup/training_metadata.json"}
     assert all(f["object"].startswith(f"{SETS}/a2-") for f in doc["files"].values())
     assert len(storage.list_uris(f"{_remote(bucket)}/{SETS}/")) == 2
+
+
+def test_a_directory_never_whole_by_the_writers_rules_still_goes_up_once_overdue(
+        bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAINJOBS_PROGRAM_SYNC_S", "1")
+    local = tmp_path / "program"
+    local.mkdir()
+    (local / "checkpoint").write_text("epoch=3\n")  # the program's own file, not TensorFlow's state file
+    _settle(local)
+    watch = CheckpointWatch(local, _remote(bucket), upload=True, attempt=1, committed=None)
+    watch.turn()
+    assert watch.commits == 0
+    time.sleep(1.1)  # TRAINJOBS_PROGRAM_SYNC_S
+    watch.turn()
+    assert read_committed(_remote(bucket), "checkpoint") == b"epoch=3\n"
 
 
 def test_a_committed_json_naming_files_outside_the_directory_restores_nothing(bucket: str, tmp_path: Path) -> None:
