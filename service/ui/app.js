@@ -149,7 +149,7 @@ function jobsPage() {
 
 // --- one job ------------------------------------------------------------------------------------
 
-function chart(canvas, series, points, { x = "epoch", xLabel = "epoch" } = {}) {
+function chart(canvas, series, points, { x = "epoch", xLabel = "epoch", empty = null } = {}) {
   // series: [{key, label, color, line, dots, ring, dash}]; points: entries with an `x` (epoch unless
   // told) and a value per series key. Lines by hand on a canvas: each series a line through dots unless
   // `line: false` or `dots: false`; `ring`: hollow dots, `dash`: a dashed line.
@@ -163,7 +163,7 @@ function chart(canvas, series, points, { x = "epoch", xLabel = "epoch" } = {}) {
   canvas.dataset.points = String(points.length);
   canvas.dataset.lines = String(drawn.filter((s) => s.line !== false).length);
   canvas.dataset.rings = String(drawn.filter((s) => s.ring).reduce((n, s) => n + points.filter((p) => typeof p[s.key] === "number").length, 0));
-  if (!values.length) { ctx.fillStyle = "#6b7385"; ctx.fillText(`no ${xLabel}s yet`, L, H / 2); return; }
+  if (!values.length) { ctx.fillStyle = "#6b7385"; ctx.fillText(empty || `no ${xLabel}s yet`, L, H / 2); return; }
   let lo = Math.min(...values), hi = Math.max(...values);
   if (hi === lo) { hi += Math.abs(hi) * 0.05 || 1; lo -= Math.abs(lo) * 0.05 || 0; }
   const x0 = Math.min(...xs), x1 = Math.max(...xs, x0 + 1);
@@ -258,14 +258,46 @@ function adviceItems(advice) {
     el("div", {}, `gain: ${a.expected_gain}`)));
 }
 
+// The job's latest metrics as name-value rows: each epoch's while it trains, the final ones once it ends
+// (what is shown in a table of its own, the models and the step time, left out); a record as `name value, ...`.
+const SHOWN_APART = new Set(["optimization", "step_time_breakdown", "profile"]);
+const metricText = (v) => (v !== null && typeof v === "object"
+  ? (Array.isArray(v) ? v.map(metricText) : Object.entries(v).map(([k, x]) => `${k} ${metricText(x)}`)).join(", ")
+  : typeof v === "number" ? fmt.num(v) : String(v));
+
+function metricsRows(metrics, ended, program) {
+  const rows = Object.entries(metrics || {}).filter(([k, v]) => !SHOWN_APART.has(k) && v !== null && v !== undefined);
+  if (!rows.length) {
+    const none = !ended ? "none yet" : program ? "the program reported none" : "none: the job ended without any";
+    return [el("tr", {}, el("td", { class: "muted" }, none))];
+  }
+  return rows.map(([k, v]) => el("tr", { "data-metric": k }, el("td", {}, k), el("td", {}, metricText(v))));
+}
+
+// What the charts say when there is no epoch to draw: a job still going has none yet; one that ended has
+// none at all (a program that reports no epochs, as a Vertex AI script need not), and says what it has.
+function noEpochs(job, ended) {
+  if (!job || !ended || !TERMINAL.has(job.status)) return null;
+  const finals = Object.keys(job.metrics || {}).filter((k) => !SHOWN_APART.has(k)).length;
+  if (job.spec && job.spec.program) {
+    return "the program reported no epochs" + (finals ? `; its ${finals} metric${finals > 1 ? "s are" : " is"} under Metrics` : "");
+  }
+  return `no epoch finished before the job ${job.status === "SUCCEEDED" ? "ended" : job.status.toLowerCase()}`;
+}
+
 function jobPage(id) {
   show("job");
   const abort = new AbortController();
   const epochs = [];
-  let job = null;
-  for (const sel of ["#job-name", "#job-status", "#job-id", "#job-error", "#log-state"]) $(sel).textContent = "";
-  for (const sel of ["#timeline", "#runtime", "#advice", "#artifacts", "#log", "#job-sweep"]) $(sel).replaceChildren();
-  const draw = () => { for (const [sel, series] of Object.entries(CHARTS)) chart($(sel), series, epochs); };
+  let job = null, streamEnded = false;
+  for (const sel of ["#job-name", "#job-status", "#job-id", "#job-error", "#log-state", "#epochs-note"]) $(sel).textContent = "";
+  for (const sel of ["#timeline", "#runtime", "#advice", "#artifacts", "#log", "#job-sweep", "#final-metrics"]) $(sel).replaceChildren();
+  const draw = () => {
+    const empty = epochs.length ? null : noEpochs(job, streamEnded);
+    $("#epochs-note").textContent = empty ? `${empty[0].toUpperCase()}${empty.slice(1)}.` : "";
+    $("#epochs-note").hidden = !empty;
+    for (const [sel, series] of Object.entries(CHARTS)) chart($(sel), series, epochs, { empty });
+  };
   draw();
 
   async function load() {
@@ -275,7 +307,7 @@ function jobPage(id) {
       $("#job-name").textContent = job.name;
       $("#job-status").textContent = job.status;
       $("#job-status").className = `status ${job.status}`;
-      $("#job-id").textContent = `${job.id} · ${fmt.accelerator(job.spec)} · attempt ${job.attempt}` +
+      $("#job-id").textContent = `${job.id} · ${fmt.accelerator(job.spec)}` + (job.attempt ? ` · attempt ${job.attempt}` : "") +
         (job.wait_reason ? ` · waiting: ${job.wait_reason}` : "");
       $("#job-error").textContent = job.error || "";
       const sweep = (job.labels || {}).sweep; // a sweep's trials are jobs labelled with it (worker/sweeps.py)
@@ -289,6 +321,8 @@ function jobPage(id) {
         el("tr", {}, el("td", {}, label), el("td", {}, Array.isArray(runtime[k]) ? runtime[k].join("; ") || "none" : runtime[k]))));
       if (!Object.keys(runtime).length) $("#runtime").append(el("tr", {}, el("td", {}, "chosen when the job starts")));
       $("#advice").replaceChildren(...adviceItems(job.advice));
+      $("#final-metrics").replaceChildren(...metricsRows(job.metrics, TERMINAL.has(job.status), Boolean(job.spec && job.spec.program)));
+      if (!epochs.length) draw(); // what the charts say without epochs depends on the job
       const models = (job.metrics || {}).optimization;
       if (Array.isArray(models) && models.length) modelsTable(models);
       else {
@@ -330,6 +364,7 @@ function jobPage(id) {
   load();
   let reloaded = 0;
   follow(`/v1/jobs/${id}/metrics?follow=true`, (name, data) => {
+    if (name === "end") streamEnded = true; // every epoch the job wrote has come
     if (name === "status" || name === "end") { load(); return; }
     if (name !== "metric") return;
     epochs.push(data);

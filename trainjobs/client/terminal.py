@@ -137,7 +137,7 @@ def job_detail(job: dict[str, Any], events: list[dict[str, Any]] | None = None) 
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
     grid.add_row("job", f"{job['id']}  {job['name']}")
-    status = f"{job['status']} (attempt {job['attempt']})"
+    status = job["status"] + (f" (attempt {job['attempt']})" if job.get("attempt") else "")  # 0: never started
     if job.get("wait_reason"):
         status += f": {job['wait_reason']}"
     grid.add_row("status", status)
