@@ -13,12 +13,14 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
+from click.core import ParameterSource
 
-from stack.embedded import EMULATOR_MODULE
 from stack.wiring import default_data_dir
 from trainjobs.client import log_format
 from trainjobs.client.cli import verbs as client_verbs
@@ -82,6 +84,31 @@ def _database(data_dir: Path, migrate: bool) -> str:
     return url
 
 
+@contextmanager
+def _admin_database(data_dir: Path, verb: str, migrated: bool = True) -> Iterator[str]:
+    """The database an admin verb works on: the deployment's it finds (stack/deployment.py), its schema
+    checked unless `migrated` is off. What goes wrong on the way is one line, never a traceback."""
+    _require("server", verb)
+    import psycopg
+    from sqlalchemy.exc import OperationalError
+
+    from service.db.session import NotMigrated, check_migrated, get_engine
+    from stack.deployment import NoDeployment, admin_database
+
+    ctx = click.get_current_context()
+    given = ctx.get_parameter_source("data_dir") is not ParameterSource.DEFAULT or bool(os.environ.get("TRAINJOBS_DATA_DIR"))
+    try:
+        with admin_database(data_dir.absolute(), given, lambda line: click.echo(line, err=True)) as url:
+            if migrated:
+                check_migrated(get_engine(url))
+            yield url
+    except (NoDeployment, NotMigrated) as exc:
+        raise click.ClickException(str(exc)) from exc
+    except (OperationalError, psycopg.OperationalError) as exc:
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        raise click.ClickException(f"cannot reach the database: {reason}") from exc
+
+
 @main.group()
 def db() -> None:
     """Database administration."""
@@ -90,11 +117,11 @@ def db() -> None:
 @db.command("upgrade")
 @DATA_DIR
 def db_upgrade(data_dir: Path) -> None:
-    """Apply migrations up to head."""
-    _require("server", "db upgrade")
-    from service.db.session import head_revision
+    """Apply migrations up to head, to the database of TRAINJOBS_DATABASE_URL or of the deployment in DATA_DIR."""
+    with _admin_database(data_dir, "db upgrade", migrated=False) as url:
+        from service.db.session import head_revision, upgrade
 
-    _database(data_dir, migrate=True)
+        upgrade(url)
     click.echo(f"database at revision {head_revision()}")
 
 
@@ -108,14 +135,12 @@ def keys() -> None:
 @DATA_DIR
 def keys_create(project: str, data_dir: Path) -> None:
     """Print a new API key for PROJECT. It is shown once; only its hash is stored."""
-    _require("server", "keys create")
-    from service.db.projects import create_api_key
-    from service.db.session import check_migrated, get_engine, session_factory, transaction
+    with _admin_database(data_dir, "keys create") as url:
+        from service.db.projects import create_api_key
+        from service.db.session import get_engine, session_factory, transaction
 
-    engine = get_engine(_database(data_dir, migrate=False))
-    check_migrated(engine)
-    with transaction(session_factory(engine)) as session:
-        click.echo(create_api_key(session, project))
+        with transaction(session_factory(get_engine(url))) as session:
+            click.echo(create_api_key(session, project))
 
 
 @keys.command("list")
@@ -123,14 +148,12 @@ def keys_create(project: str, data_dir: Path) -> None:
 @DATA_DIR
 def keys_list(project: str, data_dir: Path) -> None:
     """PROJECT's API keys: prefix, created, revoked (secrets are never stored, so never shown)."""
-    _require("server", "keys list")
-    from service.db.projects import list_api_keys
-    from service.db.session import check_migrated, get_engine, session_factory, transaction
+    with _admin_database(data_dir, "keys list") as url:
+        from service.db.projects import list_api_keys
+        from service.db.session import get_engine, session_factory, transaction
 
-    engine = get_engine(_database(data_dir, migrate=False))
-    check_migrated(engine)
-    with transaction(session_factory(engine)) as session:
-        found = list_api_keys(session, project)
+        with transaction(session_factory(get_engine(url))) as session:
+            found = list_api_keys(session, project)
     if found is None:
         raise click.ClickException(f"no project named {project!r}")
     click.echo(f"{'PREFIX':<12} {'CREATED':<20} REVOKED")
@@ -145,17 +168,15 @@ def keys_list(project: str, data_dir: Path) -> None:
 def keys_revoke(prefix: str, data_dir: Path) -> None:
     """Revoke the key starting with PREFIX (as `keys list` shows it), or the whole key given. A running
     API refuses it from its next request."""
-    _require("server", "keys revoke")
-    from service.db.projects import AmbiguousKeyPrefix, revoke_api_key
-    from service.db.session import check_migrated, get_engine, session_factory, transaction
+    with _admin_database(data_dir, "keys revoke") as url:
+        from service.db.projects import AmbiguousKeyPrefix, revoke_api_key
+        from service.db.session import get_engine, session_factory, transaction
 
-    engine = get_engine(_database(data_dir, migrate=False))
-    check_migrated(engine)
-    try:
-        with transaction(session_factory(engine)) as session:
-            revoked = revoke_api_key(session, prefix)
-    except AmbiguousKeyPrefix as exc:
-        raise click.ClickException(str(exc)) from exc
+        try:
+            with transaction(session_factory(get_engine(url))) as session:
+                revoked = revoke_api_key(session, prefix)
+        except AmbiguousKeyPrefix as exc:
+            raise click.ClickException(str(exc)) from exc
     if revoked is None:
         raise click.ClickException(f"no API key starts with {prefix!r}")
     click.echo(f"revoked {revoked.prefix} (at {revoked.revoked_at:%Y-%m-%d %H:%M:%S})")
@@ -189,22 +210,20 @@ def projects() -> None:
 def projects_set_quota(name: str, max_running_jobs: int | str | None, max_accelerators: int | str | None,
                        data_dir: Path) -> None:
     """Limit what project NAME runs at once. Jobs over it wait in QUEUED, with the reason shown."""
-    _require("server", "projects set-quota")
-    from service.db.quotas import UnknownProject, project_usage, set_quota
-    from service.db.session import check_migrated, get_engine, session_factory, transaction
-
-    engine = get_engine(_database(data_dir, migrate=False))
-    check_migrated(engine)
     # An option left out keeps its limit; `default` stores NULL, the deployment's default.
     limits = {k: None if v == "default" else int(v)
               for k, v in (("max_running_jobs", max_running_jobs), ("max_accelerators", max_accelerators))
               if v is not None}
-    try:
-        with transaction(session_factory(engine)) as session:
-            project_id = set_quota(session, name, **limits)
-            usage = project_usage(session, project_id)
-    except UnknownProject as exc:
-        raise click.ClickException(str(exc)) from exc
+    with _admin_database(data_dir, "projects set-quota") as url:
+        from service.db.quotas import UnknownProject, project_usage, set_quota
+        from service.db.session import get_engine, session_factory, transaction
+
+        try:
+            with transaction(session_factory(get_engine(url))) as session:
+                project_id = set_quota(session, name, **limits)
+                usage = project_usage(session, project_id)
+        except UnknownProject as exc:
+            raise click.ClickException(str(exc)) from exc
     click.echo(f"project {name}: {usage.running_jobs} of {usage.max_running_jobs} running jobs, "
                f"{usage.accelerators_in_use} of {usage.max_accelerators} accelerators in use")
 
@@ -387,9 +406,6 @@ def worker(data_dir: Path, provisioner: str, concurrency: int, local_devices: in
         storage.stop()
 
 
-STACK_FILE = "stack.json"  # in the data dir while `up` runs: what `down` stops if `up` cannot
-
-
 @main.command()
 @click.option("--host", default="127.0.0.1")
 @click.option("--port", default=8080, type=int)
@@ -397,58 +413,73 @@ STACK_FILE = "stack.json"  # in the data dir while `up` runs: what `down` stops 
 @click.option("--provisioner", type=PROVISIONERS, default="local", show_default=True)
 @click.option("--concurrency", default=2, type=int, show_default=True)
 @click.option("--local-devices", default=2, type=int, show_default=True)
-@click.option("--project", default="local", show_default=True)
+@click.option("--project", default="local", show_default=True, help="the project `up` makes a key for")
 def up(host: str, port: int, data_dir: Path, provisioner: str, concurrency: int, local_devices: int, project: str) -> None:
     """The whole local stack in one process: PostgreSQL, GCS emulator, API and worker. Ctrl-C or
-    SIGTERM stops all of it, the embedded PostgreSQL and local machines included."""
+    SIGTERM stops all of it, the embedded PostgreSQL and local machines included; so does `up`'s end
+    however it comes (a kill included: its lifeline ends what it started, stack/lifetime.py)."""
     _require("local", "up")
-    import json
-    import os
-
     from service.db.projects import create_api_key
     from service.db.session import get_engine, session_factory, transaction
+    from stack.deployment import forget_running_up, note_running_up
     from stack.embedded import embedded_postgres_pid, stop_embedded_postgres
+    from stack.lifeline import start_lifeline
+    from stack.lifetime import (STACK_FILE, Process, StackRecord, delete_local_machines, end_left, read_record,
+                                stack_lock, write_record)
     from stack.wiring import resolve_storage
     from trainjobs.config import database_url_from_env, save_client_config
 
-    # The embedded server is stopped at the end only if this `up` started it, or a crashed `up` left it
-    # (its stack.json names a dead process): one that was already running otherwise serves someone
-    # else too (a `trainjobs worker` on the same data dir).
+    data_dir = data_dir.absolute()  # the emulator's and the lifeline's command lines name it, from any cwd
     pg_dir = data_dir / "postgres"
-    left = json.loads((data_dir / STACK_FILE).read_text()) if (data_dir / STACK_FILE).exists() else {}
-    crashed = bool(left.get("postgres")) and not _is_ours(left.get("pid") or 0, "stack.cli", "trainjobs")
-    if crashed and (emulator := left.get("emulator_pid")) and _is_ours(emulator, EMULATOR_MODULE):
-        os.killpg(emulator, signal.SIGTERM)  # the crashed one's; this `up` starts its own
-    own_pg = database_url_from_env() is None and (embedded_postgres_pid(pg_dir) is None or crashed)
+    api_url = f"http://{host}:{port}"
+    me = Process.of(os.getpid())
+    with stack_lock(data_dir):  # a lifeline still ending a killed `up`'s stack finishes first
+        left = read_record(data_dir)
+        if left is not None and left.up.alive():
+            raise click.ClickException(f"trainjobs up (pid {left.up.pid}) already runs on {data_dir} ({left.api_url}); "
+                                       f"`trainjobs down --data-dir {data_dir}` stops it")
+        if left is not None:  # an `up` that died, and its lifeline with it: end what it left
+            if stopped := end_left(data_dir, left, stop_postgres=False):  # its PostgreSQL: this `up` takes it over
+                _say(f"ended what an earlier trainjobs up (pid {left.up.pid}) left running: {', '.join(stopped)}")
+        # The embedded server is stopped at the end only if this `up` started it, or a dead `up` left it:
+        # one that was already running otherwise serves someone else too (a `trainjobs worker` on the same data dir).
+        external = database_url_from_env() is not None
+        own_pg = not external and (embedded_postgres_pid(pg_dir) is None or (left is not None and left.postgres is not None))
+        record = StackRecord(up=me, api_url=api_url, postgres=str(pg_dir) if own_pg else None)
+        write_record(data_dir, record)  # before anything starts: the lifeline ends what it names
+        start_lifeline(data_dir)
     url = _database(data_dir, migrate=True)
     storage = resolve_storage(data_dir)
-    stack_file = data_dir / STACK_FILE
-    data_dir.mkdir(parents=True, exist_ok=True)
-    stack_file.write_text(json.dumps({"pid": os.getpid(), "api_url": f"http://{host}:{port}",
-                                      "emulator_pid": storage.emulator.process.pid if storage.emulator else None,
-                                      "postgres": str(pg_dir) if own_pg else None}))
+    record.database_url = None if external else url  # an operator's URL may hold a password: never written
+    record.emulator = Process.of(storage.emulator.process.pid) if storage.emulator else None
+    write_record(data_dir, record)
     try:
         with transaction(session_factory(get_engine(url))) as session:
             key = create_api_key(session, project)
         server = _serve_api(url, host, port)
         w = _make_worker(url, data_dir, provisioner, concurrency, local_devices, local_project=project)
+        record.worker = w.name
+        write_record(data_dir, record)
         w.start()
-        api_url = f"http://{host}:{port}"
+        note_running_up(data_dir, me)
         cfg = save_client_config(api_url, key)
-        _say(f"trainjobs is up: API {api_url} (docs {api_url}/docs), data in {data_dir}; client config {cfg}")
+        _say(f"trainjobs is up: API {api_url} (docs {api_url}/docs), data in {data_dir}")
+        _say(f"project {project!r}: a new API key for it is in {cfg}, which the trainjobs commands on this machine "
+             f"use; the dashboard at {api_url}/ takes it to sign in")
         _say("ready")
         _wait_for_signal()
         _say("stopping: worker, API, local machines, storage, database")
         w.shutdown()
         server.stop()
         if provisioner == "local":
-            _delete_local_machines(data_dir)
+            delete_local_machines(data_dir)
     finally:
         storage.stop()
         if own_pg:
             get_engine.cache_clear()  # close pooled connections before the server goes
             stop_embedded_postgres(pg_dir)
-        stack_file.unlink(missing_ok=True)
+        forget_running_up(me)
+        (data_dir / STACK_FILE).unlink(missing_ok=True)  # the lifeline, seeing it gone, exits
     _say("stopped")
 
 
@@ -463,63 +494,29 @@ def _say(message: str) -> None:
         click.echo(message, err=True)
 
 
-def _delete_local_machines(data_dir: Path) -> list[str]:
-    """The local provisioner's machines in data_dir (agent process groups and their storage guards).
-    A job they ran is RUNNING in the database and is recovered by the next worker."""
-    from worker.local.provisioner import LocalProvisioner
-    from worker.local.sandbox import LocalIsolation
-
-    # Only deletes: how machines would be isolated does not matter, and needs no probe of the host.
-    machines = LocalProvisioner(data_dir / "machines", isolation=LocalIsolation(sandbox=False, trusted=True))
-    names = [m.name for m in machines.list({})]
-    for name in names:
-        machines.delete(name)
-    return names
-
-
 @main.command()
 @DATA_DIR
 @click.option("--wait", "wait_s", default=60.0, type=float, help="seconds `up` gets to stop by itself before SIGKILL")
 def down(data_dir: Path, wait_s: float) -> None:
-    """Stop a stack `trainjobs up` left behind in DATA_DIR: the `up` process if it still runs, else what
-    it started (GCS emulator, local machines, embedded PostgreSQL)."""
+    """Stop the stack of `trainjobs up` in DATA_DIR: the `up` process if it still runs, and whatever it
+    left (local machines, GCS emulator, embedded PostgreSQL)."""
     _require("local", "down")
-    import json
-    import os
+    from stack.lifetime import end_left, read_record, stack_lock
 
-    from stack.embedded import embedded_postgres_pid, stop_embedded_postgres
-
+    data_dir = data_dir.absolute()
     stopped = []
-    stack_file = data_dir / STACK_FILE
-    record = json.loads(stack_file.read_text()) if stack_file.exists() else {}
-    if (pid := record.get("pid")) and _is_ours(pid, "stack.cli", "trainjobs"):
-        os.kill(pid, signal.SIGTERM)  # `up` stops everything it started
+    record = read_record(data_dir)
+    if record is not None and record.up.alive():
+        os.kill(record.up.pid, signal.SIGTERM)  # `up` stops everything it started
         deadline = time.monotonic() + wait_s
-        while _is_ours(pid, "stack.cli", "trainjobs") and time.monotonic() < deadline:
+        while record.up.alive() and time.monotonic() < deadline:
             time.sleep(0.2)
-        if _is_ours(pid, "stack.cli", "trainjobs"):
-            os.kill(pid, signal.SIGKILL)
-        stopped.append(f"trainjobs up (pid {pid})")
-    if (pid := record.get("emulator_pid")) and _is_ours(pid, EMULATOR_MODULE):
-        os.killpg(pid, signal.SIGTERM)  # it runs in its own session (stack/embedded.py)
-        stopped.append(f"GCS emulator (pid {pid})")
-    if (data_dir / "machines").is_dir():
-        stopped += [f"local machine {name}" for name in _delete_local_machines(data_dir)]
-    if embedded_postgres_pid(data_dir / "postgres") is not None:
-        stop_embedded_postgres(data_dir / "postgres")
-        stopped.append(f"embedded PostgreSQL ({data_dir / 'postgres'})")
-    stack_file.unlink(missing_ok=True)
+        if record.up.alive():
+            os.kill(record.up.pid, signal.SIGKILL)  # its lifeline ends the rest, or this below
+        stopped.append(f"trainjobs up (pid {record.up.pid})")
+    with stack_lock(data_dir):  # after a lifeline that is ending a killed `up`'s stack
+        stopped += end_left(data_dir, read_record(data_dir), stop_postgres=True)
     click.echo(f"stopped {', '.join(stopped)}" if stopped else f"nothing of trainjobs was running in {data_dir}")
-
-
-def _is_ours(pid: int, *names: str) -> bool:
-    """pid is alive and its command line names one of `names` (a recycled pid is someone else's)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z" and any(n in cmdline for n in names)
 
 
 @main.command("fake-cloud")

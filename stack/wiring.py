@@ -18,7 +18,7 @@ log = logging.getLogger("trainjobs")
 
 
 def default_data_dir() -> Path:
-    return Path(os.environ.get("TRAINJOBS_DATA_DIR", home() / "data"))
+    return Path(os.environ.get("TRAINJOBS_DATA_DIR") or home() / "data")
 
 
 def resolve_database_url(data_dir: Path) -> str:

@@ -160,3 +160,14 @@ def release_lease(session: Session, job_id: uuid.UUID, owner: str) -> None:
         {"id": job_id, "owner": owner},
     )
 
+
+def release_leases_of(session: Session, owner: str) -> int:
+    """Give back every job a worker known to be dead still holds (a killed `trainjobs up`'s, found by its
+    lifeline or by the next `up`, stack/lifetime.py): the next claim takes each over at once instead of
+    waiting out its lease. Returns how many."""
+    result = session.execute(
+        text("""UPDATE jobs SET lease_expires_at = now() - interval '1 second'
+                WHERE lease_owner = :owner AND lease_expires_at > now()"""),
+        {"owner": owner},
+    )
+    return int(getattr(result, "rowcount", 0) or 0)

@@ -1,0 +1,95 @@
+"""The admin verbs (`keys`, `projects set-quota`, `db upgrade`) work on the deployment `trainjobs up` runs,
+found without --data-dir, or refuse in one line; none leaves a database running that it started (issue 37:
+`keys list` without --data-dir started a second embedded PostgreSQL, left it running, and printed a
+traceback advising `trainjobs db upgrade`)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import eventually, scaled
+from tests.support.tmp import outside_pytest_tmp
+from trainjobs.loopback import free_port
+
+
+def postmasters(under: Path) -> set[int]:
+    """The embedded PostgreSQL servers whose data is under `under`."""
+    found = set()
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[0].endswith(b"pginstall/bin/postgres") and b"-D" in argv:
+            if argv[argv.index(b"-D") + 1].startswith(str(under).encode()):
+                found.add(int(entry))
+    return found
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
+    """A user's TRAINJOBS_HOME, and an environment naming no database, emulator or data dir."""
+    root = outside_pytest_tmp("admin")  # an embedded PostgreSQL's data dir (tests/support/tmp.py says why)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TRAINJOBS_DATABASE_URL", "STORAGE_EMULATOR_HOST", "TRAINJOBS_BUCKET", "TRAINJOBS_DATA_DIR")}
+    yield root, {**env, "TRAINJOBS_HOME": str(root / "home")}
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def trainjobs(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "stack.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=scaled(120))
+
+
+def test_an_admin_verb_with_no_deployment_refuses_in_one_line_and_starts_no_database(home):
+    root, env = home
+    for verb in (["keys", "list", "--project", "local"], ["keys", "create", "--project", "x"], ["db", "upgrade"],
+                 ["projects", "set-quota", "local", "--max-running-jobs", "1"]):
+        r = trainjobs(*verb, env=env)
+        assert r.returncode == 1, r
+        assert r.stderr.strip().splitlines() == [
+            f"Error: no trainjobs deployment found in {root / 'home' / 'data'}: start one with `trainjobs up`, "
+            "give its --data-dir, or give TRAINJOBS_DATABASE_URL"], r.stderr
+    assert not postmasters(root) and not (root / "home" / "data" / "postgres").exists()
+
+
+def test_admin_verbs_use_the_running_up_s_database_then_the_stopped_one_s_and_leave_none_running(home):
+    root, env = home
+    data_dir = root / "elsewhere"  # not the default: found through the running `up`
+    log = root / "up.log"
+    with log.open("w") as out:
+        up = subprocess.Popen([sys.executable, "-m", "stack.cli", "up", "--port", str(free_port()), "--data-dir",
+                               str(data_dir), "--provisioner", "memory"], env=env, stdout=out, stderr=out)
+    try:
+        eventually(lambda: up.poll() is None and "\nready\n" in log.read_text(), 60, lambda: log.read_text(), every=0.1)
+        assert f"project 'local': a new API key for it is in {root / 'home' / 'config.json'}" in log.read_text()
+        server = int((data_dir / "postgres" / "postmaster.pid").read_text().split()[0])
+
+        made = trainjobs("keys", "create", "--project", "local", env=env)
+        assert made.returncode == 0 and made.stdout.startswith("tj_"), made
+        listed = trainjobs("keys", "list", "--project", "local", env=env)
+        assert listed.returncode == 0 and made.stdout[:10] in listed.stdout, listed
+        assert f"using the database of the `trainjobs up` running on {data_dir}" in listed.stderr
+        quota = trainjobs("projects", "set-quota", "local", "--max-running-jobs", "4", env=env)
+        assert quota.returncode == 0 and "0 of 4 running jobs" in quota.stdout, quota
+        assert trainjobs("db", "upgrade", "--data-dir", str(data_dir), env=env).returncode == 0
+        eventually(lambda: postmasters(root) == {server}, 30, lambda: f"{postmasters(root)}: only up's server, {server}")
+    finally:
+        up.send_signal(signal.SIGINT)
+        assert up.wait(scaled(60)) == 0, log.read_text()
+
+    listed = trainjobs("keys", "list", "--project", "local", "--data-dir", str(data_dir), env=env)
+    assert listed.returncode == 0 and made.stdout[:10] in listed.stdout, listed
+    assert f"the deployment in {data_dir} is stopped: its database runs for this command only" in listed.stderr
+    revoked = trainjobs("keys", "revoke", made.stdout[:10], "--data-dir", str(data_dir), env=env)
+    assert revoked.returncode == 0 and "revoked" in revoked.stdout, revoked
+    eventually(lambda: not postmasters(root), 30, lambda: f"no server left: {postmasters(root)}")
+    assert not (data_dir / "postgres" / "postmaster.pid").exists()
