@@ -6,7 +6,9 @@ The agent itself starts no TensorFlow here: the accelerators are the program's (
 process only). What it does around the program:
 
 - fetches the code (the uploaded .py, archive or folder; trainjobs/program_source.py decides its root
-  and entrypoint) and the staged dataset, if the job names one;
+  and entrypoint), the staged dataset, if the job names one, and its channels (agent/channels.py);
+- hands it SageMaker's and Vertex AI's names for all of it (trainjobs/program_env.py), and
+  `program.hyperparameters` as `--name value` arguments after `program.args`;
 - installs `program.requirements` into an environment layered over its own (agent/requirements.py);
 - restores the checkpoint directory from the job's storage before the program starts, and uploads each
   save the program writes there as soon as it is whole (agent/checkpoint_sync.py);

@@ -193,7 +193,12 @@ def _copy(files: list[ChannelFile], prefix: str) -> None:
         old.delete()
     for f in files:
         if f.blob is not None:
-            f.blob.bucket.copy_blob(f.blob, dest, key + f.name)
+            # A rewrite, call by call: one copy call may not finish a large object or one between buckets of
+            # other locations or storage classes (GCS's objects.rewrite; copyTo does not continue).
+            target = dest.blob(key + f.name)
+            token, _, _ = target.rewrite(f.blob)
+            while token is not None:
+                token, _, _ = target.rewrite(f.blob, token=token)
         else:
             assert f.path is not None
             dest.blob(key + f.name).upload_from_filename(str(f.path))

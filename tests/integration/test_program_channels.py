@@ -144,3 +144,32 @@ def test_an_empty_folder_fails_its_channel(db, bucket, tmp_path: Path, monkeypat
         stage_channels({"training": str(tmp_path / "host" / "empty")}, job_id=str(uuid.uuid4()),
                        project_id=project_id(db, "alpha"), rules=DataAccessRules.from_env(), limits=StagingLimits(),
                        bucket=bucket, work=tmp_path / "work")
+
+
+def test_trainjobs_submit_uploads_local_channels_and_staging_gives_back_their_files(api, db, bucket, tmp_path: Path,
+                                                                                   monkeypatch) -> None:
+    import yaml
+    from click.testing import CliRunner
+
+    from stack.cli import main
+
+    (tmp_path / "train.py").write_bytes(PROGRAM)
+    (tmp_path / "data" / "deep").mkdir(parents=True)
+    (tmp_path / "data" / "x_train.npy").write_bytes(b"\x93NUMPY x")
+    (tmp_path / "data" / "deep" / "y_train.npy").write_bytes(b"\x93NUMPY y")
+    (tmp_path / "t10k-labels-idx1-ubyte.gz").write_bytes(b"\x1f\x8b labels")
+    spec = {"program": {"source": "train.py", "channels": {"training": "data", "testing": "t10k-labels-idx1-ubyte.gz"}}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
+    monkeypatch.setenv("TRAINJOBS_API_URL", str(api.base_url).rstrip("/"))
+    monkeypatch.setenv("TRAINJOBS_API_KEY", api.headers["authorization"].split()[1])
+
+    result = CliRunner().invoke(main, ["submit", str(tmp_path / "job.yaml")])
+
+    assert result.exit_code == 0, result.output
+    [job] = api.get("/v1/jobs").json()["jobs"]
+    channels = job["spec"]["program"]["channels"]
+    assert all(source.startswith("dataset:") for source in channels.values()), channels
+    stage_channels(channels, job_id=job["id"], project_id=project_id(db, "alpha"), rules=DataAccessRules(),
+                   limits=StagingLimits(), bucket=bucket, work=tmp_path / "work")
+    assert _copied(job["id"], "training") == {"x_train.npy": b"\x93NUMPY x", "deep/y_train.npy": b"\x93NUMPY y"}
+    assert _copied(job["id"], "testing") == {"t10k-labels-idx1-ubyte.gz": b"\x1f\x8b labels"}
