@@ -53,12 +53,26 @@ class ChannelFile:
     path: Path | None = None  # a file on this host (an allowed host path, a download, an unpacked member)
 
 
+def max_bytes() -> int:
+    """TRAINJOBS_CHANNELS_MAX_BYTES, read at each staging; a bad value is refused naming the variable."""
+    text = os.environ.get(MAX_BYTES_ENV, "").strip()
+    if not text:
+        return DEFAULT_MAX_BYTES
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ValueError(f"{MAX_BYTES_ENV} must be a positive number of bytes, not {text!r}")
+    return value
+
+
 class ChannelCounter:
     """The files and bytes of a job's channels together, against their limits."""
 
     def __init__(self, limits: StagingLimits):
         self.max_files = limits.max_files
-        self.max_bytes = int(os.environ.get(MAX_BYTES_ENV) or DEFAULT_MAX_BYTES)
+        self.max_bytes = max_bytes()
         self.files = self.bytes = 0
 
     def count(self, name: str, size: int) -> None:
