@@ -219,14 +219,22 @@ def _upload_channels(c: Any, channels: Any, base: Path) -> None:
 
 def _stream_or_poll(c: Any, job_id: str, what: str, poll_s: float = 2.0) -> Iterator[Any]:
     """The job's `what` ("logs" or "metrics") stream; against a server that does not stream, the same
-    events made by polling (new log text, new epochs, and `end` once the job is terminal)."""
-    from trainjobs.client.api import StreamEvent, StreamUnsupported
+    events made by polling (new log text, new epochs, and `end` once the job is terminal). A metrics
+    stream that keeps dropping is polled on from there: the epochs it has yet to bring still come."""
+    from trainjobs.client.api import ApiError, StreamEvent, StreamUnsupported
 
+    sent: set[tuple[Any, Any]] = set()  # the epochs already given, by (attempt, epoch)
     try:
-        yield from c.follow(job_id, what)
+        for ev in c.follow(job_id, what):
+            if ev.event == "metric":
+                sent.add((ev.data.get("attempt"), ev.data.get("epoch")))
+            yield ev
         return
     except StreamUnsupported:
         pass
+    except ApiError as exc:
+        if what != "metrics" or exc.code != "stream":  # a revoked key, a document over its cap: said as is
+            raise
     seen = 0
     while True:
         status = c.get(job_id)["status"]  # before reading, so nothing written before the end is missed
@@ -236,10 +244,10 @@ def _stream_or_poll(c: Any, job_id: str, what: str, poll_s: float = 2.0) -> Iter
                 yield StreamEvent("log", {"line": line}, None)
             seen = len(text)
         else:
-            epochs = c.metrics(job_id)
-            for rec in epochs[seen:]:
-                yield StreamEvent("metric", rec, None)
-            seen = len(epochs)
+            for rec in c.metrics(job_id):
+                if (key := (rec.get("attempt"), rec.get("epoch"))) not in sent:
+                    sent.add(key)
+                    yield StreamEvent("metric", rec, None)
         if status in TERMINAL:
             yield StreamEvent("end", {"status": status}, None)
             return
