@@ -453,6 +453,7 @@ def up(host: str, port: int, data_dir: Path, provisioner: str, concurrency: int,
     record.database_url = None if external else url  # an operator's URL may hold a password: never written
     record.emulator = Process.of(storage.emulator.process.pid) if storage.emulator else None
     write_record(data_dir, record)
+    in_order = False
     try:
         with transaction(session_factory(get_engine(url))) as session:
             key = create_api_key(session, project)
@@ -473,13 +474,15 @@ def up(host: str, port: int, data_dir: Path, provisioner: str, concurrency: int,
         server.stop()
         if provisioner == "local":
             delete_local_machines(data_dir)
+        in_order = True
     finally:
         storage.stop()
         if own_pg:
             get_engine.cache_clear()  # close pooled connections before the server goes
             stop_embedded_postgres(pg_dir)
         forget_running_up(me)
-        (data_dir / STACK_FILE).unlink(missing_ok=True)  # the lifeline, seeing it gone, exits
+        if in_order:  # the lifeline, seeing it gone, exits; else it ends what an error here left
+            (data_dir / STACK_FILE).unlink(missing_ok=True)
     _say("stopped")
 
 
