@@ -7,6 +7,10 @@ API: the downloaded model scored here on rows its job never trained on.
   `--name value` arguments, SM_HOSTS and SM_CURRENT_HOST; written for TensorFlow 2.3 (Keras 2). Its files
   are scikit-learn's digits written in MNIST's format, each channel a local folder sent as `trainjobs
   submit` sends one.
+- AWS's script-mode example (tests/programs/mnist-2.py, verbatim) reads its four .npy files from
+  SM_CHANNEL_TRAINING, SM_HOSTS and SM_CURRENT_HOST, and saves with `model.save(dir)`, which only Keras 2
+  makes a SavedModel (`program.keras: 2`). Its files are the same digits as MNIST's arrays were in its
+  notebook's data: 784 float32 pixels in [0, 1] a row, int32 labels.
 - Google's own Vertex AI custom-training test script (tests/programs/california_housing_training_script.py,
   verbatim) reads CSV splits from AIP_TRAINING_DATA_URI, AIP_VALIDATION_DATA_URI and AIP_TEST_DATA_URI as
   wildcard paths and saves a SavedModel to AIP_MODEL_DIR; written for TensorFlow 2.2 (tf.feature_column,
@@ -100,6 +104,16 @@ def _idx(folder: Path, prefix: str, images: np.ndarray, labels: np.ndarray) -> N
         f.write(struct.pack(">II", 2049, len(labels)) + labels.tobytes())
 
 
+def _mnist_2_arrays(folder: Path) -> None:
+    """The four files mnist-2.py loads, as its notebook's MNIST data has them; eval_* are the held-out digits."""
+    images, labels = _digits()
+    x, y = (images.reshape(len(images), 784) / 255).astype(np.float32), labels.astype(np.int32)
+    folder.mkdir(parents=True)
+    for name, array in (("train_data", x[:-HELD_OUT]), ("train_labels", y[:-HELD_OUT]),
+                        ("eval_data", x[-HELD_OUT:]), ("eval_labels", y[-HELD_OUT:])):
+        np.save(folder / f"{name}.npy", array)
+
+
 def _diabetes_splits() -> dict[str, list[list[float]]]:
     """scikit-learn's diabetes table (California housing is a download) under the column the Vertex AI
     script predicts, split 80/10/10 as Vertex AI splits a managed dataset by default."""
@@ -126,6 +140,7 @@ def _specs(client: httpx.Client, bucket: str, scratch: Path) -> dict[str, dict[s
     images, labels = _digits()
     _idx(scratch / "mnist" / "training", "train", images[:-HELD_OUT], labels[:-HELD_OUT])
     _idx(scratch / "mnist" / "testing", "t10k", images[-HELD_OUT:], labels[-HELD_OUT:])
+    _mnist_2_arrays(scratch / "mnist-2")
     splits = _diabetes_splits()
     storage.ensure_bucket(SOURCE_BUCKET)
     half = len(splits["training"]) // 2  # two shards: AIP_TRAINING_DATA_URI is a wildcard over them
@@ -148,6 +163,11 @@ def _specs(client: httpx.Client, bucket: str, scratch: Path) -> dict[str, dict[s
             "hyperparameters": {"batch-size": 32, "epochs": 5, "learning-rate": 1e-3, "beta_1": 0.9, "beta_2": 0.999},
             "channels": {"training": _upload_channel(client, scratch / "mnist" / "training"),
                          "testing": _upload_channel(client, scratch / "mnist" / "testing")}}},
+        # As its notebook (sagemaker-python-sdk/tensorflow_script_mode_training_and_serving) runs it: no
+        # hyperparameters, one epoch.
+        "mnist_2": {"accelerator": {"type": "cpu"}, "program": {
+            "source": _upload(client, "mnist-2.py", (PROGRAMS / "mnist-2.py").read_bytes()), "keras": 2,
+            "channels": {"training": _upload_channel(client, scratch / "mnist-2")}}},
         "vertex": {"accelerator": {"type": "cpu"}, "program": {
             "source": _upload(client, "task.py", (PROGRAMS / "california_housing_training_script.py").read_bytes()),
             "keras": 2, "requirements": ["pandas"],
@@ -211,6 +231,22 @@ def test_aws_custom_loop_example_trains_on_its_two_channels_and_its_saved_model_
     [logits] = serve(tf.constant(x[..., None].astype(np.float32))).values()
     accuracy = float(np.mean(logits.numpy().argmax(axis=-1) == labels[-HELD_OUT:]))
     assert accuracy >= 0.95, accuracy
+
+
+def test_aws_script_mode_example_runs_with_keras_2_and_its_saved_model_classifies_held_out_digits(
+        jobs: ModuleJobs, tmp_path: Path) -> None:
+    import tensorflow as tf
+
+    job = finished(jobs, "mnist_2")
+    assert job["status"] == "SUCCEEDED", job.get("error")
+    files = _download(jobs, "mnist_2", tmp_path, lambda p: p.startswith("000000001/"))
+    # model.save(dir) under tf_keras: a SavedModel in the version folder the script names, Keras 2's metadata with it.
+    assert {"000000001/saved_model.pb", "000000001/keras_metadata.pb"} <= set(files), sorted(files)
+    serve = tf.saved_model.load(str(tmp_path / "000000001")).signatures["serving_default"]
+    images, labels = _digits()
+    [probabilities] = serve(tf.constant((images[-HELD_OUT:].reshape(HELD_OUT, 784) / 255).astype(np.float32))).values()
+    accuracy = float(np.mean(probabilities.numpy().argmax(axis=-1) == labels[-HELD_OUT:]))
+    assert accuracy >= 0.9, accuracy  # one epoch over 1,497 digits, as its notebook trains it
 
 
 def test_googles_vertex_ai_script_reads_its_three_splits_and_its_saved_model_scores_what_it_reported(
