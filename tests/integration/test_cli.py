@@ -424,7 +424,7 @@ def test_help_shows_defaults_and_choices_and_usage_errors_exit_2(tmp_path):
 def stack_processes(data_dir: Path) -> dict[str, int]:
     record = json.loads((data_dir / "stack.json").read_text())
     pg = int((data_dir / "postgres" / "postmaster.pid").read_text().split()[0])
-    return {"up": record["pid"], "emulator": record["emulator_pid"], "postgres": pg}
+    return {"up": record["up"]["pid"], "emulator": record["emulator"]["pid"], "postgres": pg}
 
 
 def alive(pid: int) -> bool:
@@ -459,12 +459,37 @@ def test_up_stops_its_embedded_postgres_and_emulator_when_it_stops(tmp_path, dat
     assert not (data_dir / "stack.json").exists()
 
 
+def kill_with_its_lifeline(proc: subprocess.Popen[bytes], data_dir: Path) -> None:
+    """SIGKILL `up` and the lifeline that would end its stack (stack/lifeline.py): what a later `down` or
+    `up` must end by itself."""
+    [lifeline] = [int(p) for p in os.listdir("/proc") if p.isdigit() and alive(int(p))
+                  and f"stack.lifeline\0--data-dir\0{data_dir}\0".encode() in _cmdline(int(p))]
+    os.kill(lifeline, signal.SIGKILL)
+    proc.kill()
+    proc.wait()
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def test_a_killed_up_s_lifeline_ends_its_postgres_and_emulator(tmp_path, data_dir):
+    proc, _ = start_up(own_stack_env(tmp_path), data_dir, tmp_path / "up.log")
+    started = stack_processes(data_dir)
+    proc.kill()
+    proc.wait()
+    eventually(lambda: not any(alive(pid) for pid in started.values()) and not (data_dir / "stack.json").exists(),
+               60, f"all of {started} ended and stack.json went")
+
+
 def test_down_stops_a_stack_whose_up_was_killed(tmp_path, data_dir):
     env = own_stack_env(tmp_path)
     proc, _ = start_up(env, data_dir, tmp_path / "up.log")
     started = stack_processes(data_dir)
-    proc.kill()
-    proc.wait()
+    kill_with_its_lifeline(proc, data_dir)
     assert alive(started["postgres"]) and alive(started["emulator"])  # what a crash leaves behind
     r = cli("down", "--data-dir", str(data_dir), env=env)
     assert "embedded PostgreSQL" in r.stdout and "GCS emulator" in r.stdout
@@ -476,8 +501,7 @@ def test_up_after_a_crashed_up_stops_the_postgres_that_one_left(tmp_path, data_d
     env = own_stack_env(tmp_path)
     crashed, _ = start_up(env, data_dir, tmp_path / "crashed.log")
     left = stack_processes(data_dir)
-    crashed.kill()
-    crashed.wait()
+    kill_with_its_lifeline(crashed, data_dir)
     proc, _ = start_up(env, data_dir, tmp_path / "up.log")
     started = stack_processes(data_dir)
     proc.send_signal(signal.SIGTERM)
