@@ -93,8 +93,8 @@ def scan(root: Path) -> Scan:
         try:
             entries = list(os.scandir(folder))
             newest = max(newest, os.stat(folder).st_mtime_ns)
-        except FileNotFoundError:
-            continue  # removed while we looked (a save's temporary folder)
+        except OSError:
+            continue  # removed while we looked (a save's temporary folder), or the program made it unreadable
         for entry in entries:
             rel = f"{rel_folder}{entry.name}"
             try:
@@ -105,7 +105,7 @@ def scan(root: Path) -> Scan:
                         stack.append((Path(entry.path), rel + "/"))
                     continue
                 st = entry.stat()
-            except (FileNotFoundError, NotADirectoryError):
+            except OSError:
                 continue
             newest = max(newest, st.st_mtime_ns)
             if _TEMPORARY.search(entry.name) or any(_TEMPORARY.search(p) for p in rel.split("/")[:-1]):
@@ -173,10 +173,17 @@ class CheckpointWatch:
         now = time.monotonic()
         if not self.upload or (now < self._next_scan and not saved) or now < self._not_before:
             return
-        started = time.process_time()
+        try:
+            self._turn(now, saved)
+        except Exception as exc:  # whatever the program did to its directory, the job goes on
+            log.warning("could not look at the program's checkpoint directory: %s", exc)
+            self._not_before = now + RETRY_S
+
+    def _turn(self, now: float, saved: bool) -> None:
+        started = time.thread_time()  # this thread's CPU: the heartbeat's and the output pump's are not the scan's
         found = scan(self.local)
         # A large directory is looked at less often: its scans' CPU stays under SCAN_COST_SHARE of a core.
-        self._next_scan = now + max(MIN_SCAN_S, (time.process_time() - started) / SCAN_COST_SHARE)
+        self._next_scan = now + max(MIN_SCAN_S, (time.thread_time() - started) / SCAN_COST_SHARE)
         if not self._differs(found):
             self._changed_since = None
             return
@@ -192,7 +199,11 @@ class CheckpointWatch:
         then may hold a file cut off mid-write, and the last committed set stays."""
         if not self.upload:
             return
-        found = scan(self.local)
+        try:
+            found = scan(self.local)
+        except Exception as exc:
+            log.warning("could not look at the program's checkpoint directory: %s", exc)
+            return
         if not self._differs(found):
             return
         if alive_until is not None and not found.settled_at(alive_until):
