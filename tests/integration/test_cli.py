@@ -444,9 +444,12 @@ def own_stack_env(tmp_path: Path) -> dict[str, str]:
 
 @pytest.fixture
 def data_dir() -> Iterator[Path]:
-    """A data dir for an embedded PostgreSQL (see tests/support/tmp.py::outside_pytest_tmp)."""
+    """A data dir for an embedded PostgreSQL (see tests/support/tmp.py::outside_pytest_tmp). Whatever a
+    failed test left running there is stopped first: an `up` outlives its test otherwise."""
     path = outside_pytest_tmp("up")
     yield path
+    subprocess.run([sys.executable, "-m", "stack.cli", "down", "--data-dir", str(path), "--wait", "10"],
+                   capture_output=True, timeout=scaled(120))
     shutil.rmtree(path, ignore_errors=True)
 
 
