@@ -35,7 +35,7 @@ import re
 import shutil
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -245,7 +245,7 @@ class CheckpointWatch:
                 return
             objects = {rel: new.get(rel) or self._stored[rel][2] for rel in found.files}
             storage.write_json(f"{self.remote}/{COMMITTED}", {
-                "set": set_id, "attempt": self.attempt, "committed_at": datetime.now(UTC).isoformat(),
+                "set": set_id, "attempt": self.attempt, "committed_at": datetime.now(timezone.utc).isoformat(),
                 "files": {rel: {"object": objects[rel], "size": found.files[rel][0]} for rel in sorted(found.files)},
             })
         except Exception as exc:  # the next turn tries again; the job goes on

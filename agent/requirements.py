@@ -36,13 +36,13 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
+from trainjobs.program_env import LEGACY_KERAS_ENV
 from trainjobs.requirement_urls import requirement_url_problem
 
 log = logging.getLogger("trainjobs.agent")
 
 IMAGE_PACKAGES = ("tensorflow", "tensorflow-cpu", "tensorflow-tpu", "keras", "numpy")
 TF_KERAS = "tf-keras"
-LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"  # TensorFlow's switch: `tf.keras` is tf_keras where it is "1"
 PIP_TIMEOUT_S = 1800.0
 PIP_OUTPUT_CHARS = 4000  # of pip's output, in the job's error
 # Set by the local provisioner on a sandboxed machine whose one way out is its storage guard.

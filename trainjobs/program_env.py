@@ -50,6 +50,7 @@ _DATA_FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".tfrecord": "tf-record", ".t
 
 # Names a program's own `env` may not set: the ones above, and what the runtime and TensorFlow's
 # multi-worker setup read.
+LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"  # TensorFlow's switch, "1" for `program.keras: 2`: `tf.keras` is tf_keras
 RESERVED_PREFIXES = ("TRAINJOBS_", "AIP_", "SM_", "CLOUD_ML_")
 RESERVED_NAMES = frozenset({"TF_CONFIG", "CLUSTER_SPEC", "STORAGE_EMULATOR_HOST", "PYTHONPATH", "PYTHONHOME"})
 

@@ -15,6 +15,7 @@ from agent.program import _hyperparameters
 from trainjobs import program_env
 from trainjobs.program_env import ProgramSetting, cluster_spec, hyperparameter_args, sagemaker_env, vertex_env
 from trainjobs.spec import JobSpec
+from trainjobs.spec.job import parse_stored
 
 # Every name aws/sagemaker-training-toolkit's Environment.to_env_vars sets (src/sagemaker_training/
 # environment.py at 33839372faf8017edb7dafc6290c1ef63557b404), SM_CHANNEL_*/SM_HP_* aside; SM_TOPOLOGY
@@ -154,3 +155,13 @@ def test_what_the_spec_refuses_of_hyperparameters_channels_and_platform_names(fi
 def test_the_reserved_names_are_the_ones_trainjobs_sets() -> None:
     env = {**sagemaker_env(_setting()), **vertex_env(_setting(tf_config=json.dumps(TF_CONFIG)))}
     assert all(program_env.reserved(name) for name in env)
+
+
+def test_a_programs_env_may_not_switch_keras_itself_but_a_stored_job_that_did_still_reads() -> None:
+    # program.keras says it, and it also installs the tf-keras the switch needs: the switch alone ran the
+    # program with tf.keras missing on an image without tf-keras.
+    refusal = _refusal(_program(env={"TF_USE_LEGACY_KERAS": "1"}))
+    assert refusal.splitlines()[1] == "program.env"
+    assert "TF_USE_LEGACY_KERAS is set by trainjobs from program.keras: give `keras: 2`" in refusal
+    stored = parse_stored(_program(env={"TF_USE_LEGACY_KERAS": "1"}))
+    assert stored.program is not None and stored.program.env == {"TF_USE_LEGACY_KERAS": "1"}

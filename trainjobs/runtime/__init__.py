@@ -55,7 +55,7 @@ _state: dict[str, Any] = {}
 _stop = threading.Event()
 _cooperative = threading.Event()  # the program reads the stop flag (callbacks or should_stop)
 LOCAL_ROOT = "trainjobs-local"
-LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"  # set by the agent for `program.keras: 2`
+LEGACY_KERAS_ENV = program_env.LEGACY_KERAS_ENV  # set by the agent for `program.keras: 2`
 
 _PLAN_VALUES = ("steps_per_execution", "global_batch_size", "per_replica_batch_size", "learning_rate", "epochs",
                 "precision", "replicas", "seed", "strategy_name")

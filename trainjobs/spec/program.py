@@ -23,7 +23,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, Strict, ValidationInfo, field_validator
 
-from trainjobs.program_env import reserved, reserved_reason
+from trainjobs.program_env import LEGACY_KERAS_ENV, reserved, reserved_reason
 from trainjobs.requirement_urls import requirement_url_problem
 from trainjobs.spec.strict import StrictModel, fail, submitting
 
@@ -93,13 +93,18 @@ class ProgramSpec(StrictModel):
 
     @field_validator("env")
     @classmethod
-    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+    def _env(cls, v: dict[str, str], info: ValidationInfo) -> dict[str, str]:
         _each(list(v), "env", MAX_ENV, "variables", lambda name: None)
         for name, value in v.items():
             if not _ENV_NAME.match(name):
                 raise fail(name, f"{name!r} is not an environment variable name (letters, digits, '_')")
             if reserved(name):
                 raise fail(name, reserved_reason(name))
+            # A rule of issue 37 (program.keras says it, and installs the tf-keras it needs): a job
+            # stored before it was accepted as it was.
+            if name == LEGACY_KERAS_ENV and submitting(info):
+                raise fail(name, f"{name} is set by trainjobs from program.keras: give `keras: 2` to run the "
+                                 "program with tf_keras (the tf-keras of the machine's TensorFlow is installed)")
             if len(value) > MAX_ENV_VALUE:
                 raise fail(name, f"a value of {len(value)} characters, over the limit of {MAX_ENV_VALUE}")
         return v
