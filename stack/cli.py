@@ -507,6 +507,9 @@ def down(data_dir: Path, wait_s: float) -> None:
     from stack.lifetime import end_left, read_record, stack_lock
 
     data_dir = data_dir.absolute()
+    if not data_dir.is_dir():  # a mistyped --data-dir: nothing to stop, and nothing made there (stack_lock would)
+        click.echo(f"nothing of trainjobs was running in {data_dir}: there is no such directory")
+        return
     stopped = []
     record = read_record(data_dir)
     if record is not None and record.up.alive():

@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from stack.embedded import EMULATOR_MODULE, embedded_postgres_pid
 from worker.local.processes import pid_alive, start_time
@@ -74,15 +75,25 @@ class StackRecord:
     @classmethod
     def from_json(cls, text: str) -> StackRecord:
         data = json.loads(text)
-        if "up" not in data:  # written by an `up` from before start times were recorded: trust its pids
-            data = {"up": {"pid": data.get("pid") or 0, "started": start_time(data.get("pid") or 0)},
+        if "up" not in data:  # written by an `up` from before start times were recorded
+            data = {"up": _legacy(data.get("pid"), b"stack.cli", b"trainjobs"),
                     "api_url": data.get("api_url", ""), "postgres": data.get("postgres"),
-                    "emulator": ({"pid": data["emulator_pid"], "started": start_time(data["emulator_pid"])}
-                                 if data.get("emulator_pid") else None)}
+                    "emulator": _legacy(data["emulator_pid"], EMULATOR_MODULE.encode())
+                    if data.get("emulator_pid") else None}
         emulator = data.get("emulator")
         return cls(up=Process(**data["up"]), api_url=data.get("api_url", ""), postgres=data.get("postgres"),
                    database_url=data.get("database_url"), emulator=Process(**emulator) if emulator else None,
                    worker=data.get("worker"))
+
+
+def _legacy(pid: Any, *names: bytes) -> dict[str, Any]:
+    """A pid of an older stack.json, without its start time: that process only while its command line
+    still names one of `names`, as that `up` checked it (after a crash the pid may be anyone's by now)."""
+    try:
+        argv = Path(f"/proc/{int(pid)}/cmdline").read_bytes()
+    except (OSError, TypeError, ValueError):
+        return {"pid": 0, "started": None}
+    return {"pid": int(pid), "started": start_time(int(pid)) if any(n in argv for n in names) else None}
 
 
 def read_record(data_dir: Path) -> StackRecord | None:

@@ -500,6 +500,27 @@ def test_down_stops_a_stack_whose_up_was_killed(tmp_path, data_dir):
     assert "nothing of trainjobs was running" in cli("down", "--data-dir", str(data_dir), env=env).stdout
 
 
+def test_down_leaves_alone_a_process_whose_pid_an_older_stack_json_names_and_makes_no_data_dir(tmp_path):
+    # A stack.json from before start times were recorded, left by a crash: its pids may be anyone's by now.
+    env = own_stack_env(tmp_path)
+    stranger = subprocess.Popen(["sleep", "600"])
+    try:
+        data_dir = tmp_path / "data"
+        data_dir.mkdir()
+        (data_dir / "stack.json").write_text(json.dumps({"pid": stranger.pid, "api_url": "http://127.0.0.1:1",
+                                                         "emulator_pid": stranger.pid, "postgres": None}))
+        r = cli("down", "--data-dir", str(data_dir), "--wait", "1", env=env)
+        assert "nothing of trainjobs was running" in r.stdout, r.stdout
+        assert stranger.poll() is None, "down signalled a process that is not trainjobs'"
+        assert not (data_dir / "stack.json").exists()
+    finally:
+        stranger.kill()
+        stranger.wait()
+    typo = tmp_path / "no-such-dir"
+    assert "nothing of trainjobs was running" in cli("down", "--data-dir", str(typo), env=env).stdout
+    assert not typo.exists()
+
+
 def test_up_after_a_crashed_up_stops_the_postgres_that_one_left(tmp_path, data_dir):
     env = own_stack_env(tmp_path)
     crashed, _ = start_up(env, data_dir, tmp_path / "crashed.log")
