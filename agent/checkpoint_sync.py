@@ -33,6 +33,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -81,8 +82,8 @@ class Scan:
 
 
 def scan(root: Path) -> Scan:
-    """Every file under root (a link only where it stays inside, as storage.local_files), with its
-    size and modification time; one stat each."""
+    """Every regular file under root (a link only where it stays inside, as storage.local_files), with
+    its size and modification time; one stat each."""
     files: dict[str, tuple[int, int]] = {}
     temporaries: dict[str, int] = {}
     newest = 0
@@ -106,6 +107,8 @@ def scan(root: Path) -> Scan:
                     continue
                 st = entry.stat()
             except OSError:
+                continue
+            if not stat.S_ISREG(st.st_mode):  # a named pipe or socket: opened to upload, it would block the agent
                 continue
             newest = max(newest, st.st_mtime_ns)
             if _TEMPORARY.search(entry.name) or any(_TEMPORARY.search(p) for p in rel.split("/")[:-1]):

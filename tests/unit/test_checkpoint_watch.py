@@ -79,3 +79,13 @@ def test_a_link_out_of_the_directory_is_not_part_of_a_set(tmp_path: Path) -> Non
     (root / "leak").symlink_to(tmp_path / "secret")
     (root / "inside").symlink_to(root / "w.h5")
     assert set(scan(root).files) == {"w.h5", "inside"}
+
+
+def test_a_named_pipe_or_socket_is_not_part_of_a_set(tmp_path: Path) -> None:
+    import socket
+
+    _write(tmp_path, "w.h5", "w", T)
+    os.mkfifo(tmp_path / "pipe")  # opened to upload, a pipe no one writes blocks the agent's loop for good
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(tmp_path / "sock"))
+        assert set(scan(tmp_path).files) == {"w.h5"}
