@@ -311,19 +311,27 @@ def _committed(remote: str, local: Path) -> dict[str, Any] | None:
     outside `local`, or an object outside sets/, is refused as a whole."""
     try:
         doc = storage.read_json_bounded(f"{remote}/{COMMITTED}", COMMITTED_MAX_BYTES)
-    except (ValueError, storage.ObjectTooLarge) as exc:
+    except (ValueError, RecursionError, storage.ObjectTooLarge) as exc:  # RecursionError: JSON nested too deep
         log.error("the job's committed.json cannot be read (%s): the program starts without a checkpoint", exc)
         return None
     if doc is None:
         return None
     files = doc.get("files") if isinstance(doc, dict) else None
-    if (not isinstance(files, dict) or len(files) > MAX_FILES
+    if (not isinstance(files, dict) or len(files) > MAX_FILES or not _plain_names(list(files))
             or storage.restorable(list(files), local) != list(files)
             or not all(isinstance(f, dict) and isinstance(o := f.get("object"), str) and o.startswith(f"{SETS}/")
                        and ".." not in o.split("/") for f in files.values())):
         log.error("the job's committed.json is not one the agent wrote: the program starts without a checkpoint")
         return None
     return dict(doc)
+
+
+def _plain_names(names: list[str]) -> bool:
+    """Each a file's path as scan() gives it ('a/b', no '', '.' or '..' part), and none also a folder of
+    another: '.' or 'x/..' would be the directory itself, 'a' beside 'a/b' a file where a folder goes."""
+    parts = [name.split("/") for name in names]
+    folders = {"/".join(p[:i]) for p in parts for i in range(1, len(p))}
+    return all(s not in ("", ".", "..") for p in parts for s in p) and folders.isdisjoint(names)
 
 
 def _download(remote: str, local: Path, committed: dict[str, Any]) -> list[Path]:

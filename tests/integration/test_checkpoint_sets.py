@@ -190,3 +190,24 @@ def test_keras_backup_and_restore_and_a_checkpoint_manager_saves_go_up_whole_and
     assert len(history.history["loss"]) == 3
     assert tf.train.CheckpointManager(tf.train.Checkpoint(step=tf.Variable(0)), str(again / "tf"), 2).latest_checkpoint \
         == str(again / "tf" / "ckpt-3")
+
+
+@pytest.mark.parametrize("files", [
+    {".": {"object": f"{SETS}/x/y"}},  # the directory itself
+    {"x/..": {"object": f"{SETS}/x/y"}},
+    {"a": {"object": f"{SETS}/x/y"}, "a/b": {"object": f"{SETS}/x/y"}},  # a file where a folder goes
+    {"a//b": {"object": f"{SETS}/x/y"}},
+    "[" * 100_000,  # nested past the parser's depth
+], ids=["dot", "dot-dot inside", "file and folder", "empty part", "deep"])
+def test_a_committed_json_the_agent_could_not_have_written_is_refused_as_a_whole(bucket: str, tmp_path: Path,
+                                                                                 files: Any) -> None:
+    storage.blob(f"{_remote(bucket)}/{SETS}/x/y").upload_from_string(b"the program's own object")
+    if isinstance(files, str):
+        storage.blob(f"{_remote(bucket)}/{COMMITTED}").upload_from_string(files)
+    else:
+        storage.write_json(f"{_remote(bucket)}/{COMMITTED}", {"files": files})
+    local = tmp_path / "p"
+    local.mkdir()  # as the agent makes it before restoring
+
+    assert restore(_remote(bucket), local, clean=False) == ([], None)  # the program starts without a checkpoint
+    assert local.is_dir() and list(local.iterdir()) == []
