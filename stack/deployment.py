@@ -76,7 +76,8 @@ def admin_database(data_dir: Path, given: bool, say: Callable[[str], None]) -> I
                                "TRAINJOBS_DATABASE_URL named when it started: give it to this command too")
         yield record.database_url
         return
-    from stack.embedded import embedded_postgres_url, start_embedded_postgres, stop_embedded_postgres
+    from stack.embedded import (embedded_postgres_pid, embedded_postgres_url, start_embedded_postgres,
+                                stop_embedded_postgres)
 
     postgres = data_dir / "postgres"
     if (url := embedded_postgres_url(postgres)) is not None:
@@ -86,11 +87,13 @@ def admin_database(data_dir: Path, given: bool, say: Callable[[str], None]) -> I
         raise NoDeployment(f"no trainjobs deployment found in {data_dir}: start one with `trainjobs up`, give "
                            "its --data-dir, or give TRAINJOBS_DATABASE_URL")
     say(f"the deployment in {data_dir} is stopped: its database runs for this command only")
-    url = start_embedded_postgres(postgres)
     try:
-        yield url
+        # Started inside the try: a start that fails or is interrupted (Ctrl-C) once the server is up
+        # (pg_ctl gives it a session of its own, so the Ctrl-C does not reach it) still stops it.
+        yield start_embedded_postgres(postgres)
     finally:
         from service.db.session import get_engine
 
         get_engine.cache_clear()  # close pooled connections before the server goes
-        stop_embedded_postgres(postgres)
+        if embedded_postgres_pid(postgres) is not None:
+            stop_embedded_postgres(postgres)

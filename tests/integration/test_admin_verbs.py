@@ -93,3 +93,28 @@ def test_admin_verbs_use_the_running_up_s_database_then_the_stopped_one_s_and_le
     assert revoked.returncode == 0 and "revoked" in revoked.stdout, revoked
     eventually(lambda: not postmasters(root), 30, lambda: f"no server left: {postmasters(root)}")
     assert not (data_dir / "postgres" / "postmaster.pid").exists()
+
+
+def test_a_database_started_for_a_verb_is_stopped_when_its_start_is_interrupted(home, monkeypatch):
+    # Ctrl-C once the server is up but before the verb has its URL (pg_ctl's session keeps the server
+    # from the Ctrl-C): the verb's own clean-up must still stop it.
+    from stack import embedded
+    from stack.deployment import admin_database
+
+    root, env = home
+    postgres = root / "data" / "postgres"
+    embedded.start_embedded_postgres(postgres)
+    embedded.stop_embedded_postgres(postgres)  # a stopped deployment's database
+    for name in ("TRAINJOBS_DATABASE_URL", "TRAINJOBS_DATA_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TRAINJOBS_HOME", env["TRAINJOBS_HOME"])
+
+    def interrupted(*_: object) -> None:
+        assert postmasters(root), "the server is up when the interrupt comes"
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(embedded, "_ensure_database", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with admin_database(root / "data", True, lambda _: None):
+            pass
+    assert not postmasters(root) and not (postgres / "postmaster.pid").exists()
