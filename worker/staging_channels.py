@@ -6,7 +6,8 @@ What the job may name is the same as for its dataset (trainjobs/source_rules.py,
 the operator's rules stand today); what only the data can tell fails the job here, naming the channel:
 a source that does not exist, holds no files, or passes the limits of what a job's channels may hold
 together (TRAINJOBS_CHANNELS_MAX_BYTES, and staging's TRAINJOBS_STAGING_MAX_FILES). Every file is
-listed and counted before the first is copied, so a source too large copies nothing.
+counted as it is listed, so a source too large fails at the first file past a limit (a prefix of millions
+of objects is not listed to its end), and before the first is copied, so it copies nothing.
 
     gs://bucket/key            one object, under its own name
     gs://bucket/prefix/        every object under it, by its name below the prefix (server-side copies)
@@ -24,6 +25,7 @@ import os
 import shutil
 import tarfile
 import zipfile
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -93,11 +95,12 @@ def stage_channels(channels: dict[str, str], *, job_id: str, project_id: str, ru
     found: dict[str, list[ChannelFile]] = {}
     try:
         for name, source in channels.items():
-            found[name] = _files(name, source, project_id, rules, limits, bucket, work / name)
+            found[name] = []
+            for f in _files(name, source, project_id, rules, limits, bucket, work / name):
+                counter.count(name, f.size)
+                found[name].append(f)
             if not found[name]:
                 raise ProgramError(f"program.channels.{name}: {shown(source)} holds no files")
-            for f in found[name]:
-                counter.count(name, f.size)
         paths = JobPaths.for_job(job_id)  # the job's own directory, where its agent reads
         for name, files in found.items():
             _copy(files, paths.channel(name))
@@ -110,7 +113,7 @@ def stage_channels(channels: dict[str, str], *, job_id: str, project_id: str, ru
 
 
 def _files(name: str, source: str, project_id: str, rules: DataAccessRules, limits: StagingLimits, bucket: str,
-           scratch: Path) -> list[ChannelFile]:
+           scratch: Path) -> Iterable[ChannelFile]:
     field = f"program.channels.{name}"
     try:
         check_source(source, rules=rules, bucket=bucket, project_id=project_id, own_job=None)
@@ -140,34 +143,36 @@ def _files(name: str, source: str, project_id: str, rules: DataAccessRules, limi
     return _tree(path, lambda p: any(p.is_relative_to(d) for d in rules.host_dirs))
 
 
-def _gcs_files(field: str, uri: str) -> list[ChannelFile]:
+def _gcs_files(field: str, uri: str) -> Iterator[ChannelFile]:
+    """As they are listed: the caller counts each, and stops the listing at the first past a limit."""
     from google.api_core.exceptions import Forbidden, NotFound
 
     bucket_name, key = storage.split_uri(uri)
+    listed = 0
     try:
         if key and not key.endswith("/"):
             one = storage.bucket(bucket_name).get_blob(key)
             if one is not None:
-                return [ChannelFile(PurePosixPath(key).name, int(one.size or 0), blob=one)]
+                yield ChannelFile(PurePosixPath(key).name, int(one.size or 0), blob=one)
+                return
             key += "/"
-        files = []
         for blob in storage.client().list_blobs(bucket_name, prefix=key):
             rel = blob.name[len(key):]
             if rel.endswith("/") or not rel:  # a console's folder placeholder
                 continue
             if any(part in ("", ".", "..") for part in rel.split("/")):
                 raise ProgramError(f"{field}: object {blob.name} has a name that cannot be a file's")
-            files.append(ChannelFile(rel, int(blob.size or 0), blob=blob))
+            listed += 1
+            yield ChannelFile(rel, int(blob.size or 0), blob=blob)
     except NotFound:
         raise ProgramError(f"{field}: bucket gs://{bucket_name} does not exist") from None
     except Forbidden:
         raise ProgramError(f"{field}: the worker may not read {shown(uri)}") from None
-    if not files:
+    if not listed:
         raise ProgramError(f"{field}: no object or folder at {shown(uri)}")
-    return files
 
 
-def _unpacked(field: str, archive: Path, into: Path, limits: StagingLimits) -> list[ChannelFile]:
+def _unpacked(field: str, archive: Path, into: Path, limits: StagingLimits) -> Iterator[ChannelFile]:
     """An archive's files, unpacked after their sizes were counted: a bomb fails before a byte is written."""
     counted = StagingBudget(limits)
     into.mkdir(parents=True)
@@ -189,14 +194,12 @@ def _unpacked(field: str, archive: Path, into: Path, limits: StagingLimits) -> l
     return _tree(into, lambda p: p.is_relative_to(into.resolve()))
 
 
-def _tree(root: Path, inside: Any) -> list[ChannelFile]:
-    """The files under root, by their names below it; a link that leads outside what `inside` allows is
-    left out (it would copy the worker's files into the job)."""
-    files = []
-    for path in sorted(root.rglob("*")):
+def _tree(root: Path, inside: Any) -> Iterator[ChannelFile]:
+    """The files under root, by their names below it, as they are found (the caller counts each); a link
+    that leads outside what `inside` allows is left out (it would copy the worker's files into the job)."""
+    for path in root.rglob("*"):
         if path.is_file() and inside(path.resolve()):
-            files.append(ChannelFile(path.relative_to(root).as_posix(), path.stat().st_size, path=path))
-    return files
+            yield ChannelFile(path.relative_to(root).as_posix(), path.stat().st_size, path=path)
 
 
 def _copy(files: list[ChannelFile], prefix: str) -> None:

@@ -173,3 +173,25 @@ def test_trainjobs_submit_uploads_local_channels_and_staging_gives_back_their_fi
                    limits=StagingLimits(), bucket=bucket, work=tmp_path / "work")
     assert _copied(job["id"], "training") == {"x_train.npy": b"\x93NUMPY x", "deep/y_train.npy": b"\x93NUMPY y"}
     assert _copied(job["id"], "testing") == {"t10k-labels-idx1-ubyte.gz": b"\x1f\x8b labels"}
+
+
+def test_a_prefix_of_too_many_objects_fails_at_the_first_past_the_limit_not_listed_to_its_end(
+        db, bucket, tmp_path: Path, monkeypatch) -> None:
+    alpha = project_id(db, "alpha")
+    for i in range(12):
+        storage.blob(f"gs://{bucket}/uploads/{alpha}/many/{i:02d}.npy").upload_from_string(b"x")
+    client_type = type(storage.client())
+    real_list = client_type.list_blobs
+    listed: list[str] = []
+
+    def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        for blob in real_list(self, *args, **kwargs):  # the real listing; what staging took of it, counted
+            listed.append(blob.name)
+            yield blob
+
+    monkeypatch.setattr(client_type, "list_blobs", counted)
+
+    with pytest.raises(ProgramError, match=r"^program\.channels\.training: the job's channels hold more than 3 files"):
+        stage_channels({"training": f"gs://{bucket}/uploads/{alpha}/many/"}, job_id=str(uuid.uuid4()), project_id=alpha,
+                       rules=DataAccessRules(), limits=StagingLimits(max_files=3), bucket=bucket, work=tmp_path / "work")
+    assert len(listed) == 4  # a prefix of millions of objects is not listed to its end (nor held in memory) first
