@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
-from stack.lifetime import Process, StackRecord, read_record
+from stack.lifetime import Process, StackRecord, read_record, stack_lock
 from trainjobs.config import database_url_from_env, home
 
 POINTER = "up.json"  # in TRAINJOBS_HOME while an `up` runs: its data dir, for admin verbs run without --data-dir
@@ -86,14 +86,23 @@ def admin_database(data_dir: Path, given: bool, say: Callable[[str], None]) -> I
     if not (postgres / "PG_VERSION").exists():
         raise NoDeployment(f"no trainjobs deployment found in {data_dir}: start one with `trainjobs up`, give "
                            "its --data-dir, or give TRAINJOBS_DATABASE_URL")
-    say(f"the deployment in {data_dir} is stopped: its database runs for this command only")
-    try:
-        # Started inside the try: a start that fails or is interrupted (Ctrl-C) once the server is up
-        # (pg_ctl gives it a session of its own, so the Ctrl-C does not reach it) still stops it.
-        yield start_embedded_postgres(postgres)
-    finally:
-        from service.db.session import get_engine
+    # The data dir's lock while the server runs for the verb: an `up` starting on it meanwhile would take
+    # the server for someone else's (not its own to stop), and find it stopped under it by the verb.
+    with stack_lock(data_dir):
+        if (record := _running_record(data_dir)) is not None:  # it started as this verb looked
+            raise NoDeployment(f"trainjobs up (pid {record.up.pid}) is starting on {data_dir}: run this again once "
+                               "it is ready")
+        if (url := embedded_postgres_url(postgres)) is not None:  # someone else's meanwhile: left running
+            yield url
+            return
+        say(f"the deployment in {data_dir} is stopped: its database runs for this command only")
+        try:
+            # Started inside the try: a start that fails or is interrupted (Ctrl-C) once the server is up
+            # (pg_ctl gives it a session of its own, so the Ctrl-C does not reach it) still stops it.
+            yield start_embedded_postgres(postgres)
+        finally:
+            from service.db.session import get_engine
 
-        get_engine.cache_clear()  # close pooled connections before the server goes
-        if embedded_postgres_pid(postgres) is not None:
-            stop_embedded_postgres(postgres)
+            get_engine.cache_clear()  # close pooled connections before the server goes
+            if embedded_postgres_pid(postgres) is not None:
+                stop_embedded_postgres(postgres)

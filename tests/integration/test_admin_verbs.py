@@ -5,6 +5,7 @@ traceback advising `trainjobs db upgrade`)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -118,3 +119,34 @@ def test_a_database_started_for_a_verb_is_stopped_when_its_start_is_interrupted(
         with admin_database(root / "data", True, lambda _: None):
             pass
     assert not postmasters(root) and not (postgres / "postmaster.pid").exists()
+
+
+def test_a_database_started_for_a_verb_runs_under_the_data_dir_s_lock(home, monkeypatch):
+    # An `up` starting on the data dir meanwhile waits for the verb, then finds the server stopped and
+    # starts it as its own (else it took the verb's for someone else's, never to stop it, and the verb
+    # stopped it under it).
+    from stack import embedded
+    from stack.deployment import admin_database
+    from stack.lifetime import LOCK_FILE
+
+    root, env = home
+    data_dir = root / "data"
+    embedded.start_embedded_postgres(data_dir / "postgres")
+    embedded.stop_embedded_postgres(data_dir / "postgres")
+    for name in ("TRAINJOBS_DATABASE_URL", "TRAINJOBS_DATA_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TRAINJOBS_HOME", env["TRAINJOBS_HOME"])
+
+    def lock_is_free() -> bool:
+        fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)
+
+    with admin_database(data_dir, True, lambda _: None):
+        assert postmasters(root) and not lock_is_free()
+    assert not postmasters(root) and lock_is_free()
