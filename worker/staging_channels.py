@@ -132,7 +132,9 @@ def _files(name: str, source: str, project_id: str, rules: DataAccessRules, limi
         blob.download_to_filename(str(scratch / file_name), raw_download=True)
         return _unpacked(field, scratch / file_name, scratch / "unpacked", limits)
     if source.startswith(("https://", "http://")):
-        file_name = PurePosixPath(unquote(urlparse(source).path)).name or "download"
+        file_name = PurePosixPath(unquote(urlparse(source).path)).name
+        if file_name in ("", ".."):  # '..' ('%2e%2e') would name the folder above the download's
+            file_name = "download"
         target = fetch(source, scratch / file_name, rules=rules, budget=StagingBudget(limits))
         return [ChannelFile(file_name, target.stat().st_size, path=target)]
     path = rules.host_path(source)  # allowed and resolved: check_source said so

@@ -195,3 +195,32 @@ def test_a_prefix_of_too_many_objects_fails_at_the_first_past_the_limit_not_list
         stage_channels({"training": f"gs://{bucket}/uploads/{alpha}/many/"}, job_id=str(uuid.uuid4()), project_id=alpha,
                        rules=DataAccessRules(), limits=StagingLimits(max_files=3), bucket=bucket, work=tmp_path / "work")
     assert len(listed) == 4  # a prefix of millions of objects is not listed to its end (nor held in memory) first
+
+
+def test_a_url_whose_last_part_is_dot_dot_is_saved_under_a_name_of_its_own(db, bucket, tmp_path: Path,
+                                                                            monkeypatch) -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Data(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.send_header("Content-Length", "4")
+            self.end_headers()
+            self.wfile.write(b"data")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Data)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    monkeypatch.setenv("TRAINJOBS_FETCH_ALLOW_HOSTS", "127.0.0.1")
+    job_id = str(uuid.uuid4())
+    try:
+        stage_channels({"training": f"http://127.0.0.1:{server.server_address[1]}/data/%2e%2e"}, job_id=job_id,
+                       project_id=project_id(db, "alpha"), rules=DataAccessRules.from_env(), limits=StagingLimits(),
+                       bucket=bucket, work=tmp_path / "work")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert _copied(job_id, "training") == {"download": b"data"}
