@@ -135,7 +135,8 @@ def job_metrics(job_id: uuid.UUID, project: ProjectId, secret: ApiSecret, factor
         doc = storage.read_json_bounded(paths.metrics, storage.METRICS_MAX_BYTES)
     except storage.ObjectTooLarge as exc:
         raise _too_large(exc) from None
-    except ValueError as exc:  # the job's code wrote something that is not JSON there
+    except (ValueError, RecursionError) as exc:  # the job's code wrote something that is not JSON there, or
+        # JSON nested deeper than the parser follows (it raises RecursionError, a 500 otherwise)
         raise ApiError(422, f"the job's metrics.json is not JSON ({exc})", "not_json") from None
     return job_metrics_of(doc)
 
@@ -145,4 +146,22 @@ def job_metrics_of(doc: Any) -> JobMetrics:
     the API answers it: its history, the entries the stream sends one by one (service/routes/streams.py).
     Until issue 37 the whole document was answered under `epochs`, where clients expect the list."""
     history = doc.get("history") if isinstance(doc, dict) else None
-    return JobMetrics(epochs=[e for e in history if isinstance(e, dict)] if isinstance(history, list) else [])
+    return JobMetrics(epochs=[e for e in history if isinstance(e, dict) and _nested_within(e, EPOCH_MAX_DEPTH)]
+                      if isinstance(history, list) else [])
+
+
+# An epoch's entry is names and numbers (a record or two inside at most): one nested deeper is the job's
+# code's, and one past 255 levels fails the response's serialization (pydantic's limit), a 500.
+EPOCH_MAX_DEPTH = 16
+
+
+def _nested_within(value: Any, depth: int) -> bool:
+    """No list or object in value lies more than `depth` levels inside it."""
+    todo = [(value, 0)]
+    while todo:
+        item, level = todo.pop()
+        if isinstance(item, dict | list):
+            if level >= depth:
+                return False
+            todo.extend((x, level + 1) for x in (item.values() if isinstance(item, dict) else item))
+    return True

@@ -106,6 +106,25 @@ def test_metrics_that_are_not_json_are_a_422_and_end_no_stream_early_or_never(ap
     assert follower.until("end", timeout=30)[-1].data == {"status": "CANCELLED"}
 
 
+def test_metrics_nested_too_deep_are_a_422_or_left_out_never_a_500(api, bucket):
+    # The job's code can write metrics.json: JSON nested past what the parser follows, or an epoch
+    # nested past what the response serializes, was an internal error.
+    job = api.post("/v1/jobs", json=digits_spec()).json()
+    metrics = JobPaths.for_job(job["id"]).metrics
+    storage.blob(metrics).upload_from_string(b"[" * 100_000 + b"]" * 100_000)
+    answer = api.get(f"/v1/jobs/{job['id']}/metrics")
+    assert answer.status_code == 422 and answer.json()["error"]["error"] == "not_json", answer.text
+    deep: object = 1
+    for _ in range(300):
+        deep = {"a": deep}
+    storage.write_json(metrics, {"history": [{"attempt": 1, "epoch": 1, "loss": 0.5}, {"attempt": 1, "epoch": 2, "x": deep},
+                                             {"attempt": 1, "epoch": 3, "loss": 0.25, "val": {"loss": 0.3}}]})
+    answer = api.get(f"/v1/jobs/{job['id']}/metrics")
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["epochs"] == [{"attempt": 1, "epoch": 1, "loss": 0.5},
+                                       {"attempt": 1, "epoch": 3, "loss": 0.25, "val": {"loss": 0.3}}]
+
+
 def test_a_metric_stream_downloads_metrics_json_only_when_it_changed(api, bucket, monkeypatch):
     from service.routes import streams
 
