@@ -106,7 +106,7 @@ def scan(root: Path) -> Scan:
                         stack.append((Path(entry.path), rel + "/"))
                     continue
                 st = entry.stat()
-            except OSError:
+            except (OSError, RuntimeError):  # RuntimeError: a link in a loop (Path.resolve, Python < 3.13)
                 continue
             if not stat.S_ISREG(st.st_mode):  # a named pipe or socket: opened to upload, it would block the agent
                 continue

@@ -89,3 +89,9 @@ def test_a_named_pipe_or_socket_is_not_part_of_a_set(tmp_path: Path) -> None:
     with socket.socket(socket.AF_UNIX) as server:
         server.bind(str(tmp_path / "sock"))
         assert set(scan(tmp_path).files) == {"w.h5"}
+
+
+def test_a_link_in_a_loop_is_left_out_and_the_rest_is_a_set(tmp_path: Path) -> None:
+    _write(tmp_path, "w.h5", "w", T)
+    (tmp_path / "loop").symlink_to("loop")  # every look at the directory failed, and no save went up again
+    assert set(scan(tmp_path).files) == {"w.h5"}
