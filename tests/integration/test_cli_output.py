@@ -86,3 +86,39 @@ def test_status_shows_a_record_in_the_final_metrics_as_a_line_not_a_dict():
                      r"kernel \[64, 64\]\}, .*\(\d+ more\)\}$", text, re.M), text
     assert re.search(r"^\s+early_stopping val_r2 did not improve by more than 0 for 3 epochs; best 0\.48 at epoch 3$",
                      text, re.M), text
+
+
+def test_a_metrics_stream_that_keeps_dropping_is_polled_on_to_the_end_each_epoch_once(api, api_url, bucket,
+                                                                                      monkeypatch):
+    """Issue 37: a follow whose stream kept dropping ended without the epochs it had yet to bring. The
+    real API answers the polls; only the stream's drop is made (after two epochs, as a network's would)."""
+    from trainjobs import storage
+    from trainjobs.client import cli as client_cli
+    from trainjobs.client.api import ApiError, Client, StreamEvent
+    from trainjobs.job_paths import JobPaths
+
+    job = api.post("/v1/jobs", json={"dataset": {"source": "sklearn:digits"}, "model": {"name": "mlp"}}).json()
+    # Attempt 2 resumed from its checkpoint after epoch 1: its epochs 2 and 3 are new ones.
+    history = [{"attempt": a, "epoch": e, "loss": 1.0 / e} for a, e in ((1, 1), (1, 2), (1, 3), (2, 2), (2, 3))]
+    storage.write_json(JobPaths.for_job(job["id"]).metrics, {"attempt": 2, "history": history})
+    api.post(f"/v1/jobs/{job['id']}/cancel")
+
+    def dropping(self: Client, job_id: str, what: str, reconnects: int = 5) -> object:
+        yield StreamEvent("status", {"status": "RUNNING"}, None)
+        for rec in history[:2]:
+            yield StreamEvent("metric", rec, f"{rec['attempt']}.{rec['epoch']}")
+        raise ApiError(0, {"error": {"error": "stream", "message": f"the {what} stream dropped 6 times in a row"}})
+
+    monkeypatch.setattr(Client, "follow", dropping)
+    c = Client(api_url=api_url, api_key=api.headers["authorization"].split()[1])
+    events = list(client_cli._stream_or_poll(c, job["id"], "metrics", poll_s=0.01))
+    assert [e.data for e in events if e.event == "metric"] == history  # each once, none missing
+    assert events[-1] == StreamEvent("end", {"status": "CANCELLED"}, None)
+
+    def refused(self: Client, job_id: str, what: str, reconnects: int = 5) -> object:
+        raise ApiError(422, {"error": {"error": "too_large", "message": "metrics.json is over its cap"}})
+        yield
+
+    monkeypatch.setattr(Client, "follow", refused)  # what polling cannot help with is said, not polled
+    with pytest.raises(ApiError, match="too_large"):
+        list(client_cli._stream_or_poll(c, job["id"], "metrics", poll_s=0.01))
