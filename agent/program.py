@@ -32,6 +32,7 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -287,8 +288,21 @@ def _keep_output_data(work: WorkDir, out: Path) -> None:
     """SageMaker keeps what a script writes to SM_OUTPUT_DATA_DIR (its output.tar.gz): here it goes with
     the artifacts, under output/data/, unless the program made an output/ of its own there."""
     data = work.root / "output" / "data"
+    if data.is_symlink():  # the program put a link in the folder's place: where it leads is not its output
+        log.warning("SM_OUTPUT_DATA_DIR was replaced by a link to %s: not kept", os.path.realpath(data))
+        return
     if data.is_dir() and any(data.iterdir()) and not (out / "output").exists():
-        shutil.copytree(data, out / "output" / "data", symlinks=True)
+        # Links are copied as links (storage.local_files uploads only those that stay inside).
+        shutil.copytree(data, out / "output" / "data", symlinks=True, ignore=_special_files)
+
+
+def _special_files(folder: str, names: list[str]) -> list[str]:
+    """Named pipes, sockets, devices: nothing to keep, and copying one fails the job after its program succeeded."""
+    def special(name: str) -> bool:
+        mode = os.lstat(os.path.join(folder, name)).st_mode
+        return not (stat.S_ISDIR(mode) or stat.S_ISREG(mode) or stat.S_ISLNK(mode))
+
+    return [name for name in names if special(name)]
 
 
 def _killed_at(proc: subprocess.Popen[bytes], alive_at: float) -> float | None:

@@ -147,3 +147,32 @@ def test_object_names_that_would_climb_out_of_a_restored_directory_are_left_in_s
     names = ["ckpt/state.json", "../../../.bashrc", "ckpt/../../escaped", "ckpt/../kept.txt", "/etc/cron.d/x",
              "ckpt/"]
     assert restorable(names, tmp_path / "work" / "checkpoints") == ["ckpt/state.json", "ckpt/../kept.txt"]
+
+
+def test_what_the_program_left_in_sm_output_data_dir_is_kept_with_its_artifacts_and_nothing_else(
+        tmp_path: Path) -> None:
+    import os
+    import socket
+
+    from agent.job import WorkDir
+    from agent.program import _keep_output_data
+    from trainjobs.storage import local_files
+
+    work, out = WorkDir(tmp_path / "w"), tmp_path / "artifacts"
+    data = work.root / "output" / "data"
+    (data / "eval").mkdir(parents=True)
+    (data / "eval" / "scores.json").write_text("{}")
+    os.mkfifo(data / "pipe")  # a pipe or socket failed the job after its program had succeeded
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(data / "sock"))
+        _keep_output_data(work, out)
+    assert [p.relative_to(out).as_posix() for p in local_files(out)] == ["output/data/eval/scores.json"]
+
+    # The folder replaced by a link: what it leads to is none of the program's output.
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "secret").write_text("s")
+    again, out = WorkDir(tmp_path / "w2"), tmp_path / "artifacts2"
+    (again.root / "output").mkdir(parents=True)
+    (again.root / "output" / "data").symlink_to(tmp_path / "elsewhere")
+    _keep_output_data(again, out)
+    assert not (out / "output").exists()
