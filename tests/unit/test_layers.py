@@ -140,7 +140,7 @@ IMPORT_NAMES = {
     "google-cloud-tpu": {"google"}, "google-cloud-compute": {"google"}, "prometheus-client": {"prometheus_client"},
     "rich": {"rich"}, "packaging": {"packaging"}, "httptools": {"httptools"}, "uvloop": {"uvloop"}, "orjson": {"orjson"}, "anyio": {"anyio"},
     "playwright": {"playwright"}, "vermin": {"vermin"}, "cryptography": {"cryptography"}, "optuna": {"optuna"},
-    "tf-keras": {"tf_keras"},
+    "tf-keras": {"tf_keras"}, "pandas": {"pandas"},
 }
 # Imported only inside `try: ... except ImportError`, with a fallback.
 OPTIONAL = {"ai_edge_litert"}
