@@ -438,12 +438,13 @@ def up(host: str, port: int, data_dir: Path, provisioner: str, concurrency: int,
         if left is not None and left.up.alive():
             raise click.ClickException(f"trainjobs up (pid {left.up.pid}) already runs on {data_dir} ({left.api_url}); "
                                        f"`trainjobs down --data-dir {data_dir}` stops it")
+        external = database_url_from_env() is not None
         if left is not None:  # an `up` that died, and its lifeline with it: end what it left
-            if stopped := end_left(data_dir, left, stop_postgres=False):  # its PostgreSQL: this `up` takes it over
+            # Its own PostgreSQL this `up` takes over, unless it is given an operator's database instead.
+            if stopped := end_left(data_dir, left, stop_postgres=external and left.postgres is not None):
                 _say(f"ended what an earlier trainjobs up (pid {left.up.pid}) left running: {', '.join(stopped)}")
         # The embedded server is stopped at the end only if this `up` started it, or a dead `up` left it:
         # one that was already running otherwise serves someone else too (a `trainjobs worker` on the same data dir).
-        external = database_url_from_env() is not None
         own_pg = not external and (embedded_postgres_pid(pg_dir) is None or (left is not None and left.postgres is not None))
         record = StackRecord(up=me, api_url=api_url, postgres=str(pg_dir) if own_pg else None)
         write_record(data_dir, record)  # before anything starts: the lifeline ends what it names

@@ -533,6 +533,21 @@ def test_up_after_a_crashed_up_stops_the_postgres_that_one_left(tmp_path, data_d
     assert not any(alive(pid) for pid in (*left.values(), *started.values()))
 
 
+def test_up_on_an_operator_s_database_stops_the_postgres_a_crashed_up_left(tmp_path, data_dir, db, database_url):
+    # The crashed `up`'s own server, which this one, given TRAINJOBS_DATABASE_URL, will not use: nothing
+    # would stop it otherwise (this `up` owns none, and its stack.json names none).
+    env = own_stack_env(tmp_path)
+    crashed, _ = start_up(env, data_dir, tmp_path / "crashed.log")
+    left = stack_processes(data_dir)
+    kill_with_its_lifeline(crashed, data_dir)
+    proc, _ = start_up({**env, "TRAINJOBS_DATABASE_URL": database_url}, data_dir, tmp_path / "up.log")
+    try:
+        assert not any(alive(pid) for pid in left.values()), left
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(scaled(60)) == 0, (tmp_path / "up.log").read_text()
+
+
 def test_worker_sigterm_hands_running_jobs_back_at_once(db, database_url, tmp_path, api):
     import signal
     import uuid
