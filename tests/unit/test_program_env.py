@@ -143,6 +143,7 @@ def test_hyperparameters_keep_their_json_types() -> None:
     ({"channels": {f"c{i}": "gs://b/x" for i in range(21)}}, "21 channels, over the limit of 20"),
     ({"channels": {"training": "sklearn:digits"}}, "is bundled data, not files"),
     ({"channels": {"training": ""}}, "a channel's source is"),
+    ({"channels": {"training": "dataset:../../uploads/x"}}, "is not an upload: dataset:<sha256>"),
     ({"env": {"SM_HOSTS": "x"}}, "trainjobs sets those a training script reads"),
     ({"env": {"SM_CHANNEL_TRAINING": "/data"}}, "give them there"),
     ({"env": {"CLUSTER_SPEC": "{}"}}, "cannot be overridden"),

@@ -15,7 +15,8 @@ DatasetFormat = Literal["auto", "npz", "csv", "tfrecord", "image_folder"]
 ColumnType = Literal["numeric", "categorical", "text"]
 COLUMN_TYPES: tuple[str, ...] = ("numeric", "categorical", "text")
 MAX_COLUMNS = 4096
-_SOURCE = re.compile(r"gs://[a-z0-9][a-z0-9._-]{1,220}/.+|https://\S+|http://\S+|file://\S+|dataset:[0-9a-f]{64}|sklearn:(digits|iris|wine|breast_cancer)|[^:\n]+")
+# The shape of every data source: a program's channels are held to it too (trainjobs/spec/program.py).
+SOURCE_SHAPE = re.compile(r"gs://[a-z0-9][a-z0-9._-]{1,220}/.+|https://\S+|http://\S+|file://\S+|dataset:[0-9a-f]{64}|sklearn:(digits|iris|wine|breast_cancer)|[^:\n]+")
 
 
 _KEY = Annotated[str, Field(min_length=1, max_length=256)]
@@ -185,7 +186,7 @@ class DatasetSpec(StrictModel):
     @field_validator("source")
     @classmethod
     def _source_shape(cls, v: str) -> str:
-        if not _SOURCE.fullmatch(v):
+        if not SOURCE_SHAPE.fullmatch(v):
             raise fail("source", f"unsupported dataset source {v!r}")
         return v
 

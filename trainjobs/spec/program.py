@@ -25,6 +25,7 @@ from pydantic import Field, Strict, ValidationInfo, field_validator
 
 from trainjobs.program_env import LEGACY_KERAS_ENV, reserved, reserved_reason
 from trainjobs.requirement_urls import requirement_url_problem
+from trainjobs.spec.dataset import SOURCE_SHAPE
 from trainjobs.spec.strict import StrictModel, fail, submitting
 
 MAX_ARGS, MAX_ARG_CHARS = 256, 4096
@@ -162,6 +163,8 @@ def channel_source_problem(source: str) -> str | None:
     if not source.strip() or len(source) > MAX_CHANNEL_SOURCE:
         return (f"a channel's source is a gs:// URI, an upload, a host path or an https:// URL of at most "
                 f"{MAX_CHANNEL_SOURCE} characters")
+    if source.startswith("dataset:") and not SOURCE_SHAPE.fullmatch(source):
+        return f"{source[:80]} is not an upload: dataset:<sha256> (64 lower-case hex digits, as POST /v1/datasets answers)"
     if source.startswith("sklearn:"):
         return (f"{source[:80]} is bundled data, not files: give it as dataset.source (staged into "
                 "TRAINJOBS_DATA_DIR), or save its arrays to a file and give that")
