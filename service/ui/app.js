@@ -282,7 +282,7 @@ function noEpochs(job, ended) {
   if (job.spec && job.spec.program) {
     return "the program reported no epochs" + (finals ? `; its ${finals} metric${finals > 1 ? "s are" : " is"} under Metrics` : "");
   }
-  return `no epoch finished before the job ${job.status === "SUCCEEDED" ? "ended" : job.status.toLowerCase()}`;
+  return `no epoch finished before the job ${job.status.toLowerCase()}`;
 }
 
 function jobPage(id) {
