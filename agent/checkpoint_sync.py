@@ -53,6 +53,7 @@ SCAN_COST_SHARE = 0.02  # the scans' CPU at most this share of one core: a large
 RETRY_S = 5.0  # after an upload that failed or was voided
 MAX_FILES = 20_000  # in a set: committed.json stays under COMMITTED_MAX_BYTES
 COMMITTED_MAX_BYTES = 8 << 20
+HEAD_BYTES = 1 << 20  # of a `checkpoint` state file or training_metadata.json: theirs hold a few hundred bytes
 
 # Names a save writes aside and renames into place: TensorFlow's sharded save (`ckpt-3_temp/part-...`),
 # its bundle writer (`ckpt-3.index.tempstate123`), atomic writes (`checkpoint.tmp<hex>`), Orbax's
@@ -131,14 +132,14 @@ def unfinished(root: Path, found: Scan, now: float) -> str | None:
             if weights is not None and weights[1] > mtime:
                 return f"{prefix}{_KERAS_WEIGHTS} is newer than {rel}"
             try:
-                epoch = json.loads((root / rel).read_bytes()).get("epoch")
-            except (OSError, ValueError, AttributeError):
+                epoch = json.loads(_head(root / rel)).get("epoch")
+            except (OSError, ValueError, AttributeError, RecursionError):
                 epoch = None
             if not isinstance(epoch, int):
                 return f"{rel} is not readable yet"
         elif name == _TF_STATE:
             try:
-                latest = _TF_LATEST.search((root / rel).read_text(errors="replace"))
+                latest = _TF_LATEST.search(_head(root / rel).decode(errors="replace"))
             except OSError:
                 latest = None
             if latest is None:
@@ -148,6 +149,13 @@ def unfinished(root: Path, found: Scan, now: float) -> str | None:
             if index is None or index[1] > mtime or not any(f.startswith(f"{ckpt}.data-") for f in found.files):
                 return f"{rel} names {ckpt}, whose files are not all there"
     return None
+
+
+def _head(path: Path) -> bytes:
+    """The start of a writer's small file, HEAD_BYTES at most: a file of the program's own by that name
+    may be gigabytes, read at every look."""
+    with path.open("rb") as f:
+        return f.read(HEAD_BYTES)
 
 
 class CheckpointWatch:

@@ -95,3 +95,19 @@ def test_a_link_in_a_loop_is_left_out_and_the_rest_is_a_set(tmp_path: Path) -> N
     _write(tmp_path, "w.h5", "w", T)
     (tmp_path / "loop").symlink_to("loop")  # every look at the directory failed, and no save went up again
     assert set(scan(tmp_path).files) == {"w.h5"}
+
+
+def test_a_large_file_of_the_programs_own_called_checkpoint_is_not_read_whole(tmp_path: Path) -> None:
+    import tracemalloc
+
+    with open(tmp_path / "checkpoint", "wb") as f:  # its own single-file save, by TensorFlow's state file's name
+        f.truncate(64 << 20)  # sparse: no disk
+    found = scan(tmp_path)
+    tracemalloc.start()
+    try:
+        reason = unfinished(tmp_path, found, time.time())
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert reason is not None and "names no checkpoint" in reason
+    assert peak < 8 << 20, peak  # read at every look: the agent held it whole in memory (twice, decoded)
