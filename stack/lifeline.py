@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from stack.lifetime import Process, end_left, read_record, stack_lock
+from trainjobs.module_command import module_command
 
 MODULE = "stack.lifeline"
 LOG_FILE = "lifeline.log"
@@ -34,8 +35,8 @@ def start_lifeline(data_dir: Path) -> int:
     up = Process.of(os.getpid())
     theirs, ours = os.pipe()  # both non-inheritable (PEP 446): only the lifeline gets `theirs`, as its stdin
     with (data_dir / LOG_FILE).open("ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", MODULE, "--data-dir", str(data_dir), "--up",
-                                 f"{up.pid}:{up.started}"], stdin=theirs, stdout=out, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(module_command(MODULE, "--data-dir", str(data_dir), "--up",
+                                                f"{up.pid}:{up.started}"), stdin=theirs, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     os.close(theirs)
     _held.append(ours)  # never closed here: it closes when this process ends

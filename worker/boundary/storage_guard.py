@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import parse_qs, parse_qsl, unquote, urlparse
 
+from trainjobs.module_command import module_command
 from worker.boundary.access import JobBoundary
 from worker.boundary.guard_refusals import REFUSALS, RefusalLog
 
@@ -428,9 +429,9 @@ def launch(boundary: JobBoundary, upstream: str, directory: Path, env: dict[str,
     port_file.unlink(missing_ok=True)
     with (directory / "storage-guard.log").open("ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "worker.boundary.storage_guard", "--upstream", upstream,
-             "--boundary", str(directory / "boundary.json"), "--port-file", str(port_file),
-             "--refusals", str(directory / REFUSALS), *(["--unix-socket", UNIX_SOCKET] if unix_socket else [])],
+            module_command("worker.boundary.storage_guard", "--upstream", upstream,
+                           "--boundary", str(directory / "boundary.json"), "--port-file", str(port_file),
+                           "--refusals", str(directory / REFUSALS), *(["--unix-socket", UNIX_SOCKET] if unix_socket else [])),
             env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             cwd=directory)  # the socket's name is relative to it: a path may be longer than AF_UNIX takes
     threading.Thread(target=proc.wait, daemon=True).start()  # reap it once it is killed

@@ -38,7 +38,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -46,6 +45,7 @@ from pathlib import Path
 
 from trainjobs import storage
 from trainjobs.loopback import free_port
+from trainjobs.module_command import module_command
 from trainjobs.source_rules import DataAccessRules
 from trainjobs.stop_request import term_grace_s
 from trainjobs.vm_metadata import LABEL_JOB
@@ -180,7 +180,7 @@ class LocalProvisioner:
                 continue
             with agent.log.open("ab") as out:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "agent", *agent.args],
+                    module_command("agent", *agent.args),
                     env=agent.env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                     start_new_session=True,  # its own process group: delete kills the whole machine
                 )

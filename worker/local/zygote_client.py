@@ -16,11 +16,11 @@ import json
 import logging
 import socket
 import subprocess
-import sys
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
+from trainjobs.module_command import module_command
 
 log = logging.getLogger("trainjobs.worker")
 
@@ -45,7 +45,7 @@ class Zygote:
         try:
             # The zygote's end is its stdin and stdout: it reads requests and writes replies as lines.
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "agent.zygote"], env={**env, "OPENBLAS_NUM_THREADS": "1"},
+                module_command("agent.zygote"), env={**env, "OPENBLAS_NUM_THREADS": "1"},
                 stdin=theirs.fileno(), stdout=theirs.fileno(), stderr=self._log, start_new_session=True)
         except BaseException:
             self._channel.close()
