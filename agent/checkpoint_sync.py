@@ -247,6 +247,14 @@ class CheckpointWatch:
         changed = [rel for rel, state in found.files.items()
                    if rel not in self._stored or self._stored[rel][:2] != state]
         new = {rel: f"{SETS}/{set_id}/{rel}" for rel in changed}
+        objects = {rel: new.get(rel) or self._stored[rel][2] for rel in found.files}
+        files = {rel: {"object": objects[rel], "size": found.files[rel][0]} for rel in sorted(found.files)}
+        if (size := len(json.dumps(files))) > COMMITTED_MAX_BYTES - 1024:  # what restore reads, with room for the rest
+            log.warning("the checkpoint directory's %d file names take %d bytes in committed.json, over the %d a "
+                        "restore reads: not uploaded (the last whole set uploaded stays)", len(files), size,
+                        COMMITTED_MAX_BYTES)
+            self._not_before = now + sync_every_s()
+            return
         try:
             self._upload(new)
             if scan(self.local).files != found.files:  # written again while it uploaded: not one save
@@ -254,10 +262,9 @@ class CheckpointWatch:
                 self._delete(new.values())
                 self._not_before = now + min(RETRY_S, sync_every_s())
                 return
-            objects = {rel: new.get(rel) or self._stored[rel][2] for rel in found.files}
             storage.write_json(f"{self.remote}/{COMMITTED}", {
                 "set": set_id, "attempt": self.attempt, "committed_at": datetime.now(timezone.utc).isoformat(),
-                "files": {rel: {"object": objects[rel], "size": found.files[rel][0]} for rel in sorted(found.files)},
+                "files": files,
             })
         except Exception as exc:  # the next turn tries again; the job goes on
             log.warning("could not upload the program's checkpoints: %s", exc)

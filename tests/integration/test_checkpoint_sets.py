@@ -211,3 +211,21 @@ def test_a_committed_json_the_agent_could_not_have_written_is_refused_as_a_whole
 
     assert restore(_remote(bucket), local, clean=False) == ([], None)  # the program starts without a checkpoint
     assert local.is_dir() and list(local.iterdir()) == []
+
+
+def test_a_set_whose_committed_json_a_restore_would_refuse_is_not_committed(bucket: str, tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    import agent.checkpoint_sync as checkpoint_sync
+
+    monkeypatch.setattr(checkpoint_sync, "COMMITTED_MAX_BYTES", 4096)  # as 8 MiB is to ~20,000 long names
+    local = tmp_path / "program"
+    watch = CheckpointWatch(local, _remote(bucket), upload=True, attempt=1, committed=None)
+    first = _save(local, 1)
+    _settle(local)
+    watch.turn()
+    for i in range(40):  # files of the program's own, with long names
+        (local / "shards" / f"{i:03d}").mkdir(parents=True)
+        (local / "shards" / f"{i:03d}" / ("part-" + "x" * 60)).write_bytes(b"s")
+    watch.last(alive_until=None)
+    # Committed, the set's committed.json would be refused by the restore, which then restores nothing at all.
+    assert _restored(bucket, tmp_path, "attempt-2") == first
