@@ -14,9 +14,10 @@ from typing import Any, Literal
 
 from trainjobs.spec import JobSpec, TpuAccelerator
 from trainjobs.spec.derived import (
-    AUTO_STEPS_PER_EXECUTION, batch_fits_problem, batch_split_problem, global_batch_size, resolve_precision,
+    AUTO_STEPS_PER_EXECUTION, DEFAULT_LEARNING_RATE, batch_fits_problem, batch_split_problem, global_batch_size, resolve_precision,
     scaled_learning_rate,
 )
+from agent.small_tables import TableDefaults
 
 HardwareKind = Literal["tpu", "gpu", "cpu"]
 
@@ -96,17 +97,19 @@ def strategy_to_build(spec: JobSpec, hardware: Hardware) -> str:
 
 
 def resolve_plan(spec: JobSpec, hardware: Hardware, strategy: str, replicas: int, train_examples: int,
-                 initial_epoch: int = 0) -> RuntimePlan:
-    """Everything that depends on the replica count the built strategy reports."""
+                 initial_epoch: int = 0, table: TableDefaults = TableDefaults()) -> RuntimePlan:
+    """Everything that depends on the replica count the built strategy reports. `table`: what a small
+    table gets where the spec leaves it unset, and the notes that say so (agent/small_tables.py)."""
     t = spec.training
-    notes: list[str] = []
+    notes: list[str] = list(table.notes)
     if hardware.local_devices is not None and strategy != spec.resolved_strategy:
         notes.append(f"local stand-in: {spec.resolved_strategy} trains as {strategy} over "
                      f"{hardware.local_devices} logical CPU devices")
     if replicas != spec.num_replicas:
         notes.append(f"{spec.num_replicas} replicas asked for, {replicas} on this machine")
 
-    global_batch = global_batch_size(t, replicas)
+    per_replica = table.per_replica_batch_size
+    global_batch = per_replica * replicas if per_replica is not None else global_batch_size(t, replicas)
     if problem := batch_split_problem(global_batch, replicas):
         raise PlanError(f"{problem} (the replicas this machine has)")
     if problem := batch_fits_problem(global_batch, train_examples):
@@ -136,7 +139,7 @@ def resolve_plan(spec: JobSpec, hardware: Hardware, strategy: str, replicas: int
         per_replica_batch_size=global_batch // replicas,
         steps_per_epoch=steps,
         steps_per_execution=spe,
-        learning_rate=scaled_learning_rate(t, global_batch),
+        learning_rate=scaled_learning_rate(t, global_batch, table.learning_rate or DEFAULT_LEARNING_RATE),
         warmup_steps=round(t.warmup_epochs * steps),
         epochs=t.epochs,
         initial_epoch=initial_epoch,

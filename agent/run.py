@@ -16,8 +16,8 @@ from trainjobs import storage
 from trainjobs.job_paths import ARTIFACT_HISTORY, ARTIFACT_METRICS
 from trainjobs.spec import TrainingSpec
 from agent import (
-    autotune, columns, devices, distillation, export, keras_compat, optimization, precision_trial, pruning, tasks, tuning,
-    variants,
+    autotune, columns, devices, distillation, export, keras_compat, optimization, precision_trial, pruning, small_tables,
+    tasks, tuning, variants,
 )
 from agent.builtin_models import BUILTIN_BUILDERS
 from agent.checkpoints import CheckpointSchedule, CheckpointStore
@@ -59,12 +59,16 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
     teacher = None
     if (distilled := spec.training.distillation) is not None:  # its outputs join the training records
         data, teacher = distillation.teach(job.paths, distilled.teacher_job, data, work.root / "teacher")
-    plan = resolve_plan(spec, hardware, strategy_name, strategy.num_replicas_in_sync, data.train.examples)
+    # A small table's defaults where the spec leaves them unset (agent/small_tables.py): batch, rate, early stopping, mlp.
+    table = small_tables.choose(spec, data.input_shape, data.train.examples,
+                                data.validation.examples if data.validation else 0, strategy.num_replicas_in_sync)
+    plan = resolve_plan(spec, hardware, strategy_name, strategy.num_replicas_in_sync, data.train.examples, table=table)
     keras.mixed_precision.set_global_policy(plan.precision)
     keras.utils.set_random_seed(spec.training.seed)
 
     reporter.set_phase("building")
-    inputs = _model_inputs(spec.model.params, data, builtin=spec.model.module is None)
+    params = table.mlp_params if table.mlp_params is not None else spec.model.params
+    inputs = _model_inputs(params, data, builtin=spec.model.module is None)
     builder = builder_for(spec.model, work.user_model)
     # Per-epoch uploads go through one background thread (agent/publisher.py); a job of one
     # task skips a checkpoint that would overlap the previous one's upload.
@@ -145,7 +149,8 @@ def run_job(job: AgentJob, work: WorkDir, reporter: StatusReporter) -> None:
     recorder = EpochRecorder(tuning.fit_plan(plan, trial), job.attempt, meter, train_function, on_epoch, after_call,
                              reporter.step_progress, names=tasks.epoch_names(data.task, spec.training.metrics),
                              before_call=window.before_call if window is not None else None, trial=trial)
-    stop_early = StopEarly(spec.training.early_stopping) if spec.training.early_stopping is not None else None
+    stopping = table.early_stopping or (None if spec.training.early_stopping == "auto" else spec.training.early_stopping)
+    stop_early = StopEarly(stopping) if stopping is not None else None
     try:
         fit(model, tuning.fit_plan(plan, trial), train, val, recorder, stop_early, weights,
             before=[pruner.callback()] if pruner else [])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -143,11 +144,21 @@ class StopEarly(keras.callbacks.EarlyStopping):
                          mode="max" if higher else "min", restore_best_weights=spec.restore_best)
         self.spec = spec
 
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        super().on_train_end(logs)
+        # The best weights also when patience never ran out (the last epochs worse than an earlier one):
+        # Keras 3.15 restores them then too, the images' older Keras (3.4, 3.6) only when it stopped.
+        if self.restore_best_weights and self.best_weights is not None:
+            self.model.set_weights(self.best_weights)
+
     def outcome(self) -> dict[str, Any]:
-        """For the job's final metrics: where training stopped, and why."""
-        if not self.stopped_epoch:
-            return {"early_stopping": "not triggered"}
+        """For the job's final metrics: where training stopped, and why; which epoch's weights were kept."""
         best = self.best
+        if not self.stopped_epoch:
+            if not self.spec.restore_best or best is None or not math.isfinite(float(best)):
+                return {"early_stopping": "not triggered"}
+            return {"early_stopping": f"not triggered; best {self.spec.monitor} {float(best):.6g} at epoch "
+                                      f"{self.best_epoch + 1}, whose weights were kept", "best_epoch": int(self.best_epoch) + 1}
         why = (f"{self.spec.monitor} did not improve by more than {self.spec.min_delta:g} for {self.spec.patience} "
                f"epochs; best {float(best):.6g} at epoch {self.best_epoch + 1}")
         if self.spec.restore_best:

@@ -100,11 +100,15 @@ def batch_fits_problem(global_batch: int, train_examples: int) -> str | None:
     return None
 
 
-def scaled_learning_rate(training: TrainingSpec, global_batch: int) -> float:
-    """training.learning_rate scaled (lr_scaling) from lr_base_batch_size to `global_batch`."""
+DEFAULT_LEARNING_RATE = 1e-3  # training.learning_rate `auto` but on a small table (agent/small_tables.py)
+
+
+def scaled_learning_rate(training: TrainingSpec, global_batch: int, auto_rate: float = DEFAULT_LEARNING_RATE) -> float:
+    """training.learning_rate scaled (lr_scaling) from lr_base_batch_size to `global_batch`; `auto` is `auto_rate`."""
     ratio = global_batch / training.lr_base_batch_size
     factor: float = {"none": 1.0, "linear": ratio, "sqrt": ratio**0.5}[training.lr_scaling]
-    return training.learning_rate * factor
+    rate = auto_rate if training.learning_rate == "auto" else training.learning_rate
+    return rate * factor
 
 
 # --- the machines and their price -----------------------------------------------------------------------

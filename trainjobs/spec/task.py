@@ -85,6 +85,8 @@ def task_problem(spec: JobSpec) -> tuple[str, str] | None:
             return (f"training.metrics.{i}", f"task {spec.task} reports {', '.join(METRIC_CHOICES[spec.task])}, "
                     f"not {name!r}")
     stopping = spec.training.early_stopping
+    if stopping == "auto":  # the agent's choice for the data (agent/small_tables.py), nothing to check here
+        stopping = None
     if stopping is not None and spec.model is not None:
         names = epoch_names(spec.task, chosen)
         if stopping.monitor not in names:

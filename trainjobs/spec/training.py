@@ -85,7 +85,9 @@ class TrainingSpec(StrictModel):
     per_replica_batch_size: Int | None = Field(default=None, ge=1, le=65_536)
     global_batch_size: Int | None = Field(default=None, ge=1, le=MAX_GLOBAL_BATCH)
     optimizer: Literal["adam", "adamw", "sgd", "rmsprop"] = "adam"
-    learning_rate: Number = Field(default=1e-3, gt=0.0, le=10.0)
+    learning_rate: Annotated[Number, Field(gt=0.0, le=10.0)] | Literal["auto"] = Field(default="auto", description=(
+        "auto (the default): 0.001, or 0.003 on a small table (a training split of at most 10,000 rows of plain "
+        "features), as runtime.notes says; lr_scaling scales either"))
     lr_scaling: Literal["none", "linear", "sqrt"] = "none"
     lr_base_batch_size: Int = Field(default=256, ge=1, le=MAX_GLOBAL_BATCH, description="batch the learning rate was tuned for")
     warmup_epochs: Number = Field(default=0.0, ge=0.0, le=1000.0)
@@ -114,8 +116,11 @@ class TrainingSpec(StrictModel):
         "Gradual magnitude pruning: the exported models are the pruned ones (README, Smaller models)"))
     distillation: Distillation | None = Field(default=None, description=(
         "Learn from an earlier job's model as well as the labels (README, Smaller models)"))
-    early_stopping: EarlyStopping | None = Field(default=None, description=(
-        "Stop when the monitored metric has not improved for `patience` epochs; the job records the epoch and why."))
+    early_stopping: EarlyStopping | Literal["auto"] | None = Field(default="auto", description=(
+        "Stop when the monitored metric has not improved for `patience` epochs; the job records the epoch and why. "
+        "auto (the default): on a small table (a training split of at most 10,000 rows of plain features) with a "
+        "validation split, val_loss with the best epoch's weights kept, as runtime.notes says; elsewhere none. "
+        "true: the defaults below; false or null: never."))
     profile: ProfileWindow | None = Field(default=None, description=(
         "A TensorFlow profiler trace of a window of steps, in the job's TensorBoard directory: true for the "
         "default window (20 steps of the second epoch) or {epoch, steps}; false or absent: none (README, Profiling)"),
@@ -131,6 +136,27 @@ class TrainingSpec(StrictModel):
             return None
         if not isinstance(v, dict):
             raise fail("profile", "profile is true, false or {epoch, steps}")
+        return v
+
+    @field_validator("learning_rate", mode="before")
+    @classmethod
+    def _learning_rate(cls, v: Any) -> Any:
+        # Before the number | 'auto' union, so a bad value gets one reason, not one per member.
+        if v == "auto" or (isinstance(v, int | float) and not isinstance(v, bool) and 0 < v <= 10):
+            return v
+        raise fail("learning_rate", f"learning_rate is a number greater than 0 and at most 10, or 'auto', not {str(v)[:40]!r}")
+
+    @field_validator("early_stopping", mode="before")
+    @classmethod
+    def _early_stopping_switch(cls, v: Any) -> Any:
+        # true/false are the short forms; a stored spec from before `auto` holds null (none), and keeps it.
+        if v is True:
+            return {}
+        if v is False or v is None:
+            return None
+        if v != "auto" and not isinstance(v, dict):
+            raise fail("early_stopping", "early_stopping is 'auto', true, false or {monitor, patience, min_delta, "
+                       "restore_best}")
         return v
 
     # Checked before the union is tried, so a bad value gets one reason, not one per union member.
