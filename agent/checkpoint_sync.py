@@ -50,7 +50,8 @@ SETTLE_S = 0.5  # quiet this long after its last write, a directory holds a whol
 STALE_TEMP_S = 60.0  # a save's temporary file older than this is left behind by a dead writer: ignored
 MIN_SCAN_S = 0.2  # the agent's loop turn
 SCAN_COST_SHARE = 0.02  # the scans' CPU at most this share of one core: a large directory is looked at less often
-RETRY_S = 5.0  # after an upload that failed or was voided
+RETRY_S = 5.0  # after an upload that failed or was voided ...
+MAX_RETRY_S = 300.0  # ... doubling after each failure in a row up to this (a name storage refuses fails every time)
 MAX_FILES = 20_000  # in a set: committed.json stays under COMMITTED_MAX_BYTES
 COMMITTED_MAX_BYTES = 8 << 20
 HEAD_BYTES = 1 << 20  # of a `checkpoint` state file or training_metadata.json: theirs hold a few hundred bytes
@@ -174,6 +175,7 @@ class CheckpointWatch:
         self._next_scan = 0.0
         self._changed_since: float | None = None  # when the directory first differed from storage
         self._not_before = 0.0  # after a failed or voided upload
+        self._failures = 0  # uploads failed in a row
         self.commits = 0
 
     # --- the agent's loop ---
@@ -266,11 +268,15 @@ class CheckpointWatch:
                 "set": set_id, "attempt": self.attempt, "committed_at": datetime.now(timezone.utc).isoformat(),
                 "files": files,
             })
-        except Exception as exc:  # the next turn tries again; the job goes on
-            log.warning("could not upload the program's checkpoints: %s", exc)
+        except Exception as exc:  # a later turn tries again; the job goes on
+            self._failures += 1
+            wait = min(RETRY_S * 2 ** (self._failures - 1), MAX_RETRY_S)
+            log.warning("could not upload the program's checkpoints (%d time(s) in a row; next try in %.0fs): %s",
+                        self._failures, wait, exc)
             self._delete(new.values())
-            self._not_before = now + RETRY_S
+            self._not_before = now + wait
             return
+        self._failures = 0
         gone = {obj for _, _, obj in self._stored.values()} - set(objects.values())
         self._stored = {rel: (*found.files[rel], objects[rel]) for rel in found.files}
         self._changed_since = None

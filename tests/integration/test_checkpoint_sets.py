@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from agent import checkpoint_sync
 from agent.checkpoint_sync import COMMITTED, MIN_SCAN_S, SETS, CheckpointWatch, read_committed, restore, scan, unfinished
 from trainjobs import storage
 
@@ -215,7 +216,6 @@ def test_a_committed_json_the_agent_could_not_have_written_is_refused_as_a_whole
 
 def test_a_set_whose_committed_json_a_restore_would_refuse_is_not_committed(bucket: str, tmp_path: Path,
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    import agent.checkpoint_sync as checkpoint_sync
 
     monkeypatch.setattr(checkpoint_sync, "COMMITTED_MAX_BYTES", 4096)  # as 8 MiB is to ~20,000 long names
     local = tmp_path / "program"
@@ -229,3 +229,37 @@ def test_a_set_whose_committed_json_a_restore_would_refuse_is_not_committed(buck
     watch.last(alive_until=None)
     # Committed, the set's committed.json would be refused by the restore, which then restores nothing at all.
     assert _restored(bucket, tmp_path, "attempt-2") == first
+
+
+def test_uploads_that_keep_failing_are_tried_less_and_less_often_and_a_success_resets_it(
+        bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A file name storage refuses (a newline in it, over 1,024 bytes) fails every upload: tried every
+    # 5 s for the whole run, each try uploaded and deleted the rest of the set again.
+    local = tmp_path / "program"
+    watch = CheckpointWatch(local, _remote(bucket), upload=True, attempt=1, committed=None)
+    _save(local, 1)
+    _settle(local)
+    real_upload = CheckpointWatch._upload
+
+    def refused(self: CheckpointWatch, objects: dict[str, str]) -> None:
+        raise OSError("400 the object name is not valid")
+
+    monkeypatch.setattr(CheckpointWatch, "_upload", refused)
+    waits = []
+    for _ in range(8):
+        before = time.monotonic()
+        watch._not_before = 0.0  # the turn comes: how long it then puts the next one off
+        watch.turn(saved=True)
+        waits.append(watch._not_before - before)
+    assert watch.commits == 0
+    assert all(later > earlier for earlier, later in zip(waits[:6], waits[1:7])), waits
+    assert waits[-1] == pytest.approx(checkpoint_sync.MAX_RETRY_S, abs=1.0), waits
+    monkeypatch.setattr(CheckpointWatch, "_upload", real_upload)
+    watch._not_before = 0.0
+    watch.turn(saved=True)
+    assert watch.commits == 1
+    _save(local, 2)
+    monkeypatch.setattr(CheckpointWatch, "_upload", refused)
+    before = time.monotonic()
+    watch.turn(saved=True)
+    assert watch._not_before - before == pytest.approx(checkpoint_sync.RETRY_S, abs=1.0)  # counted afresh
