@@ -57,6 +57,11 @@ def test_an_explicit_setting_wins_even_when_it_equals_the_old_default(training: 
     assert len(table.notes) == 3 and not any(said in n for n in table.notes), table.notes
 
 
+@pytest.mark.parametrize(("rows", "units", "dropout"), [(96, [64], 0.1), (353, [64], 0.3), (1149, [128], 0.2)])
+def test_the_mlp_is_sized_by_the_rows(rows: int, units: list[int], dropout: float) -> None:
+    assert choose(_job(), (10,), rows, rows // 4, 1).mlp_params == {"hidden_units": units, "dropout": dropout}
+
+
 def test_one_mlp_param_given_keeps_it_and_sizes_the_other() -> None:
     table = choose(_job({"name": "mlp", "params": {"dropout": 0.0}}), (10,), 353, 89, 1)
     assert table.mlp_params == {"dropout": 0.0, "hidden_units": [64]}
@@ -80,8 +85,8 @@ def test_a_users_model_on_a_small_table_gets_the_batch_and_early_stopping_but_ke
 
 
 @pytest.mark.parametrize(("rows", "replicas", "batch"), [
-    (96, 1, 8), (353, 1, 8), (1149, 1, 32), (700, 1, 16), (700, 2, 8), (5000, 1, 32)])
-def test_the_batch_gives_an_epoch_about_32_steps_between_8_and_32(rows: int, replicas: int, batch: int) -> None:
+    (96, 1, 4), (40, 1, 4), (353, 1, 8), (1149, 1, 32), (700, 1, 16), (700, 2, 8), (5000, 1, 32)])
+def test_the_batch_gives_an_epoch_about_32_steps_between_4_and_32(rows: int, replicas: int, batch: int) -> None:
     assert small_batch(rows, replicas) == batch
 
 
