@@ -11,7 +11,7 @@ stages its own validation split from it (the default 20%). Two jobs on each uplo
 through the client to `trainjobs up` (bench/up.py: API, worker, local provisioner):
 - `new`: {"model": {"name": "mlp"}, "training": {"epochs": E}}: what a user who sets nothing gets;
 - `old`: the same with the defaults before issue 37 written out (hidden_units [128, 64], dropout 0.1,
-  per_replica_batch_size 32, early_stopping false), which explicit settings keep.
+  per_replica_batch_size 32, learning_rate 0.001, early_stopping false), which explicit settings keep.
 Each is judged from its downloaded SavedModel on the held-out rows: R² (regression), else accuracy
 (AUC too for binary). The baselines are fitted on every uploaded row (the job's training and validation
 splits together) and scored on the same held-out rows: linear (LinearRegression, or StandardScaler +
@@ -51,7 +51,7 @@ TASKS = {"diabetes": "regression", "breast_cancer": "binary", "wine": "classific
          "digits": "classification"}
 # The settings issue 37's defaults replaced, written out: what a job without them trained with before.
 OLD_PARAMS: dict[str, Any] = {"hidden_units": [128, 64], "dropout": 0.1}
-OLD_TRAINING: dict[str, Any] = {"per_replica_batch_size": 32, "early_stopping": False}
+OLD_TRAINING: dict[str, Any] = {"per_replica_batch_size": 32, "learning_rate": 0.001, "early_stopping": False}
 
 
 def load(table: str) -> tuple[np.ndarray, np.ndarray]:
