@@ -20,7 +20,7 @@ def test_a_folder_named_agent_where_a_process_starts_is_not_run_as_the_agent(tmp
     plain = subprocess.run([module_command("agent")[0], "-m", "agent", "--help"], cwd=tmp_path,
                            capture_output=True, text=True)
     assert "the project folder agent ran" in plain.stdout  # what `python -m` did
-    ours = subprocess.run(module_command("agent", "--help"), cwd=tmp_path, capture_output=True, text=True)
+    ours = subprocess.run(module_command("agent", "--help", cwd=tmp_path), cwd=tmp_path, capture_output=True, text=True)
     assert "the project folder agent ran" not in ours.stdout
     assert "--job-dir" in ours.stdout, ours.stdout + ours.stderr
 
@@ -36,3 +36,9 @@ def test_every_process_of_ours_is_started_through_module_command() -> None:
                         re.search(r'sys\.executable,\s*"-m",\s*[A-Z_]+\b', line):
                     bare.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
     assert not bare, "\n".join(bare)
+
+
+def test_a_process_started_in_the_folder_holding_our_packages_keeps_it_on_its_path() -> None:
+    # A checkout run without installing it (the images' test environments): that folder is ours.
+    assert "-P" not in module_command("stack.emulator_process", cwd=ROOT)
+    assert "-P" in module_command("stack.emulator_process", cwd=ROOT / "tests")

@@ -431,7 +431,8 @@ def launch(boundary: JobBoundary, upstream: str, directory: Path, env: dict[str,
         proc = subprocess.Popen(
             module_command("worker.boundary.storage_guard", "--upstream", upstream,
                            "--boundary", str(directory / "boundary.json"), "--port-file", str(port_file),
-                           "--refusals", str(directory / REFUSALS), *(["--unix-socket", UNIX_SOCKET] if unix_socket else [])),
+                           "--refusals", str(directory / REFUSALS), *(["--unix-socket", UNIX_SOCKET] if unix_socket else []),
+                           cwd=directory),
             env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             cwd=directory)  # the socket's name is relative to it: a path may be longer than AF_UNIX takes
     threading.Thread(target=proc.wait, daemon=True).start()  # reap it once it is killed

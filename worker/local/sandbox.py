@@ -212,7 +212,7 @@ def start_machine(agents: list[AgentLaunch], *, machine_dir: Path, writable: lis
         plan = {"relay": {"port": guard[1], "socket": GUARD_SOCKET} if guard else None,
                 "agents": [{"args": a.args, "env": {**a.env, "HOME": str(a.disk / "home"), "TMPDIR": str(a.disk / "tmp")},
                             "log_fd": f.fileno()} for a, f in zip(agents, logs)]}
-        command = bwrap_command(command=module_command("agent.sandbox_relay", json.dumps(plan)),
+        command = bwrap_command(command=module_command("agent.sandbox_relay", json.dumps(plan), cwd=writable[0]),
                                 writable=writable, readable=readable, guard_socket=guard[0] if guard else None,
                                 network=network, cwd=writable[0])
         with (machine_dir / "sandbox.log").open("ab") as out:
