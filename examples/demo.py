@@ -58,6 +58,8 @@ def main() -> int:
 
 
 def run_job(client) -> int:  # type: ignore[no-untyped-def]
+    from trainjobs.client.terminal import job_detail, show as show_job
+
     spec = yaml.safe_load((ROOT / "examples" / "digits.yaml").read_text())
     job = client.submit(spec)
     print(f"submitted job {job['id']} ({spec['name']}): {spec['strategy']} over {spec['accelerator']['replicas']} "
@@ -79,9 +81,11 @@ def run_job(client) -> int:  # type: ignore[no-untyped-def]
         print(client.logs(job["id"])[-3000:])
         return 1
     m = job["metrics"] or {}
-    rt = job.get("runtime") or {}
-    print(f"\nruntime: {rt}")
-    print(f"validation accuracy: {m.get('val_accuracy'):.4f} (Keras), TFLite int8: {m.get('tflite_accuracy')}")
+    print()
+    show_job(job_detail(job))  # what `trainjobs status` prints: runtime, notes, final metrics, models, advice
+    tflite = m.get("tflite_accuracy")
+    tflite_text = f"{tflite:.4f}" if isinstance(tflite, float) else str(tflite)
+    print(f"validation accuracy: {m.get('val_accuracy'):.4f} (Keras), TFLite int8: {tflite_text}")
     print("artifacts:")
     listing = client.artifacts(job["id"])
     for a in listing["artifacts"]:
