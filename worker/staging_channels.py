@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tarfile
-import zipfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -39,6 +37,7 @@ from trainjobs.uploads import find_upload
 from worker.ports import DatasetError, ProgramError
 from worker.staging.budget import StagingBudget, StagingLimits
 from worker.staging.fetch import fetch
+from worker.staging.formats import unpack_counted
 
 MAX_BYTES_ENV = "TRAINJOBS_CHANNELS_MAX_BYTES"
 DEFAULT_MAX_BYTES = 20 << 30  # a job's channels together: what one machine's disk is asked to hold
@@ -176,23 +175,10 @@ def _gcs_files(field: str, uri: str) -> Iterator[ChannelFile]:
 
 def _unpacked(field: str, archive: Path, into: Path, limits: StagingLimits) -> Iterator[ChannelFile]:
     """An archive's files, unpacked after their sizes were counted: a bomb fails before a byte is written."""
-    counted = StagingBudget(limits)
-    into.mkdir(parents=True)
     try:
-        if archive.name.lower().endswith(".zip"):
-            with zipfile.ZipFile(archive) as z:
-                for info in z.infolist():
-                    counted.count(info.file_size, archive.name)
-                z.extractall(into)  # ZipFile drops absolute paths and '..' from member names
-        else:
-            with tarfile.open(archive) as t:
-                for member in t:
-                    counted.count(member.size, archive.name)
-                t.extractall(into, filter="data")  # refuses links out and paths that escape `into`
+        unpack_counted(archive, into, StagingBudget(limits))
     except DatasetError as exc:
         raise ProgramError(f"{field}: {exc}") from None
-    except (zipfile.BadZipFile, tarfile.TarError, OSError, EOFError, ValueError) as exc:
-        raise ProgramError(f"{field}: {archive.name} is not a readable archive ({type(exc).__name__})") from None
     return _tree(into, lambda p: p.is_relative_to(into.resolve()))
 
 

@@ -224,3 +224,23 @@ def test_a_url_whose_last_part_is_dot_dot_is_saved_under_a_name_of_its_own(db, b
         server.shutdown()
         server.server_close()
     assert _copied(job_id, "training") == {"download": b"data"}
+
+
+def test_a_channel_archive_past_the_limits_fails_before_a_byte_is_unpacked(api, db, bucket, tmp_path: Path) -> None:
+    # Its members say 4 KiB each; staging counts what they say before unpacking any.
+    import io
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for i in range(3):
+            info = tarfile.TarInfo(f"part-{i}.bin")
+            info.size = 4096
+            tar.addfile(info, io.BytesIO(b"\0" * 4096))
+    packed = _dataset(api, "bomb.tar.gz", buffer.getvalue())
+    work = tmp_path / "work"
+
+    with pytest.raises(ProgramError, match=r"^program\.channels\.training: .*bomb\.tar\.gz"):
+        stage_channels({"training": packed}, job_id=str(uuid.uuid4()), project_id=project_id(db, "alpha"),
+                       rules=DataAccessRules(), limits=StagingLimits(max_bytes=10_000), bucket=bucket, work=work)
+    assert not list(work.rglob("part-*"))  # and nothing of it is left in the worker's scratch

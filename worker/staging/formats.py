@@ -48,7 +48,7 @@ def read_local(path: Path, requested: str, options: ConversionOptions, scratch: 
                budget: StagingBudget) -> tuple[str, Examples]:
     """(the format read, its Examples) for a file or folder on local disk."""
     if path.is_file() and path.name.lower().endswith(ARCHIVE_SUFFIXES):
-        path = _unpack(path, scratch / "unpacked", budget)
+        path = unpack_counted(path, scratch / "unpacked", budget)
     path = _unwrap(path)
     if path.is_file() and path.name.lower().endswith(".csv.gz"):
         path = _gunzip(path, scratch / "gunzipped", budget)
@@ -143,8 +143,9 @@ def _gunzip(path: Path, into: Path, budget: StagingBudget) -> Path:
     return out
 
 
-def _unpack(archive: Path, into: Path, budget: StagingBudget) -> Path:
-    """Unpack after counting the members against the budget: an archive bomb fails before a byte is written."""
+def unpack_counted(archive: Path, into: Path, budget: StagingBudget) -> Path:
+    """Unpack after counting the members against the budget's limits (afresh: what is inside counts on its
+    own): an archive bomb fails before a byte is written. A dataset's archive, and a program's channel's."""
     into.mkdir(parents=True)
     unpacked = StagingBudget(budget.limits, budget.should_stop)  # what is inside counts afresh
     try:
