@@ -109,3 +109,43 @@ def test_deleting_a_machine_removes_a_disk_whose_folders_nest_past_pythons_recur
         provisioner.close()
         # Never left behind, even by a failure here: pytest's own cleanup of old runs would hit the same limit.
         subprocess.run(["rm", "-rf", "--", str(disk.parent)], check=False)
+
+
+def test_deleting_a_machine_kills_no_process_that_took_an_ended_agents_pid(tmp_path: Path, monkeypatch):
+    """An agent that ends in the SIGTERM grace frees its pid, which another process may take before the
+    SIGKILL that follows (pid_max is 32768 here): that process is not the machine's."""
+    import signal
+    import time
+
+    from worker.local import provisioner as local_provisioner
+    from worker.local.processes import pid_alive, start_time
+
+    monkeypatch.setenv("TRAINJOBS_TERM_GRACE_S", "0")
+    monkeypatch.setattr(local_provisioner, "DELETE_MARGIN_S", 0.3)
+    # Deaf to SIGTERM, as the process that took the pid may be; its own session, as an agent has.
+    other = subprocess.Popen(["sh", "-c", "trap '' TERM; while :; do sleep 0.1; done"], start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.2)  # the trap is set
+        real = start_time(other.pid)
+        looks = iter([real])  # delete's first look finds the agent; every later one, the process after it
+
+        def start_time_as_after_reuse(pid: int) -> int | None:
+            return next(looks, real + 1) if pid == other.pid and real is not None else start_time(pid)
+
+        monkeypatch.setattr(local_provisioner, "start_time", start_time_as_after_reuse)
+        provisioner = local_provisioner.LocalProvisioner(tmp_path / "machines",
+                                                         isolation=LocalIsolation(sandbox=False, trusted=True))
+        logs = tmp_path / "machines" / "tj-reused-a1"
+        logs.mkdir(parents=True)
+        record = {"name": "tj-reused-a1", "labels": {}, "devices": 1, "created": 0, "logs": str(logs),
+                  "pids": [other.pid], "started": {str(other.pid): real}}
+        (tmp_path / "machines" / "tj-reused-a1.json").write_text(json.dumps(record))
+        try:
+            provisioner.delete("tj-reused-a1")
+        finally:
+            provisioner.close()
+        assert pid_alive(other.pid), "the process that took the agent's pid was killed"
+    finally:
+        os.killpg(other.pid, signal.SIGKILL)
+        other.wait()

@@ -292,6 +292,7 @@ class LocalProvisioner:
         # directory (an agent or guard started by a worker killed before it could record the pid).
         agents = {p for p in record["pids"] if same_process(record, p)}
         agents |= set(writing_into(Path(record["logs"]))) - {record.get("guard_pid")}
+        started = {pid: start_time(pid) for pid in agents}
         for pid in agents:
             signal_group(pid, signal.SIGTERM)
         # As long as an agent gives its own cleanup (it exits by then whatever storage does), and a
@@ -304,6 +305,9 @@ class LocalProvisioner:
             log.warning("machine %s: process(es) %s still running %.0fs after SIGTERM; killing them",
                         name, left, term_grace_s() + DELETE_MARGIN_S)
         for pid in agents:
+            now = start_time(pid)
+            if now is not None and now != started[pid]:
+                continue  # it ended in the grace and its pid is another process's by now: not ours to kill
             signal_group(pid, signal.SIGKILL)
         self._stop_storage_access(name, record)  # after the agents' last words: their final status needs it
         self._path(name).unlink(missing_ok=True)
