@@ -38,6 +38,7 @@ from worker.ports import DatasetError, ProgramError
 from worker.staging.budget import StagingBudget, StagingLimits
 from worker.staging.fetch import fetch
 from worker.staging.formats import unpack_counted
+from worker.staging.gcs_source import listed_objects
 
 MAX_BYTES_ENV = "TRAINJOBS_CHANNELS_MAX_BYTES"
 DEFAULT_MAX_BYTES = 20 << 30  # a job's channels together: what one machine's disk is asked to hold
@@ -146,29 +147,21 @@ def _files(name: str, source: str, project_id: str, rules: DataAccessRules, limi
 
 def _gcs_files(field: str, uri: str) -> Iterator[ChannelFile]:
     """As they are listed: the caller counts each, and stops the listing at the first past a limit."""
-    from google.api_core.exceptions import Forbidden, NotFound
-
-    bucket_name, key = storage.split_uri(uri)
     listed = 0
     try:
-        if key and not key.endswith("/"):
-            one = storage.bucket(bucket_name).get_blob(key)
-            if one is not None:
-                yield ChannelFile(PurePosixPath(key).name, int(one.size or 0), blob=one)
-                return
-            key += "/"
-        for blob in storage.client().list_blobs(bucket_name, prefix=key):
-            rel = blob.name[len(key):]
-            if rel.endswith("/") or not rel:  # a console's folder placeholder
-                continue
-            if any(part in ("", ".", "..") for part in rel.split("/")):
-                raise ProgramError(f"{field}: object {blob.name} has a name that cannot be a file's")
+        for prefix, blob in listed_objects(uri):
+            if prefix == blob.name:  # the one object the URI names
+                rel = PurePosixPath(prefix).name
+            else:
+                rel = blob.name[len(prefix):]
+                if any(part in ("", ".", "..") for part in rel.split("/")):
+                    raise ProgramError(f"{field}: object {blob.name} has a name that cannot be a file's")
             listed += 1
             yield ChannelFile(rel, int(blob.size or 0), blob=blob)
-    except NotFound:
-        raise ProgramError(f"{field}: bucket gs://{bucket_name} does not exist") from None
-    except Forbidden:
-        raise ProgramError(f"{field}: the worker may not read {shown(uri)}") from None
+    except ProgramError:
+        raise
+    except DatasetError as exc:
+        raise ProgramError(f"{field}: {exc}") from None
     if not listed:
         raise ProgramError(f"{field}: no object or folder at {shown(uri)}")
 

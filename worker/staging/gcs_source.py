@@ -8,6 +8,7 @@ data, so the folder of a dataset staged by us, manifest.json included, is itself
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -29,6 +30,30 @@ def _is_sidecar(key: str) -> bool:
     return name.startswith(("_", ".")) or name.lower().endswith(_SIDECAR_SUFFIXES)
 
 
+def listed_objects(uri: str) -> Iterator[tuple[str, Any]]:
+    """(prefix, blob): the one object `uri` names (its prefix is its own name), else the objects under it as
+    a folder (prefix ending in "/"), as GCS lists them, page by page; a console's folder placeholders are left
+    out. A dataset's source and a program's channel are read through it. DatasetError for a bucket that does
+    not exist or that the worker may not read."""
+    from google.api_core.exceptions import Forbidden, NotFound
+
+    name, key = storage.split_uri(uri)
+    try:
+        if key and not key.endswith("/"):
+            one = storage.bucket(name).get_blob(key)
+            if one is not None:
+                yield key, one
+                return
+            key += "/"
+        for blob in storage.client().list_blobs(name, prefix=key):
+            if not blob.name.endswith("/"):
+                yield key, blob
+    except NotFound:
+        raise DatasetError(f"bucket gs://{name} does not exist") from None
+    except Forbidden:
+        raise DatasetError(f"the worker may not read {uri}; grant its service account storage.objects.get and .list") from None
+
+
 @dataclass
 class GcsSource:
     bucket_name: str
@@ -39,26 +64,15 @@ class GcsSource:
 
     @classmethod
     def open(cls, uri: str, budget: StagingBudget) -> GcsSource:
-        from google.api_core.exceptions import Forbidden, NotFound
-
         name, key = storage.split_uri(uri)
-        try:
-            if key and not key.endswith("/"):
-                one = storage.bucket(name).get_blob(key)
-                if one is not None:
-                    budget.count(int(one.size or 0), uri)
-                    return cls(name, key, [one], single=True, budget=budget)
-                key += "/"
-            blobs = []
-            # Counted page by page as GCS lists them: a prefix of millions of objects fails at the limit.
-            for blob in storage.client().list_blobs(name, prefix=key):
-                if not blob.name.endswith("/"):
-                    budget.count(int(blob.size or 0), uri)
-                    blobs.append(blob)
-        except NotFound:
-            raise DatasetError(f"bucket gs://{name} does not exist") from None
-        except Forbidden:
-            raise DatasetError(f"the worker may not read {uri}; grant its service account storage.objects.get and .list") from None
+        blobs = []
+        # Counted as GCS lists them: a prefix of millions of objects fails at the limit.
+        for prefix, blob in listed_objects(uri):
+            budget.count(int(blob.size or 0), uri)
+            if prefix == blob.name:  # the one object the URI names
+                return cls(name, prefix, [blob], single=True, budget=budget)
+            key = prefix
+            blobs.append(blob)
         if not blobs:
             raise DatasetError(f"no objects at {uri}")
         return cls(name, key, sorted(blobs, key=lambda b: b.name), single=False, budget=budget)
